@@ -1,0 +1,246 @@
+"""Typed, frozen configuration objects loaded from a TOML file, the environment and flags.
+
+Promise: one frozen dataclass per component, filled in this order (later wins):
+defaults, the ``[section]`` table of the TOML file, ``HEADWATER_<SECTION>_<KEY>``
+environment variables, then command-line flags. Every bad value is a ``ConfigError``
+naming the file, line and key (or the variable or flag) and what is expected.
+Secrets are ``Secret`` values: their ``repr`` and ``str`` never show the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from headwater.errors import ConfigError
+
+DEFAULT_FILE = "headwater.toml"
+CONFIG_ENV = "HEADWATER_CONFIG"
+# Sections other components own; a table not named here is most likely a typo.
+KNOWN_SECTIONS = ("stack", "registry", "capture", "streams", "views", "analytics")
+
+T = TypeVar("T")
+
+
+class Secret:
+    """A string that never prints itself: passwords, SASL secrets, keys."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret itself, for the one call that needs it."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    def __str__(self) -> str:
+        return "***"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def setting(default: Any, help: str) -> Any:
+    """A dataclass field with the help text shown by ``--help`` and the README."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def _toml_line(text: str, section: str, key: str | None) -> int | None:
+    """The 1-based line of ``key`` inside ``[section]`` (or of the header when key is None)."""
+    current = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        header = re.match(r"^\[\s*([^\]\s]+)\s*\]", line)
+        if header:
+            current = header.group(1)
+            if key is None and current == section:
+                return number
+            continue
+        if current == section and key and re.match(rf"^{re.escape(key)}\s*=", line):
+            return number
+    return None
+
+
+def read_file(path: Path) -> tuple[dict[str, Any], str]:
+    """Parse a TOML file; a syntax error names the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file: {exc.strerror}", path=str(path)) from exc
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"line (\d+)", str(exc))
+        raise ConfigError(
+            f"not valid TOML: {exc}",
+            path=str(path),
+            line=int(found.group(1)) if found else None,
+            hint="fix the syntax on that line (strings need quotes, tables need [brackets])",
+        ) from exc
+
+
+def config_path(explicit: str | None, environ: Mapping[str, str]) -> Path | None:
+    """The file to read: the flag, else $HEADWATER_CONFIG, else ./headwater.toml if present."""
+    chosen = explicit or environ.get(CONFIG_ENV)
+    if chosen:
+        path = Path(chosen)
+        if not path.is_file():
+            raise ConfigError(
+                "the config file does not exist",
+                path=str(path),
+                hint="pass an existing file with --config or unset HEADWATER_CONFIG",
+            )
+        return path
+    default = Path(DEFAULT_FILE)
+    return default if default.is_file() else None
+
+
+def _coerce(kind: Any, value: Any, *, from_text: bool) -> Any:
+    """Turn ``value`` into ``kind`` or raise ValueError saying what was expected."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if from_text and str(value).lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return str(value).lower() in ("1", "true", "yes", "on")
+        raise ValueError("expected true or false")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if from_text and re.fullmatch(r"-?\d+", str(value).strip()):
+            return int(value)
+        raise ValueError("expected an integer")
+    if kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if from_text:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError("expected a number")
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    if kind is Path:
+        return Path(value)
+    if kind is Secret:
+        return Secret(value)
+    return value
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def load(
+    cls: type[T],
+    section: str,
+    *,
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> T:
+    """Build ``cls`` from defaults, ``[section]`` of ``path``, the environment and ``flags``."""
+    environ = os.environ if environ is None else environ
+    kinds = _fields(cls)
+    values: dict[str, Any] = {}
+    text = ""
+    if path is not None:
+        from_file, text = _from_file(kinds, section, path)
+        values.update(from_file)
+    prefix = f"HEADWATER_{section.upper()}_"
+    for name, kind in kinds.items():
+        var = prefix + name.upper()
+        if var in environ:
+            try:
+                values[name] = _coerce(kind, environ[var], from_text=True)
+            except ValueError as exc:
+                raise ConfigError(f"{exc}, got {environ[var]!r}", key=var) from exc
+    for name, value in (flags or {}).items():
+        if name in kinds and value is not None:
+            flag = "--" + name.replace("_", "-")
+            try:
+                values[name] = _coerce(kinds[name], value, from_text=True)
+            except ValueError as exc:
+                raise ConfigError(f"{exc}, got {value!r}", key=flag) from exc
+    try:
+        return cls(**values)
+    except InvalidSetting as exc:
+        line = _toml_line(text, section, exc.key) if text else None
+        raise ConfigError(str(exc), path=str(path) if line else None, line=line, key=exc.key) from exc
+
+
+def _from_file(kinds: Mapping[str, Any], section: str, path: Path) -> tuple[dict[str, Any], str]:
+    data, text = read_file(path)
+    for name, table in data.items():
+        if name not in KNOWN_SECTIONS or not isinstance(table, dict):
+            raise ConfigError(
+                f"unknown section [{name}]" if name not in KNOWN_SECTIONS else f"'{name}' must be a table",
+                path=str(path),
+                line=_toml_line(text, name, None),
+                hint=f"known sections: {', '.join(KNOWN_SECTIONS)}",
+            )
+    values: dict[str, Any] = {}
+    for key, value in data.get(section, {}).items():
+        line = _toml_line(text, section, key)
+        if key not in kinds:
+            raise ConfigError(
+                f"unknown setting in [{section}]",
+                path=str(path),
+                line=line,
+                key=key,
+                hint=f"known settings: {', '.join(sorted(kinds))}",
+            )
+        try:
+            values[key] = _coerce(kinds[key], value, from_text=False)
+        except ValueError as exc:
+            raise ConfigError(f"{exc}, got {value!r}", path=str(path), line=line, key=key) from exc
+    return values, text
+
+
+def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
+    """Add one ``--kebab-name`` flag per field of ``cls`` (all default to 'not given')."""
+    for field in dataclasses.fields(cls):
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            default=None,
+            metavar=field.name.upper(),
+            help=f"{field.metadata.get('help', '')} (default: {field.default})",
+        )
+
+
+def flag_values(namespace: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The flags of ``cls`` the user actually gave."""
+    return {
+        f.name: getattr(namespace, f.name)
+        for f in dataclasses.fields(cls)
+        if getattr(namespace, f.name, None) is not None
+    }
+
+
+class InvalidSetting(ValueError):
+    """Raised by a config object's ``__post_init__`` for one bad setting."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def check_port(name: str, port: int) -> None:
+    """Raise InvalidSetting unless ``port`` is a usable TCP port."""
+    if not 1 <= port <= 65535:
+        raise InvalidSetting(name, f"must be a TCP port between 1 and 65535, got {port}")

@@ -1,0 +1,269 @@
+"""The sample shop: its schema, a seeded starting state and a workload generator.
+
+Promise: ``install`` creates the schema once (idempotent); ``seed`` adds a
+deterministic starting population for a given seed and scale; ``Workload`` runs
+random but reproducible transactions against it — inserts, updates (including
+foreign-key moves and updates that leave the TOASTed description untouched),
+deletes, multi-statement transactions and rollbacks — at a target rate.
+Tests, benchmarks and the README demo all use it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+
+Connection = psycopg2.extensions.connection
+TABLES = ("customers", "products", "orders", "order_items")
+REGIONS = ("north", "south", "east", "west", "central")
+CATEGORIES = ("books", "garden", "kitchen", "toys", "tools", "music")
+STATUSES = ("pending", "paid", "shipped", "delivered", "cancelled")
+
+
+def schema_sql() -> str:
+    return resources.files("headwater").joinpath("shop.sql").read_text(encoding="utf-8")
+
+
+def install(conn: Connection) -> bool:
+    """Create the shop's tables unless they exist; True if this call created them."""
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('customers') IS NOT NULL")
+        if cur.fetchone()[0]:  # type: ignore[index]
+            return False
+        cur.execute(schema_sql())
+    return True
+
+
+def _description(rng: random.Random, size: int) -> str:
+    """Incompressible-looking text of ``size`` characters: it is stored out of line."""
+    return base64.b64encode(rng.randbytes(size * 3 // 4)).decode()[:size]
+
+
+@dataclass(frozen=True)
+class Scale:
+    customers: int = 200
+    products: int = 50
+    orders: int = 400
+    description_size: int = 4000
+
+
+def seed(conn: Connection, scale: Scale = Scale(), *, rng_seed: int = 1) -> dict[str, int]:
+    """Insert a starting population; returns the row count of each table afterwards."""
+    rng = random.Random(rng_seed)
+    with conn, conn.cursor() as cur:
+        for _ in range(scale.customers):
+            _insert_customer(cur, rng)
+        for _ in range(scale.products):
+            _insert_product(cur, rng, scale.description_size)
+        for _ in range(scale.orders):
+            _insert_order(cur, rng)
+    return counts(conn)
+
+
+def counts(conn: Connection) -> dict[str, int]:
+    with conn, conn.cursor() as cur:
+        out = {}
+        for table in TABLES:
+            cur.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 - fixed table names
+            out[table] = cur.fetchone()[0]  # type: ignore[index]
+    return out
+
+
+def _insert_customer(cur: Any, rng: random.Random) -> None:
+    tag = rng.getrandbits(48)
+    profile = {"tier": rng.choice(["basic", "gold"]), "tags": rng.sample(["a", "b", "c", "d"], 2)}
+    cur.execute(
+        "INSERT INTO customers (email, name, region, profile) VALUES (%s, %s, %s, %s)",
+        (f"c{tag:x}@example.com", f"Customer {tag % 100000}", rng.choice(REGIONS), json.dumps(profile)),
+    )
+
+
+def _insert_product(cur: Any, rng: random.Random, description_size: int) -> None:
+    tag = rng.getrandbits(48)
+    cur.execute(
+        "INSERT INTO products (sku, name, category, price, description, attributes)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
+        (
+            f"SKU-{tag:x}",
+            f"Product {tag % 10000}",
+            rng.choice(CATEGORIES),
+            f"{rng.randint(100, 99999) / 100:.2f}",
+            _description(rng, description_size),
+            json.dumps({"color": rng.choice(["red", "blue", "green"]), "weight_g": rng.randint(10, 5000)}),
+        ),
+    )
+
+
+def _random_id(cur: Any, table: str, rng: random.Random) -> int | None:
+    """A random existing id (fast on a bigserial key: probe a random point in the range)."""
+    cur.execute(f"SELECT min(id), max(id) FROM {table}")  # noqa: S608 - fixed table names
+    low, high = cur.fetchone()
+    if low is None:
+        return None
+    cur.execute(f"SELECT id FROM {table} WHERE id >= %s ORDER BY id LIMIT 1", (rng.randint(low, high),))  # noqa: S608
+    row = cur.fetchone()
+    return row[0] if row else int(low)
+
+
+def _insert_order(cur: Any, rng: random.Random) -> None:
+    customer = _random_id(cur, "customers", rng)
+    if customer is None:
+        return
+    cur.execute("INSERT INTO orders (customer_id, note) VALUES (%s, %s) RETURNING id", (customer, None))
+    order_id = cur.fetchone()[0]
+    for line_no in range(1, rng.randint(1, 4) + 1):
+        product = _random_id(cur, "products", rng)
+        if product is None:
+            break
+        cur.execute(
+            "INSERT INTO order_items (order_id, line_no, product_id, quantity, unit_price)"
+            " SELECT %s, %s, id, %s, price FROM products WHERE id = %s",
+            (order_id, line_no, rng.randint(1, 5), product),
+        )
+    _retotal(cur, order_id)
+
+
+def _retotal(cur: Any, order_id: int) -> None:
+    cur.execute(
+        "UPDATE orders SET total = coalesce((SELECT sum(quantity * unit_price) FROM order_items"
+        " WHERE order_id = %s), 0) WHERE id = %s",
+        (order_id, order_id),
+    )
+
+
+# ---- the workload: one function per kind of transaction ---------------------------------
+def _tx_new_customer(cur: Any, rng: random.Random) -> None:
+    _insert_customer(cur, rng)
+
+
+def _tx_new_order(cur: Any, rng: random.Random) -> None:
+    _insert_order(cur, rng)
+
+
+def _tx_order_status(cur: Any, rng: random.Random) -> None:
+    order = _random_id(cur, "orders", rng)
+    if order is not None:
+        cur.execute("UPDATE orders SET status = %s WHERE id = %s", (rng.choice(STATUSES), order))
+
+
+def _tx_price_change(cur: Any, rng: random.Random) -> None:
+    """Touches only small columns: the TOASTed description stays 'unchanged' in the WAL."""
+    product = _random_id(cur, "products", rng)
+    if product is not None:
+        cur.execute(
+            "UPDATE products SET price = round(price * %s, 2), updated_at = now() WHERE id = %s",
+            (rng.choice([0.9, 1.05, 1.1]), product),
+        )
+
+
+def _tx_move_order(cur: Any, rng: random.Random) -> None:
+    """A foreign-key change: the order moves to another customer."""
+    order, customer = _random_id(cur, "orders", rng), _random_id(cur, "customers", rng)
+    if order is not None and customer is not None:
+        cur.execute("UPDATE orders SET customer_id = %s WHERE id = %s", (customer, order))
+
+
+def _tx_change_item(cur: Any, rng: random.Random) -> None:
+    """A multi-statement transaction: swap an item's product, then fix the order total."""
+    order, product = _random_id(cur, "orders", rng), _random_id(cur, "products", rng)
+    if order is None or product is None:
+        return
+    cur.execute(
+        "UPDATE order_items SET product_id = %s, quantity = quantity + 1 WHERE order_id = %s AND line_no = 1",
+        (product, order),
+    )
+    _retotal(cur, order)
+
+
+def _tx_customer_region(cur: Any, rng: random.Random) -> None:
+    customer = _random_id(cur, "customers", rng)
+    if customer is not None:
+        cur.execute("UPDATE customers SET region = %s WHERE id = %s", (rng.choice(REGIONS), customer))
+
+
+def _tx_delete_order(cur: Any, rng: random.Random) -> None:
+    order = _random_id(cur, "orders", rng)
+    if order is not None:
+        cur.execute("DELETE FROM orders WHERE id = %s", (order,))  # items go by cascade
+
+
+def _tx_delete_customer(cur: Any, rng: random.Random) -> None:
+    """Deletes a customer with all their orders in one transaction."""
+    customer = _random_id(cur, "customers", rng)
+    if customer is not None:
+        cur.execute("DELETE FROM orders WHERE customer_id = %s", (customer,))
+        cur.execute("DELETE FROM customers WHERE id = %s", (customer,))
+
+
+TxFn = Callable[[Any, random.Random], None]
+MIX: tuple[tuple[TxFn, int], ...] = (
+    (_tx_new_order, 25),
+    (_tx_order_status, 20),
+    (_tx_price_change, 10),
+    (_tx_move_order, 10),
+    (_tx_change_item, 10),
+    (_tx_new_customer, 8),
+    (_tx_customer_region, 8),
+    (_tx_delete_order, 6),
+    (_tx_delete_customer, 3),
+)
+
+
+@dataclass
+class Workload:
+    """Runs the transaction mix; a share of transactions is rolled back on purpose."""
+
+    conn: Connection
+    rng_seed: int = 7
+    rollback_share: float = 0.05
+    committed: int = 0
+    rolled_back: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.rng_seed)
+        self.kinds = [fn for fn, _ in MIX]
+        self.weights = [w for _, w in MIX]
+
+    def step(self) -> None:
+        """Run one transaction: commit it, or roll it back at the configured share."""
+        fn = self.rng.choices(self.kinds, self.weights)[0]
+        rollback = self.rng.random() < self.rollback_share
+        with self.conn.cursor() as cur:
+            try:
+                fn(cur, self.rng)
+            except psycopg2.Error:
+                self.conn.rollback()  # e.g. a foreign key raced away: count as rolled back
+                self.rolled_back += 1
+                return
+        if rollback:
+            self.conn.rollback()
+            self.rolled_back += 1
+        else:
+            self.conn.commit()
+            self.committed += 1
+            name = fn.__name__.removeprefix("_tx_")
+            self.by_kind[name] = self.by_kind.get(name, 0) + 1
+
+    def run(self, *, rate: float, duration: float | None = None, transactions: int | None = None) -> None:
+        """Run at ``rate`` transactions per second (0: as fast as possible) until a limit."""
+        start = time.monotonic()
+        done = 0
+        while (duration is None or time.monotonic() - start < duration) and (
+            transactions is None or done < transactions
+        ):
+            self.step()
+            done += 1
+            if rate > 0:
+                delay = start + done / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)

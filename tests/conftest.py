@@ -1,0 +1,1 @@
+"""Shared test settings; fixtures live in tests/plugins (loaded from setup.cfg)."""

@@ -1,0 +1,156 @@
+"""Session-scoped real services and per-test factories on top of them.
+
+``local_stack`` starts PostgreSQL, the Tansu broker, the embedded registry and
+Redis once per session on free ports in a temporary directory, through the same
+``headwater.stack`` code users run, and stops them at the end. Factories give each
+test its own database (``pg_database``, ``shop_db``) and topics (``topic_factory``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psycopg2
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from headwater import shop, stack
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+def make_stack_config(data_dir: Path) -> stack.StackConfig:
+    pg, kafka, registry, redis = free_ports(4)
+    return stack.StackConfig(
+        data_dir=data_dir, postgres_port=pg, kafka_port=kafka, registry_port=registry, redis_port=redis
+    )
+
+
+@contextlib.contextmanager
+def stack_dir() -> Iterator[Path]:
+    """A data directory the 'postgres' user can reach (pytest's tmp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="headwater-test-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def local_stack() -> Iterator[stack.StackConfig]:
+    with stack_dir() as path, stack.running(make_stack_config(path)) as cfg:
+        yield cfg
+
+
+@pytest.fixture
+def pg_database(local_stack: stack.StackConfig, unique_name: str) -> Iterator[str]:
+    """A fresh, empty database for this test; yields its libpq DSN."""
+    admin = psycopg2.connect(local_stack.dsn("postgres"))
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{unique_name}"')
+    try:
+        yield local_stack.dsn(unique_name)
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{unique_name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def shop_db(pg_database: str) -> Iterator[psycopg2.extensions.connection]:
+    """A connection to a fresh database holding a small seeded sample shop."""
+    conn = psycopg2.connect(pg_database)
+    shop.install(conn)
+    shop.seed(conn, shop.Scale(customers=30, products=10, orders=40, description_size=3000))
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def topic_factory(local_stack: stack.StackConfig, unique_name: str) -> Iterator[Callable[..., str]]:
+    """Creates topics named after this test; deletes them afterwards."""
+    admin = AdminClient({"bootstrap.servers": local_stack.bootstrap})
+    created: list[str] = []
+
+    def create(suffix: str = "", *, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"{unique_name}{'.' + suffix if suffix else ''}"
+        futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
+        futures[name].result(timeout=10)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in admin.delete_topics(created).values():
+            future.exception(timeout=10)
+
+
+class RegistryProcess:
+    """An extra registry instance (own port, chosen ``_schemas`` topic) a test controls."""
+
+    def __init__(self, cfg: stack.StackConfig, topic: str, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [
+            sys.executable, "-m", "registry", "--port", str(self.port),
+            "--bootstrap", cfg.bootstrap, "--topic", topic,
+        ]  # fmt: skip
+        self._log = log.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"registry exited: {log.read_text()[-2000:]}"
+            try:
+                if httpx.get(self.url + "/subjects", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError(f"registry not healthy: {log.read_text()[-2000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=15)
+        self._log.close()
+
+
+@pytest.fixture
+def registry_factory(
+    local_stack: stack.StackConfig, unique_name: str, tmp_path: Path
+) -> Iterator[Callable[[], RegistryProcess]]:
+    """Starts registry instances sharing one ``_schemas`` topic unique to this test."""
+    started: list[RegistryProcess] = []
+
+    def start() -> RegistryProcess:
+        instance = RegistryProcess(local_stack, f"_schemas_{unique_name}", tmp_path / f"registry{len(started)}.log")
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        instance.stop()
