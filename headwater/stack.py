@@ -11,7 +11,6 @@ failing service's log. ``down`` stops all four and leaves no process behind.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import glob
 import json
@@ -32,7 +31,7 @@ import psycopg2
 
 from headwater import process
 from headwater.config import InvalidSetting, Secret, check_port, setting
-from headwater.errors import MissingBinaryError, PortInUseError, ServiceStartError
+from headwater.errors import ConfigError, MissingBinaryError, PortInUseError, ServiceStartError
 
 INSTALL_HINT = "run './dev setup' from the repository (it installs the Debian packages and Python deps)"
 
@@ -95,7 +94,11 @@ def _port_free(host: str, port: int) -> bool:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 return False
-            raise
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror}",
+                key="host",
+                hint="set [stack] host (or --host) to an address of this machine, such as 127.0.0.1",
+            ) from exc
     return True
 
 
@@ -420,6 +423,3 @@ def running(cfg: StackConfig) -> Iterator[StackConfig]:
     finally:
         down(cfg)
 
-
-def replace(cfg: StackConfig, **changes: object) -> StackConfig:
-    return dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
