@@ -8,15 +8,20 @@ one-paragraph message on stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import psycopg2
 
+from capture.config import CaptureConfig
 from headwater import __version__, shop, stack
-from headwater.config import add_flags, config_path, flag_values, load
+from headwater.config import Secret, add_flags, config_path, flag_values, load
 from headwater.errors import FatalError, HeadwaterError
 
 Command = Callable[[argparse.Namespace], int]
@@ -122,6 +127,67 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- capture --------------------------------------------------------------------------
+def capture_config(args: argparse.Namespace) -> CaptureConfig:
+    """[capture] settings; the DSN, broker and registry default to the local stack's."""
+    path = config_path(args.config, os.environ)
+    cfg = load(CaptureConfig, "capture", path=path, flags=flag_values(args, CaptureConfig))
+    local = stack_config(args)
+    return dataclasses.replace(
+        cfg,
+        dsn=cfg.dsn if cfg.dsn.reveal() else Secret(local.dsn()),
+        bootstrap=cfg.bootstrap or local.bootstrap,
+        registry_url=cfg.registry_url or local.registry_url,
+    )
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from capture import agent
+
+    cfg = capture_config(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    agent.run(cfg, stop)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from capture import catalog, slot
+    from capture.decoder import lsn_text, pg_time
+    from capture.state import State
+
+    cfg = capture_config(args)
+    conn = catalog.connect(cfg.dsn.reveal())
+    try:
+        info = slot.find(conn, cfg.slot)
+    finally:
+        conn.close()
+    if info is None:
+        print(f"slot {cfg.slot}: does not exist (capture has not run yet)")
+        return 3
+    active = f"active (pid {info.active_pid})" if info.active_pid else "inactive"
+    print(f"slot {cfg.slot}: {active}, wal_status {info.wal_status}")
+    print(f"  confirmed LSN {lsn_text(info.confirmed_lsn or 0)}, server at {lsn_text(info.current_lsn)}")
+    print(f"  WAL retained behind the slot: {info.retained_bytes} bytes; lag: {info.lag_bytes} bytes")
+    checkpoint = State(cfg.state_dir, cfg.slot).load() if (cfg.state_dir / f"{cfg.slot}.sqlite").exists() else None
+    if checkpoint is None:
+        print(f"  no checkpoint in {cfg.state_dir}")
+        return 0
+    if checkpoint.last_commit_lsn:
+        committed = pg_time(checkpoint.last_commit_time)
+        behind = time.time() - committed.timestamp()
+        print(
+            f"  last commit captured: {lsn_text(checkpoint.last_commit_lsn)} at {committed.isoformat()}"
+            f" ({behind:.1f} s ago)"
+        )
+    print(f"  events: {checkpoint.events} since start, {checkpoint.rate:.0f}/s at the last checkpoint")
+    print(f"  snapshot: {'done' if checkpoint.snapshot_done else 'in progress or interrupted'}")
+    return 0
+
+
 # ---- parser ---------------------------------------------------------------------------
 def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
@@ -148,6 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", cmd_stack_status, "show each service's address and health (exit 3 if any is down)"),
     ):
         _with_stack_flags(stack_sub.add_parser(name, help=text)).set_defaults(func=fn)
+
+    capture_cmd = _with_stack_flags(
+        commands.add_parser("capture", help="snapshot, then stream every committed change into <prefix>.changes")
+    )
+    add_flags(capture_cmd.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
+    capture_cmd.set_defaults(func=cmd_capture)
+    status_cmd = _with_stack_flags(
+        commands.add_parser("status", help="the slot (confirmed LSN, WAL retained, lag) and capture's progress")
+    )
+    add_flags(status_cmd.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
+    status_cmd.set_defaults(func=cmd_status)
 
     demo_cmd = commands.add_parser("demo", help="the sample shop: seed it, load it, or run the whole demo")
     demo_sub = demo_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")

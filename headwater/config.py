@@ -53,6 +53,33 @@ class Secret:
         return hash(self._value)
 
 
+class Settings(dict[str, str]):
+    """Pass-through settings (librdkafka, topic configs); values of secret-looking keys print as ***."""
+
+    SECRET_WORDS = ("password", "secret", "token", "key.pem", "sasl.jaas")
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if any(w in k.lower() for w in self.SECRET_WORDS) else v) for k, v in self.items()}
+        return f"Settings({shown!r})"
+
+    __str__ = __repr__
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+    @classmethod
+    def parse(cls, text: str) -> Settings:
+        """``key=value`` pairs separated by commas or semicolons (environment and flags)."""
+        pairs = [p.strip() for p in re.split(r"[;,]", text) if p.strip()]
+        out = cls()
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"expected key=value pairs, got {pair!r}")
+            out[key.strip()] = value.strip()
+        return out
+
+
 def setting(default: Any, help: str) -> Any:
     """A dataclass field with the help text shown by ``--help`` and the README."""
     return dataclasses.field(default=default, metadata={"help": help})
@@ -131,6 +158,12 @@ def _coerce(kind: Any, value: Any, *, from_text: bool) -> Any:
             except ValueError:
                 pass
         raise ValueError("expected a number")
+    if kind is Settings:
+        if isinstance(value, dict):
+            return Settings({str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()})
+        if isinstance(value, str):
+            return Settings.parse(value)
+        raise ValueError("expected a table of settings (or key=value,key=value)")
     if not isinstance(value, str):
         raise ValueError("expected a string")
     if kind is Path:
@@ -213,7 +246,18 @@ def _from_file(kinds: Mapping[str, Any], section: str, path: Path) -> tuple[dict
 
 def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
     """Add one ``--kebab-name`` flag per field of ``cls`` (all default to 'not given')."""
+    kinds = _fields(cls)
     for field in dataclasses.fields(cls):
+        if kinds[field.name] is bool:
+            parser.add_argument(
+                "--" + field.name.replace("_", "-"),
+                dest=field.name,
+                action="store_const",
+                const="true",
+                default=None,
+                help=field.metadata.get("help", ""),
+            )
+            continue
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
             dest=field.name,

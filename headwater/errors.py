@@ -46,9 +46,7 @@ class ConfigError(FatalError):
         hint: str | None = None,
     ) -> None:
         where = ", ".join(
-            part
-            for part in (path, f"line {line}" if line else None, f"key '{key}'" if key else None)
-            if part
+            part for part in (path, f"line {line}" if line else None, f"key '{key}'" if key else None) if part
         )
         super().__init__(f"{where}: {message}" if where else message, hint=hint)
         self.path = path

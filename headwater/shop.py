@@ -90,8 +90,7 @@ def _insert_customer(cur: Any, rng: random.Random) -> None:
 def _insert_product(cur: Any, rng: random.Random, description_size: int) -> None:
     tag = rng.getrandbits(48)
     cur.execute(
-        "INSERT INTO products (sku, name, category, price, description, attributes)"
-        " VALUES (%s, %s, %s, %s, %s, %s)",
+        "INSERT INTO products (sku, name, category, price, description, attributes) VALUES (%s, %s, %s, %s, %s, %s)",
         (
             f"SKU-{tag:x}",
             f"Product {tag % 10000}",

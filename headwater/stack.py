@@ -422,4 +422,3 @@ def running(cfg: StackConfig) -> Iterator[StackConfig]:
         yield cfg
     finally:
         down(cfg)
-

@@ -34,9 +34,7 @@ def schema_not_found(detail: str = "Schema not found") -> RegistryError:
 
 
 def subject_not_soft_deleted(subject: str) -> RegistryError:
-    return RegistryError(
-        404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted"
-    )
+    return RegistryError(404, 40405, f"Subject '{subject}' was not deleted first before being permanently deleted")
 
 
 def version_not_soft_deleted(subject: str, version: int) -> RegistryError:
@@ -62,8 +60,10 @@ def invalid_schema(detail: str) -> RegistryError:
 
 def invalid_version(version: str) -> RegistryError:
     return RegistryError(
-        422, 42202, f"The specified version '{version}' is not a valid version id. "
-        "Allowed values are between [1, 2^31-1] and the string \"latest\""
+        422,
+        42202,
+        f"The specified version '{version}' is not a valid version id. "
+        'Allowed values are between [1, 2^31-1] and the string "latest"',
     )
 
 

@@ -61,17 +61,19 @@ class SchemaLog:
         await admin.start()
         try:
             if self.topic not in await admin.list_topics():
-                await admin.create_topics(
-                    [NewTopic(self.topic, 1, 1, topic_configs={"cleanup.policy": "compact"})]
-                )
+                await admin.create_topics([NewTopic(self.topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
         finally:
             await admin.close()
         # acks=all; no idempotence: Tansu answers aiokafka's InitProducerId with an error,
         # and the registry writes one record at a time under a lock anyway.
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=0)
         await self._producer.start()
+        # a short fetch wait: a write is answered once this consumer has read it back
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=20,
         )
         await self._consumer.start()
         self._consumer.assign([self.tp])

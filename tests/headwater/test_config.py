@@ -34,14 +34,14 @@ def test_config_is_frozen() -> None:
 
 
 def test_broken_toml_names_file_and_line(tmp_path: Path) -> None:
-    path = write(tmp_path, '[stack]\npostgres_port = 6000\nkafka_port = = 7\n')
+    path = write(tmp_path, "[stack]\npostgres_port = 6000\nkafka_port = = 7\n")
     with pytest.raises(ConfigError) as info:
         load(StackConfig, "stack", path=path, environ={})
     assert info.value.line == 3 and str(path) in str(info.value) and "line 3" in str(info.value)
 
 
 def test_unknown_key_names_key_and_line(tmp_path: Path) -> None:
-    path = write(tmp_path, '[stack]\n\npostgres_prot = 6000\n')
+    path = write(tmp_path, "[stack]\n\npostgres_prot = 6000\n")
     with pytest.raises(ConfigError) as info:
         load(StackConfig, "stack", path=path, environ={})
     assert (info.value.key, info.value.line) == ("postgres_prot", 3)

@@ -25,9 +25,7 @@ def test_install_is_idempotent(shop_db: psycopg2.extensions.connection) -> None:
 
 def test_descriptions_are_toasted_out_of_line(shop_db: psycopg2.extensions.connection) -> None:
     with shop_db, shop_db.cursor() as cur:
-        cur.execute(
-            "SELECT c.reltoastrelid::regclass::text FROM pg_class c WHERE c.relname = 'products'"
-        )
+        cur.execute("SELECT c.reltoastrelid::regclass::text FROM pg_class c WHERE c.relname = 'products'")
         toast = cur.fetchone()[0]
         cur.execute(f"SELECT count(DISTINCT chunk_id) FROM {toast}")  # noqa: S608 - a catalog name
         assert cur.fetchone()[0] == 10  # one out-of-line value per product

@@ -1,0 +1,181 @@
+"""The capture agent: checks, slot, snapshot, then the stream — and what to do when things fail.
+
+Promise: ``run`` starts from whatever the slot and the checkpoint say. A new slot
+gets a consistent snapshot (unless skipped) before streaming from its consistent
+point; an interrupted snapshot is started over on a new slot, never left looking
+complete; a slot that was dropped or invalidated, or disagrees with the checkpoint,
+stops the agent with the way out. Transient failures (connection lost, broker down,
+registry unreachable) are retried with backoff from the last confirmed commit, or
+end the run with ``on_error = "exit"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg2
+
+from capture import catalog, slot, snapshot
+from capture.catalog import Connection, TableRef, TypeCache
+from capture.changes import ChangeSink
+from capture.config import CaptureConfig
+from capture.decoder import lsn_text
+from capture.encoder import ChangeWriter, RowEncoder
+from capture.errors import CheckpointMismatchError, SlotLostError
+from capture.producer import ChangeProducer, ensure_changes_topic
+from capture.schemas import Registrar
+from capture.state import State
+from capture.stream import Loop, Streamer
+from headwater.errors import RetryableError
+from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
+
+log = logging.getLogger("headwater.capture")
+
+
+def run(cfg: CaptureConfig, stop: threading.Event | None = None) -> None:
+    stop = stop or threading.Event()
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            Session(cfg).run(stop)
+            return
+        except RetryableError as exc:
+            if cfg.on_error == "exit":
+                raise
+            log.error("%s; retrying in %.0f s (on_error = log)", exc, delay)
+            stop.wait(delay)
+            delay = min(delay * 2, 30.0)
+
+
+class Session:
+    """One connected run: set-up, optional snapshot, then streaming until stopped or failed."""
+
+    def __init__(self, cfg: CaptureConfig) -> None:
+        self.cfg = cfg
+        self.dsn = cfg.dsn.reveal()
+
+    def run(self, stop: threading.Event) -> None:
+        cfg = self.cfg
+        conn = catalog.connect(self.dsn)
+        state = State(cfg.state_dir, cfg.slot)
+        registrar = Registrar(cfg.registry_url)
+        producer: ChangeProducer | None = None
+        repl: Connection | None = None
+        try:
+            catalog.check_source(conn)
+            tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
+            writer = ChangeWriter(
+                registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
+                registrar.register(f"{cfg.changes_topic}-value", CHANGE_VALUE_SCHEMA),
+            )
+            ensure_changes_topic(cfg)
+            producer = ChangeProducer(cfg)
+            sink = ChangeSink(writer, producer)
+            types = TypeCache(conn)
+            repl, start_lsn = self._position(conn, state, tables, types, registrar, sink, producer)
+            keyed = {(t.schema, t.name): t.keyed for t in tables}
+            streamer = Streamer(cfg, conn, types, registrar, sink, state, keyed)
+            checkpoint = state.load()
+            confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
+            heartbeat_conn = catalog.connect(self.dsn)
+            try:
+                Loop(cfg, repl, heartbeat_conn, streamer, producer, state, confirmed).run(start_lsn, stop)
+            finally:
+                heartbeat_conn.close()
+        except psycopg2.OperationalError as exc:
+            raise RetryableError(f"lost the PostgreSQL connection: {str(exc).strip()}") from exc
+        finally:
+            for closable in (repl, conn):
+                if closable is not None and not closable.closed:
+                    closable.close()
+            if producer is not None:
+                producer.poll(0)
+            registrar.close()
+            state.close()
+
+    def _position(
+        self,
+        conn: Connection,
+        state: State,
+        tables: list[TableRef],
+        types: TypeCache,
+        registrar: Registrar,
+        sink: ChangeSink,
+        producer: ChangeProducer,
+    ) -> tuple[Connection, int]:
+        """Where to stream from: an existing slot's position, or a new slot after its snapshot."""
+        cfg = self.cfg
+        info = slot.inspect(conn, cfg.slot)
+        checkpoint = state.load()
+        if info is not None:
+            if checkpoint is None:
+                raise CheckpointMismatchError(
+                    f"slot '{cfg.slot}' exists but {state.path} holds no checkpoint for it",
+                    hint=f"point state_dir at the capture state of that slot, or drop the slot "
+                    f"(SELECT pg_drop_replication_slot('{cfg.slot}')) to start over with a snapshot",
+                )
+            if not checkpoint.snapshot_done:
+                log.warning("the snapshot of slot %s was interrupted: starting it over on a new slot", cfg.slot)
+                slot.drop(conn, cfg.slot)
+                info = None
+            elif info.confirmed_lsn is not None and info.confirmed_lsn > checkpoint.confirmed_lsn:
+                raise CheckpointMismatchError(
+                    f"slot '{cfg.slot}' was confirmed up to {lsn_text(info.confirmed_lsn)}, past this checkpoint "
+                    f"({lsn_text(checkpoint.confirmed_lsn)}): something else advanced it; changes may be missing",
+                    hint="drop the slot and start over with a snapshot, or restore the matching state_dir",
+                )
+            else:
+                return catalog.connect(self.dsn, replication=True), 0
+        elif checkpoint is not None and checkpoint.snapshot_done:
+            raise SlotLostError(
+                cfg.slot, f"no longer exists (the checkpoint is at {lsn_text(checkpoint.confirmed_lsn)})"
+            )
+        repl = catalog.connect(self.dsn, replication=True)
+        consistent_point, snapshot_name = slot.create(repl, cfg.slot)
+        log.info("created slot %s at %s", cfg.slot, lsn_text(consistent_point))
+        state.start_snapshot(consistent_point, done=cfg.skip_snapshot)
+        if not cfg.skip_snapshot:
+            self._snapshot(conn, state, tables, types, registrar, sink, producer, consistent_point, snapshot_name)
+        return repl, consistent_point
+
+    def _snapshot(
+        self,
+        conn: Connection,
+        state: State,
+        tables: list[TableRef],
+        types: TypeCache,
+        registrar: Registrar,
+        sink: ChangeSink,
+        producer: ChangeProducer,
+        lsn: int,
+        name: str,
+    ) -> None:
+        cfg = self.cfg
+        encoders: dict[str, RowEncoder] = {}
+        for table in tables:
+            schema = catalog.table_schema(conn, types, cfg.topic_prefix, table)
+            value_id = registrar.register(f"{schema.topic}-value", schema.value_schema, table=table.qualified)
+            key_id = (
+                registrar.register(f"{schema.topic}-key", schema.key_schema, table=table.qualified)
+                if schema.key_schema
+                else None
+            )
+            encoders[table.qualified] = RowEncoder(schema, value_id, key_id)
+        chunks, estimates = snapshot.plan(conn, tables, cfg.snapshot_chunk_pages)
+        progress = snapshot.Progress(estimates, state)
+        sink.start_snapshot(lsn, int(time.time() * 1_000_000))
+        started = time.monotonic()
+        rows = snapshot.run(self.dsn, name, chunks, encoders, sink, progress, state, lsn, cfg.snapshot_workers)
+        sink.end_snapshot()
+        producer.flush(timeout=600)
+        state.finish_snapshot()
+        elapsed = time.monotonic() - started
+        log.info(
+            "snapshot done: %d rows from %d tables in %.1f s (%.0f rows/s)",
+            rows,
+            len(tables),
+            elapsed,
+            rows / max(elapsed, 1e-6),
+        )

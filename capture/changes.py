@@ -1,0 +1,148 @@
+"""Changes on their way to the raw topic: envelopes, positions and bounded transaction buffers.
+
+Promise: ``ChangeSink`` gives every change its source position — commit LSN, xid,
+commit time, 0-based position in its transaction and the transaction's size — and
+sends it through the producer in order. ``TxBuffer`` holds one transaction's
+changes until its commit (only then is its size known), spilling to a temporary
+file past a byte limit so a huge transaction does not grow memory without bound.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from capture.encoder import ChangeWriter
+from capture.producer import ChangeProducer
+from tables.catalog import TableSchema
+
+UNIX_FROM_PG_MICROS = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01, in µs
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    op: str
+    schema: str
+    table: str
+    topic: str
+    key: bytes | None
+    before: bytes | None
+    after: bytes | None
+
+    def size(self) -> int:
+        return 64 + sum(len(b) for b in (self.key, self.before, self.after) if b)
+
+
+def snapshot_change(table: TableSchema, key: bytes | None, after: bytes) -> RowChange:
+    return RowChange("READ", table.schema, table.name, table.topic, key, None, after)
+
+
+class ChangeSink:
+    def __init__(self, writer: ChangeWriter, producer: ChangeProducer) -> None:
+        self.writer = writer
+        self.producer = producer
+        self._lock = threading.Lock()
+        self._snapshot_lsn = 0
+        self._snapshot_time = 0
+        self._position = 0
+        self.events = 0
+
+    def _send(self, change: RowChange, lsn: int, xid: int, time_us: int, position: int, size: int) -> None:
+        record: dict[str, Any] = {
+            "op": change.op,
+            "schema": change.schema,
+            "table": change.table,
+            "topic": change.topic,
+            "commit_lsn": lsn,
+            "xid": xid,
+            "commit_time": time_us,
+            "position": position,
+            "tx_size": size,
+            "key": change.key,
+            "before": change.before,
+            "after": change.after,
+        }
+        self.producer.send(self.writer.encode_key(change.schema, change.table), self.writer.encode(record))
+
+    # ---- snapshot ------------------------------------------------------------------------
+    def start_snapshot(self, lsn: int, time_us: int) -> None:
+        self._snapshot_lsn, self._snapshot_time, self._position = lsn, time_us, 0
+
+    def emit(self, change: RowChange) -> None:
+        """A snapshot row (thread-safe): positions count up across the whole snapshot."""
+        with self._lock:
+            position = self._position
+            self._position += 1
+            self._send(change, self._snapshot_lsn, 0, self._snapshot_time, position, 0)
+        self.events += 1
+
+    def end_snapshot(self) -> int:
+        """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""
+        rows = self._position
+        marker = RowChange("SNAPSHOT_END", "", "", "", None, None, None)
+        self._send(marker, self._snapshot_lsn, 0, self._snapshot_time, rows, rows)
+        self.producer.mark(self._snapshot_lsn)
+        return rows
+
+    # ---- streaming -----------------------------------------------------------------------
+    def emit_transaction(self, changes: TxBuffer, commit_lsn: int, end_lsn: int, xid: int, pg_time: int) -> None:
+        time_us = pg_time + UNIX_FROM_PG_MICROS
+        size = len(changes)
+        for position, change in enumerate(changes):
+            self._send(change, commit_lsn, xid, time_us, position, size)
+        self.events += size
+        self.producer.mark(end_lsn)
+
+
+class TxBuffer:
+    """One transaction's changes, in memory up to ``limit`` bytes, then in a spill file."""
+
+    def __init__(self, limit: int, spill_dir: Path) -> None:
+        self.limit = limit
+        self.spill_dir = spill_dir
+        self.items: list[RowChange] = []
+        self.bytes = 0
+        self.count = 0
+        self.spill: IO[bytes] | None = None
+
+    def add(self, change: RowChange) -> None:
+        self.count += 1
+        if self.spill is not None:
+            pickle.dump(change, self.spill, protocol=pickle.HIGHEST_PROTOCOL)
+            return
+        self.items.append(change)
+        self.bytes += change.size()
+        if self.bytes > self.limit:
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            self.spill = tempfile.TemporaryFile(dir=self.spill_dir, prefix="tx-")  # noqa: SIM115 - closed by clear()
+            for item in self.items:
+                pickle.dump(item, self.spill, protocol=pickle.HIGHEST_PROTOCOL)
+            self.items = []
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[RowChange]:
+        if self.spill is None:
+            yield from self.items
+            return
+        self.spill.seek(0)
+        for _ in range(self.count):
+            yield pickle.load(self.spill)  # noqa: S301 - our own spill file, written just above
+
+    def clear(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
+        self.items = []
+        self.bytes = 0
+        self.count = 0
+
+    @property
+    def spilled(self) -> bool:
+        return self.spill is not None

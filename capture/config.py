@@ -1,0 +1,71 @@
+"""The capture agent's settings ([capture] in headwater.toml, HEADWATER_CAPTURE_*, flags).
+
+Promise: one frozen, validated object. The DSN is a ``Secret`` (never printed);
+PostgreSQL TLS goes through the DSN (``sslmode=...``), Kafka SASL/TLS through
+``producer`` settings (librdkafka names), whose secret values print as ``***``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from headwater.config import InvalidSetting, Secret, Settings, setting
+
+NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """How to read PostgreSQL and where to write (see the README's configuration table)."""
+
+    dsn: Secret = setting(Secret(""), "libpq connection string or URL (default: the local stack's database)")
+    slot: str = setting("headwater", "logical replication slot (created on first use)")
+    publication: str = setting("headwater", "publication (created for the chosen tables if missing)")
+    include: str = setting("public.*", "comma-separated schema.table patterns to capture")
+    exclude: str = setting("", "comma-separated schema.table patterns to leave out")
+    topic_prefix: str = setting("headwater", "prefix of every topic: <prefix>.changes, <prefix>.<table>")
+    allow_unkeyed: bool = setting(False, "capture tables without primary key or replica identity index")
+    skip_snapshot: bool = setting(False, "stream only, without the initial consistent snapshot")
+    on_error: str = setting("log", "on a transient error: log and retry, or exit non-zero")
+    bootstrap: str = setting("", "Kafka bootstrap servers (default: the local stack's broker)")
+    registry_url: str = setting("", "Confluent-compatible schema registry URL (default: the local stack's)")
+    producer: Settings = setting(Settings(), "librdkafka settings passed to the producer (SASL, TLS, ...)")
+    topic_config: Settings = setting(Settings(), "settings for topics Headwater creates (e.g. retention.ms)")
+    replication_factor: int = setting(1, "replication factor of topics Headwater creates")
+    heartbeat_interval: float = setting(10.0, "seconds between heartbeats that keep the slot moving (0: off)")
+    status_interval: float = setting(1.0, "seconds between status reports to PostgreSQL")
+    snapshot_workers: int = setting(2, "connections copying tables in parallel during the snapshot")
+    snapshot_chunk_pages: int = setting(2000, "heap pages per snapshot chunk (big tables are split)")
+    max_tx_memory: int = setting(64 * 1024 * 1024, "bytes of a transaction kept in memory before spilling to disk")
+    state_dir: Path = setting(Path(".headwater/capture"), "checkpoint, TOAST cache and spill files")
+
+    def __post_init__(self) -> None:
+        for key in ("slot", "publication"):
+            if not NAME.match(getattr(self, key)):
+                raise InvalidSetting(
+                    key, f"must be a lower-case identifier ([a-z_][a-z0-9_]*), got {getattr(self, key)!r}"
+                )
+        if self.on_error not in ("log", "exit"):
+            raise InvalidSetting("on_error", f"must be 'log' or 'exit', got {self.on_error!r}")
+        if self.snapshot_workers < 1:
+            raise InvalidSetting("snapshot_workers", "must be at least 1")
+        if not self.patterns(self.include):
+            raise InvalidSetting("include", "needs at least one schema.table pattern")
+
+    @staticmethod
+    def patterns(text: str) -> list[str]:
+        return [p.strip() for p in text.split(",") if p.strip()]
+
+    def wants(self, schema: str, table: str) -> bool:
+        """True if ``schema.table`` matches an include pattern and no exclude pattern."""
+        name = f"{schema}.{table}"
+        return any(fnmatch.fnmatchcase(name, p) for p in self.patterns(self.include)) and not any(
+            fnmatch.fnmatchcase(name, p) for p in self.patterns(self.exclude)
+        )
+
+    @property
+    def changes_topic(self) -> str:
+        return f"{self.topic_prefix}.changes" if self.topic_prefix else "changes"

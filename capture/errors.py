@@ -1,0 +1,64 @@
+"""Capture-specific errors: each names the fact (table, LSN, slot, setting) and the way out.
+
+Promise: ``FatalError`` subclasses stop the agent with a message a person can act on;
+``RetryableError`` subclasses are retried (or end the run with ``on_error = "exit"``).
+"""
+
+from __future__ import annotations
+
+from headwater.errors import FatalError, RetryableError
+
+
+class SourceError(FatalError):
+    """PostgreSQL cannot be used as configured (connection, settings, privileges)."""
+
+
+class SlotLostError(FatalError):
+    """The replication slot is gone or invalidated: changes were lost on the server side."""
+
+    def __init__(self, slot: str, detail: str) -> None:
+        super().__init__(
+            f"replication slot '{slot}' {detail}",
+            hint=(
+                "the changes between the last checkpoint and now cannot be recovered from this slot: "
+                f"drop it (SELECT pg_drop_replication_slot('{slot}')), delete the capture state directory, "
+                "and run capture again to take a fresh snapshot"
+            ),
+        )
+        self.slot = slot
+
+
+class CheckpointMismatchError(FatalError):
+    """The local checkpoint and the slot disagree about where the stream is."""
+
+
+class SchemaChangeError(FatalError):
+    """A table changed in a way its topic's compatibility rules refuse."""
+
+    def __init__(self, table: str, subject: str, detail: str) -> None:
+        super().__init__(
+            f"table {table} changed incompatibly: the registry refused the new schema for '{subject}': {detail}",
+            hint=(
+                "give the new column a DEFAULT and make it nullable, or change the type to one that widens; "
+                f"or relax the subject's compatibility (PUT /config/{subject}) and restart capture"
+            ),
+        )
+        self.table = table
+        self.subject = subject
+
+
+class UnsupportedValueError(FatalError):
+    """A value cannot be represented in its column's Avro type."""
+
+    def __init__(self, table: str, column: str, detail: str) -> None:
+        super().__init__(f"{table}.{column}: {detail}", hint="change the column's type, or exclude the table")
+        self.table = table
+        self.column = column
+
+
+class BrokerError(RetryableError):
+    """Kafka did not acknowledge a message (broker down, timeout)."""
+
+
+class RegistryUnavailableError(RetryableError):
+    """The schema registry cannot be reached."""

@@ -1,0 +1,132 @@
+"""The Kafka side of capture: an idempotent producer and the LSN it is safe to confirm.
+
+Promise: messages go out with acks=all and idempotence (librdkafka), in the order
+they were sent. ``mark(lsn)`` records a commit boundary after the messages of that
+commit; ``acked_lsn()`` is the newest boundary whose every earlier message Kafka
+acknowledged — the only LSN the slot may be told. A delivery failure is kept and
+raised as ``BrokerError`` by the next call, so nothing after it is confirmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from capture.config import CaptureConfig
+from capture.errors import BrokerError
+from headwater.errors import FatalError
+
+log = logging.getLogger("headwater.capture")
+
+DEFAULTS = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 20,
+    "batch.num.messages": 10000,
+    "queue.buffering.max.messages": 200000,
+    "queue.buffering.max.kbytes": 512 * 1024,
+    "message.timeout.ms": 300000,
+}
+
+
+def producer_settings(cfg: CaptureConfig) -> dict[str, Any]:
+    return {"bootstrap.servers": cfg.bootstrap, **DEFAULTS, **cfg.producer}
+
+
+def ensure_changes_topic(cfg: CaptureConfig) -> None:
+    """Create ``<prefix>.changes`` with one partition; refuse an existing one with more."""
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
+    try:
+        topics = admin.list_topics(timeout=10).topics
+    except KafkaException as exc:
+        raise BrokerError(
+            f"cannot reach Kafka at {cfg.bootstrap}: {exc}", hint="start the broker or set [capture] bootstrap"
+        ) from exc
+    existing = topics.get(cfg.changes_topic)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) != 1:
+            raise FatalError(
+                f"topic {cfg.changes_topic} has {len(existing.partitions)} partitions; the raw change topic needs 1",
+                hint="delete it or choose another topic_prefix: total commit order needs a single partition",
+            )
+        return
+    config = {"cleanup.policy": "delete", **cfg.topic_config}
+    futures = admin.create_topics([NewTopic(cfg.changes_topic, 1, cfg.replication_factor, config=config)])
+    try:
+        futures[cfg.changes_topic].result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise BrokerError(f"cannot create topic {cfg.changes_topic}: {exc}") from exc
+
+
+class ChangeProducer:
+    def __init__(self, cfg: CaptureConfig) -> None:
+        self.topic = cfg.changes_topic
+        self.producer = Producer({**producer_settings(cfg), "error_cb": self._on_error})
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._acked = 0
+        self._marks: deque[tuple[int, int]] = deque()
+        self._last_acked_lsn: int | None = None
+        self.failure: str | None = None
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.failure = f"fatal producer error: {err}"
+        else:
+            log.warning("kafka: %s", err)
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            if self.failure is None:
+                self.failure = f"delivery to {self.topic} failed: {err}"
+            return
+        with self._lock:
+            self._acked += 1
+
+    def send(self, key: bytes, value: bytes) -> None:
+        self.check()
+        while True:
+            try:
+                self.producer.produce(self.topic, value=value, key=key, on_delivery=self._on_delivery)
+                break
+            except BufferError:  # local queue full: let deliveries drain
+                self.producer.poll(0.05)
+                self.check()
+        with self._lock:
+            self._sent += 1
+
+    def mark(self, lsn: int) -> None:
+        """A commit boundary: ``lsn`` may be confirmed once everything sent so far is acked."""
+        with self._lock:
+            self._marks.append((self._sent, lsn))
+
+    def acked_lsn(self) -> int | None:
+        self.producer.poll(0)
+        self.check()
+        with self._lock:
+            while self._marks and self._marks[0][0] <= self._acked:
+                self._last_acked_lsn = self._marks.popleft()[1]
+        return self._last_acked_lsn
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._sent - self._acked
+
+    def check(self) -> None:
+        if self.failure:
+            raise BrokerError(self.failure, hint="capture resumes from the last confirmed commit once Kafka is back")
+
+    def flush(self, timeout: float = 60.0) -> None:
+        remaining = self.producer.flush(timeout)
+        self.check()
+        if remaining:
+            raise BrokerError(f"{remaining} messages not acknowledged by Kafka after {timeout:.0f} s")
+
+    def poll(self, timeout: float = 0.0) -> None:
+        self.producer.poll(timeout)

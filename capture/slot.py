@@ -1,0 +1,100 @@
+"""The replication slot: inspect it, create it with an exported snapshot, drop it, report on it.
+
+Promise: ``inspect`` turns every unusable slot state into an error with the way out —
+another plugin or database, invalidated (``wal_status = lost``), in use by another
+process. ``create`` returns the consistent point and the exported snapshot name; the
+replication connection must stay idle until the snapshot has been imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg2
+
+from capture.catalog import Connection
+from capture.decoder import parse_lsn
+from capture.errors import SlotLostError, SourceError
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    plugin: str
+    database: str
+    active_pid: int | None
+    restart_lsn: int | None
+    confirmed_lsn: int | None
+    wal_status: str | None
+    current_lsn: int
+
+    @property
+    def lag_bytes(self) -> int:
+        return max(self.current_lsn - (self.confirmed_lsn or self.current_lsn), 0)
+
+    @property
+    def retained_bytes(self) -> int:
+        return max(self.current_lsn - (self.restart_lsn or self.current_lsn), 0)
+
+
+SLOT_SQL = """
+SELECT slot_name, plugin, database, active_pid, restart_lsn::text, confirmed_flush_lsn::text, wal_status,
+       pg_current_wal_lsn()::text
+FROM pg_replication_slots WHERE slot_name = %s
+"""
+
+
+def _lsn(text: str | None) -> int | None:
+    return parse_lsn(text) if text else None
+
+
+def find(conn: Connection, slot: str) -> SlotInfo | None:
+    with conn.cursor() as cur:
+        cur.execute(SLOT_SQL, (slot,))
+        row = cur.fetchone()
+    conn.commit()
+    if row is None:
+        return None
+    name, plugin, database, pid, restart, confirmed, wal_status, current = row
+    return SlotInfo(name, plugin, database, pid, _lsn(restart), _lsn(confirmed), wal_status, parse_lsn(current))
+
+
+def inspect(conn: Connection, slot: str) -> SlotInfo | None:
+    """The slot if it exists and capture can use it; an error naming the problem otherwise."""
+    info = find(conn, slot)
+    if info is None:
+        return None
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_database()")
+        database = cur.fetchone()[0]  # type: ignore[index]
+    conn.commit()
+    if info.plugin != "pgoutput" or info.database != database:
+        raise SourceError(
+            f"slot '{slot}' belongs to plugin {info.plugin} in database {info.database}, not pgoutput in {database}",
+            hint="choose another slot name with [capture] slot",
+        )
+    if info.wal_status == "lost":
+        raise SlotLostError(slot, "was invalidated by PostgreSQL (wal_status = lost: its WAL was removed)")
+    if info.active_pid is not None:
+        raise SourceError(
+            f"slot '{slot}' is in use by server process {info.active_pid} (is another capture running?)",
+            hint="stop the other consumer, or choose another slot name",
+        )
+    return info
+
+
+def create(repl: Connection, slot: str) -> tuple[int, str]:
+    """Create the slot, exporting its snapshot; returns (consistent point, snapshot name)."""
+    with repl.cursor() as cur:
+        try:
+            cur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+        except psycopg2.Error as exc:
+            raise SourceError(f"cannot create replication slot '{slot}': {str(exc).strip()}") from exc
+        _, consistent_point, snapshot_name, _ = cur.fetchone()  # type: ignore[misc]
+    return parse_lsn(consistent_point), snapshot_name
+
+
+def drop(conn: Connection, slot: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    conn.commit()

@@ -1,0 +1,308 @@
+"""The change stream: pgoutput messages in, raw-topic changes out, the slot confirmed behind Kafka.
+
+Promise: ``Streamer.handle`` folds decoded pgoutput messages into transactions and,
+at each commit, emits the transaction's changes with their positions; rows are
+encoded with the schema registered for the table's current shape (a changed shape
+registers a new version first). Unchanged TOASTed values are filled in from the old
+row (REPLICA IDENTITY FULL), the TOAST cache, or as a last resort the table.
+``replicate`` is the thin loop around it: read, handle, and every status interval
+checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from capture import decoder as pg
+from capture.catalog import Connection, TypeCache, nullability
+from capture.changes import ChangeSink, RowChange, TxBuffer
+from capture.config import CaptureConfig
+from capture.encoder import RowEncoder
+from capture.producer import ChangeProducer
+from capture.schemas import Registrar
+from capture.snapshot import TOAST_MIN
+from capture.state import State
+from tables.catalog import ColumnInfo, TableSchema
+
+log = logging.getLogger("headwater.capture")
+HEARTBEAT_PREFIX = "headwater.heartbeat"
+
+
+def _texts(values: Sequence[pg.Value]) -> list[Any]:
+    return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
+
+
+class Streamer:
+    def __init__(
+        self,
+        cfg: CaptureConfig,
+        conn: Connection,
+        types: TypeCache,
+        registrar: Registrar,
+        sink: ChangeSink,
+        state: State,
+        keyed: dict[tuple[str, str], bool],
+    ) -> None:
+        self.cfg = cfg
+        self.conn = conn
+        self.types = types
+        self.registrar = registrar
+        self.sink = sink
+        self.state = state
+        self.keyed = keyed  # the captured tables, and whether they have a real key
+        self.encoders: dict[int, RowEncoder | None] = {}
+        self.tx = TxBuffer(cfg.max_tx_memory, cfg.state_dir / "spill")
+        self.begin: pg.Begin | None = None
+        self.last_commit_lsn = 0
+        self.last_commit_time = 0
+        self.last_commit_seen = time.monotonic()
+
+    def handle(self, payload: bytes) -> None:
+        msg = pg.decode(payload)
+        kind = type(msg)
+        if kind is pg.Insert:
+            self._insert(msg)  # type: ignore[arg-type]
+        elif kind is pg.Update:
+            self._update(msg)  # type: ignore[arg-type]
+        elif kind is pg.Delete:
+            self._delete(msg)  # type: ignore[arg-type]
+        elif kind is pg.Begin:
+            self.begin = msg  # type: ignore[assignment]
+            self.tx.clear()
+        elif kind is pg.Commit:
+            self._commit(msg)  # type: ignore[arg-type]
+        elif kind is pg.Relation:
+            self._relation(msg)  # type: ignore[arg-type]
+        elif kind is pg.Truncate:
+            self._truncate(msg)  # type: ignore[arg-type]
+        elif kind is pg.Type:
+            self.types.types.pop(msg.oid, None)  # type: ignore[union-attr]
+
+    # ---- relations --------------------------------------------------------------------------
+    def _relation(self, rel: pg.Relation) -> None:
+        keyed = self.keyed.get((rel.namespace, rel.name))
+        if keyed is None:
+            self.encoders[rel.oid] = None
+            return
+        nulls = nullability(self.conn, rel.oid)
+        full_identity = rel.replica_identity == "f"
+        columns = [
+            ColumnInfo(
+                c.name,
+                self.types.get(c.type_oid),
+                c.typmod,
+                nulls.get(c.name, True),
+                c.is_key and (keyed or not full_identity),
+            )
+            for c in rel.columns
+        ]
+        table = TableSchema.build(self.cfg.topic_prefix, rel.namespace, rel.name, columns)
+        current = self.encoders.get(rel.oid)
+        if current is not None and current.table == table:
+            return
+        self.encoders[rel.oid] = self.register(table)
+        if current is not None:
+            log.info("schema of %s changed: registered a new version for %s", table.qualified, table.topic)
+
+    def register(self, table: TableSchema) -> RowEncoder:
+        value_id = self.registrar.register(f"{table.topic}-value", table.value_schema, table=table.qualified)
+        key_id = (
+            self.registrar.register(f"{table.topic}-key", table.key_schema, table=table.qualified)
+            if table.key_schema
+            else None
+        )
+        return RowEncoder(table, value_id, key_id)
+
+    # ---- rows -------------------------------------------------------------------------------
+    def _lsn(self) -> int:
+        return self.begin.final_lsn if self.begin else 0
+
+    def _remember(self, enc: RowEncoder, key: bytes | None, texts: Sequence[Any]) -> None:
+        if key is None:
+            return
+        for i, text in enumerate(texts):
+            if isinstance(text, str) and len(text) >= TOAST_MIN:
+                self.state.remember(enc.table.qualified, key[5:], i, self._lsn(), text)
+
+    def _insert(self, msg: pg.Insert) -> None:
+        enc = self.encoders.get(msg.relation_oid)
+        if enc is None:
+            return
+        texts = _texts(msg.new)
+        values = enc.convert(texts)
+        key = enc.encode_key(values)
+        self._remember(enc, key, texts)
+        t = enc.table
+        self.tx.add(RowChange("INSERT", t.schema, t.name, t.topic, key, None, enc.encode_value(values)))
+
+    def _update(self, msg: pg.Update) -> None:
+        enc = self.encoders.get(msg.relation_oid)
+        if enc is None:
+            return
+        texts = _texts(msg.new)
+        old = _texts(msg.old) if msg.old is not None else None
+        if pg.UNCHANGED in texts:
+            texts = self._fill_unchanged(enc, texts, old if msg.old_kind == "O" else None)
+        values = enc.convert(texts)
+        key = enc.encode_key(values)
+        self._remember(enc, key, texts)
+        before = None
+        if old is not None:
+            old_values = enc.convert([None if v is pg.UNCHANGED else v for v in old])
+            before = enc.encode_value(old_values) if msg.old_kind == "O" else enc.encode_key(old_values)
+        t = enc.table
+        self.tx.add(RowChange("UPDATE", t.schema, t.name, t.topic, key, before, enc.encode_value(values)))
+
+    def _fill_unchanged(self, enc: RowEncoder, texts: list[Any], old: list[Any] | None) -> list[Any]:
+        values = enc.convert([None if v is pg.UNCHANGED else v for v in texts])
+        key = enc.encode_key(values)
+        filled = list(texts)
+        for i, text in enumerate(texts):
+            if text is not pg.UNCHANGED:
+                continue
+            if old is not None and old[i] is not pg.UNCHANGED:
+                filled[i] = old[i]
+                continue
+            cached = self.state.recall(enc.table.qualified, key[5:], i, self._lsn()) if key else None
+            filled[i] = cached if cached is not None else self._read_current(enc, texts, i)
+        return filled
+
+    def _read_current(self, enc: RowEncoder, texts: list[Any], index: int) -> str | None:
+        """Last resort for an unchanged TOASTed value not in the cache: today's value from the table."""
+        table = enc.table
+        column = table.columns[index].name
+        log.warning("%s.%s: unchanged TOAST value not cached; reading the current value", table.qualified, column)
+        keys = [(table.columns[i].name, texts[i]) for i in table.key_indexes]
+        query = sql.SQL("SELECT {}::text FROM {} WHERE {}").format(
+            sql.Identifier(column),
+            sql.Identifier(table.schema, table.name),
+            sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k, _ in keys),
+        )
+        with self.conn.cursor() as cur:
+            cur.execute(query, [v for _, v in keys])
+            row = cur.fetchone()
+        self.conn.commit()
+        return row[0] if row else None
+
+    def _delete(self, msg: pg.Delete) -> None:
+        enc = self.encoders.get(msg.relation_oid)
+        if enc is None:
+            return
+        old_values = enc.convert([None if v is pg.UNCHANGED else v for v in _texts(msg.old)])
+        key = enc.encode_key(old_values)
+        before = enc.encode_value(old_values) if msg.old_kind == "O" else None
+        t = enc.table
+        self.tx.add(RowChange("DELETE", t.schema, t.name, t.topic, key, before, None))
+
+    def _truncate(self, msg: pg.Truncate) -> None:
+        for oid in msg.relation_oids:
+            enc = self.encoders.get(oid)
+            if enc is not None:
+                t = enc.table
+                self.tx.add(RowChange("TRUNCATE", t.schema, t.name, t.topic, None, None, None))
+
+    def _commit(self, msg: pg.Commit) -> None:
+        xid = self.begin.xid if self.begin else 0
+        if self.tx.spilled:
+            log.info("large transaction %d: %d changes spilled to disk, sending them now", xid, len(self.tx))
+        self.sink.emit_transaction(self.tx, msg.commit_lsn, msg.end_lsn, xid, msg.commit_time)
+        self.tx.clear()
+        self.begin = None
+        self.last_commit_lsn, self.last_commit_time = msg.commit_lsn, msg.commit_time
+        self.last_commit_seen = time.monotonic()
+
+
+class Loop:
+    """Reads the slot until ``stop`` is set; confirms and checkpoints every status interval."""
+
+    def __init__(
+        self,
+        cfg: CaptureConfig,
+        repl: Connection,
+        heartbeat_conn: Connection,
+        streamer: Streamer,
+        producer: ChangeProducer,
+        state: State,
+        confirmed: int,
+    ) -> None:
+        self.cfg = cfg
+        self.repl = repl
+        self.heartbeat_conn = heartbeat_conn
+        self.streamer = streamer
+        self.producer = producer
+        self.state = state
+        self.confirmed = confirmed
+        self.last_heartbeat = time.monotonic()
+        self.last_status = 0.0
+        self.checkpoints = 0
+        self._events_at = (time.monotonic(), 0)
+
+    def run(self, start_lsn: int, stop: threading.Event) -> None:
+        cur: Any = self.repl.cursor()  # a ReplicationCursor (untyped in psycopg2's stubs)
+        cur.start_replication(
+            slot_name=self.cfg.slot,
+            decode=False,
+            start_lsn=start_lsn,
+            status_interval=max(self.cfg.status_interval, 1.0),
+            options={"proto_version": "1", "publication_names": self.cfg.publication, "messages": "true"},
+        )
+        log.info("streaming from slot %s at %s", self.cfg.slot, pg.lsn_text(start_lsn or self.confirmed))
+        handled = 0
+        while not stop.is_set():
+            msg = cur.read_message()
+            if msg is not None:
+                self.streamer.handle(msg.payload)
+                handled += 1
+                if handled % 1000:
+                    continue
+            else:
+                select.select([self.repl], [], [], 0.2)
+            self.housekeeping(cur)
+        self.producer.flush()
+        self.housekeeping(cur, force=True)
+
+    def housekeeping(self, cur: Any, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_status < self.cfg.status_interval:
+            return
+        self.last_status = now
+        acked = self.producer.acked_lsn()
+        if acked is not None and acked > self.confirmed:
+            self.confirm(cur, acked)
+        if self.cfg.heartbeat_interval > 0:
+            idle = now - max(self.streamer.last_commit_seen, self.last_heartbeat)
+            if idle >= self.cfg.heartbeat_interval:
+                self.heartbeat()
+
+    def confirm(self, cur: Any, lsn: int) -> None:
+        """Checkpoint first, then tell the slot: a crash in between replays, never skips."""
+        now = time.monotonic()
+        events = self.streamer.sink.events
+        then, before = self._events_at
+        rate = (events - before) / max(now - then, 1e-6)
+        self._events_at = (now, events)
+        s = self.streamer
+        self.state.checkpoint(lsn, s.last_commit_lsn, s.last_commit_time, events, rate)
+        cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=True)
+        self.confirmed = lsn
+        self.checkpoints += 1
+        if self.checkpoints % 100 == 0:
+            self.state.prune(lsn)
+
+    def heartbeat(self) -> None:
+        self.last_heartbeat = time.monotonic()
+        try:
+            with self.heartbeat_conn.cursor() as cur:
+                cur.execute("SELECT pg_logical_emit_message(true, %s, now()::text)", (HEARTBEAT_PREFIX,))
+            self.heartbeat_conn.commit()
+        except psycopg2.Error as exc:
+            self.heartbeat_conn.rollback()
+            log.warning("heartbeat failed (the slot may fall behind while captured tables are idle): %s", exc)
