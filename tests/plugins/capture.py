@@ -1,0 +1,155 @@
+"""Capture agents for tests: unique slot, publication, topic prefix and state per test.
+
+``capture_factory`` builds a ``CaptureConfig`` for a test database and runs the agent
+in a thread (``start``) or as the real ``headwater capture`` process (``spawn``);
+``changes`` reads the raw topic back decoded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from capture import agent
+from capture.config import CaptureConfig
+from capture.decoder import parse_lsn
+from headwater.config import Secret
+from headwater.stack import StackConfig
+from tests.plugins.kafka import AvroDecoder, read_topic
+
+
+@dataclasses.dataclass
+class Capture:
+    cfg: CaptureConfig
+    stack: StackConfig
+    thread: threading.Thread | None = None
+    stop_event: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: list[BaseException] = dataclasses.field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    def start(self) -> Capture:
+        def target() -> None:
+            try:
+                agent.run(self.cfg, self.stop_event)
+            except BaseException as exc:
+                self.error.append(exc)
+
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=target, name="capture", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.stop_event.set()
+            self.thread.join(timeout=60)
+            assert not self.thread.is_alive(), "capture did not stop"
+            self.thread = None
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+
+    def argv(self) -> list[str]:
+        c = self.cfg
+        return [
+            sys.executable, "-m", "headwater.cli", "capture",
+            "--slot", c.slot, "--publication", c.publication, "--topic-prefix", c.topic_prefix,
+            "--include", c.include, "--state-dir", str(c.state_dir), "--bootstrap", c.bootstrap,
+            "--registry-url", c.registry_url, "--status-interval", str(c.status_interval),
+            "--heartbeat-interval", str(c.heartbeat_interval),
+        ]  # fmt: skip
+
+    def spawn(self, *extra: str) -> subprocess.Popen[bytes]:
+        """The real command in its own process (for kill -9 and exit codes)."""
+        assert self.log is not None
+        env = {**os.environ, "HEADWATER_CAPTURE_DSN": self.cfg.dsn.reveal()}
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen([*self.argv(), *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
+        return self.process
+
+    def changes(self) -> list[dict[str, Any]]:
+        decode = AvroDecoder(self.cfg.registry_url)
+        out = []
+        for record in read_topic(self.cfg.bootstrap, self.cfg.changes_topic):
+            change = decode(record.value)
+            change["_offset"] = record.offset
+            out.append(change)
+        return out
+
+    def wait_caught_up(self, dsn: str, timeout: float = 60.0) -> None:
+        """Until the slot confirmed everything written so far (so Kafka holds every commit)."""
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_lsn()::text")
+                target = parse_lsn(cur.fetchone()[0])
+                cur.execute("SELECT pg_logical_emit_message(true, 'headwater.test', 'sync')")  # a commit to confirm
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    self.raise_error()
+                    cur.execute(
+                        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                        (self.cfg.slot,),
+                    )
+                    row = cur.fetchone()
+                    if row and row[0] and parse_lsn(row[0]) > target:
+                        return
+                    time.sleep(0.1)
+        finally:
+            conn.close()
+        raise AssertionError(f"capture did not catch up within {timeout} s")
+
+    def raise_error(self) -> None:
+        if self.error:
+            raise self.error[0]
+
+
+@pytest.fixture
+def capture_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) -> Iterator[Callable[..., Capture]]:
+    made: list[Capture] = []
+
+    def make(dsn: str, **overrides: Any) -> Capture:
+        settings: dict[str, Any] = {
+            "dsn": Secret(dsn),
+            "slot": unique_name,
+            "publication": unique_name,
+            "topic_prefix": unique_name,
+            "bootstrap": local_stack.bootstrap,
+            "registry_url": local_stack.registry_url,
+            "state_dir": tmp_path / "capture-state",
+            "status_interval": 0.2,
+            "heartbeat_interval": 0.0,
+            "on_error": "exit",
+            **overrides,
+        }
+        capture = Capture(CaptureConfig(**settings), local_stack, log=tmp_path / f"capture{len(made)}.log")
+        made.append(capture)
+        return capture
+
+    yield make
+    for capture in made:
+        capture.stop()
+    admin = psycopg2.connect(local_stack.dsn("postgres"))
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL",
+            (unique_name,),
+        )
+        time.sleep(0.2)
+        cur.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (unique_name,)
+        )
+    admin.close()
