@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import psycopg2
-import pytest
 
 from capture.errors import SchemaChangeError
 from headwater import shop

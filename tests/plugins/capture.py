@@ -145,7 +145,8 @@ def capture_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) 
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL",
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+            " WHERE slot_name = %s AND active_pid IS NOT NULL",
             (unique_name,),
         )
         time.sleep(0.2)
