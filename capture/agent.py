@@ -37,13 +37,16 @@ log = logging.getLogger("headwater.capture")
 def run(cfg: CaptureConfig, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
     delay = 1.0
+    streamed_before = False
     while not stop.is_set():
+        session = Session(cfg)
         try:
-            Session(cfg).run(stop)
+            session.run(stop)
             return
         except RetryableError as exc:
-            if cfg.on_error == "exit":
-                raise
+            streamed_before = streamed_before or session.streamed
+            if cfg.on_error == "exit" or not streamed_before:
+                raise  # a failure before the first stream is a set-up problem: say so at once
             log.error("%s; retrying in %.0f s (on_error = log)", exc, delay)
             stop.wait(delay)
             delay = min(delay * 2, 30.0)
@@ -55,6 +58,7 @@ class Session:
     def __init__(self, cfg: CaptureConfig) -> None:
         self.cfg = cfg
         self.dsn = cfg.dsn.reveal()
+        self.streamed = False
 
     def run(self, stop: threading.Event) -> None:
         cfg = self.cfg
@@ -80,6 +84,7 @@ class Session:
             checkpoint = state.load()
             confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
             heartbeat_conn = catalog.connect(self.dsn)
+            self.streamed = True
             try:
                 Loop(cfg, repl, heartbeat_conn, streamer, producer, state, confirmed).run(start_lsn, stop)
             finally:

@@ -1,0 +1,162 @@
+"""PostgreSQL text values to Avro: the pure converters, and a round trip of every listed type."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+import httpx
+import psycopg2
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from capture import types as t
+from tests.plugins.capture import Capture
+
+INT4 = t.PgType(23, "int4")
+NUMERIC = t.PgType(1700, "numeric")
+
+
+def typmod(precision: int, scale: int) -> int:
+    return ((precision << 16) | scale) + 4
+
+
+@pytest.mark.unit
+class TestParsers:
+    def test_timestamps_keep_microseconds_and_offsets(self) -> None:
+        assert t.parse_timestamp("1970-01-01 00:00:00") == 0
+        assert t.parse_timestamp("2024-01-02 03:04:05.123456+00") == 1704164645123456
+        assert t.parse_timestamp("2024-01-02 05:04:05.123456+02") == 1704164645123456
+        assert t.parse_timestamp("2024-01-02 03:04:05.5-00:30") == 1704166445500000
+        assert t.parse_timestamp("1969-12-31 23:59:59.5") == -500000
+        assert t.parse_timestamp("infinity") == t.LONG_MAX
+
+    def test_dates_and_times(self) -> None:
+        assert t.parse_date("1970-01-02") == 1 and t.parse_date("1969-12-31") == -1
+        assert t.parse_time("00:00:01.000001") == 1_000_001 and t.parse_time("24:00:00") == 86_400_000_000
+        with pytest.raises(t.UnsupportedValue):
+            t.parse_date("0044-03-15 BC")
+
+    def test_intervals_keep_months_days_micros_apart(self) -> None:
+        assert t.parse_interval("P1Y2M3DT4H5M6.789S") == {"months": 14, "days": 3, "microseconds": 14_706_789_000}
+        assert t.parse_interval("P-1Y-2M") == {"months": -14, "days": 0, "microseconds": 0}
+        assert t.parse_interval("PT-0.000001S") == {"months": 0, "days": 0, "microseconds": -1}
+        assert t.parse_interval("P2W") == {"months": 0, "days": 14, "microseconds": 0}
+        with pytest.raises(t.UnsupportedValue):
+            t.parse_interval("1 day")
+
+    def test_numeric_money_bytea(self) -> None:
+        assert t.parse_numeric("12.340") == Decimal("12.340") and t.parse_numeric("NaN") == "NaN"
+        assert t.parse_money("-$1,234.56") == Decimal("-1234.56") and t.parse_money("$0.01") == Decimal("0.01")
+        assert t.parse_bytea("\\x00ff") == b"\x00\xff"
+
+    def test_arrays(self) -> None:
+        assert t.parse_array('{1,NULL,"a,b","say \\"hi\\""}') == ["1", None, "a,b", 'say "hi"']
+        assert t.parse_array("{}") == [] and t.parse_array("[0:1]={7,8}") == ["7", "8"]
+        assert t.parse_array("{{1,2},{3,4}}") == [["1", "2"], ["3", "4"]]
+
+    def test_numeric_schema_from_typmod(self) -> None:
+        entry, conv = t.field("total", NUMERIC, typmod(14, 2), nullable=True, seen=set())
+        assert entry["type"] == [
+            "null",
+            {"type": "bytes", "logicalType": "decimal", "precision": 14, "scale": 2},
+            "string",
+        ]
+        assert entry["pg.type"] == "numeric(14,2)" and entry["default"] is None
+        free, conv_free = t.field("x", NUMERIC, -1, nullable=False, seen=set())
+        assert free["type"] == "string" and conv_free("1.000000000000000000001") == "1.000000000000000000001"
+
+    def test_enums_valid_names_become_avro_enums(self) -> None:
+        mood = t.PgType(900, "mood", "public", "e", labels=("happy", "sad"))
+        odd = t.PgType(901, "odd", "public", "e", labels=("a b", "c"))
+        seen: set[str] = set()
+        assert t.field("m", mood, -1, nullable=False, seen=seen)[0]["type"]["symbols"] == ["happy", "sad"]
+        assert t.field("m2", mood, -1, nullable=False, seen=seen)[0]["type"] == "headwater.pg.public.mood"
+        assert t.field("o", odd, -1, nullable=False, seen=set())[0]["type"] == "string"
+
+    def test_unknown_types_travel_as_text_with_their_name(self) -> None:
+        point = t.PgType(600, "point")
+        entry, conv = t.field("p", point, -1, nullable=False, seen=set())
+        assert entry["type"] == "string" and entry["pg.type"] == "point" and conv("(1,2)") == "(1,2)"
+
+    def test_odd_column_names_are_made_valid(self) -> None:
+        entry, _ = t.field("order-id", INT4, -1, nullable=False, seen=set())
+        assert entry["name"] == "order_id" and entry["pg.name"] == "order-id"
+
+
+EVERY_TYPE = """
+CREATE TYPE mood AS ENUM ('happy', 'sad');
+CREATE TYPE odd AS ENUM ('a b', 'c');
+CREATE DOMAIN posint AS int CHECK (VALUE > 0);
+CREATE TABLE every (
+    id int PRIMARY KEY, i2 smallint, i4 int, i8 bigint, n numeric(12,3), n_nan numeric(10,2), nu numeric,
+    r real, d double precision, b boolean, t text, vc varchar(20), c char(5), ba bytea, dt date, tm time,
+    ts timestamp, tstz timestamptz, iv interval, u uuid, j json, jb jsonb, ai int[], atx text[], e mood, e2 odd,
+    m money, ip inet, net cidr, dom posint, pt point
+);
+INSERT INTO every VALUES (
+    1, -32768, 2147483647, -9223372036854775808, 123456789.125, 'NaN', 1.000000000000000000000000001,
+    1.5, 3.141592653589793, true, 'héllo ✓', 'varchar', 'ab', '\\x00ff10', '2024-02-29', '23:59:59.999999',
+    '2024-02-29 12:34:56.789012', '2024-02-29 12:34:56.789012+05:30', '1 year 2 mons 3 days 04:05:06.789',
+    'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{"a": [1, 2]}', '{"b": {"c": null}}', '{1,NULL,3}',
+    '{"x y",z}', 'sad', 'a b', '-1234.56', '192.168.0.1/24', '10.0.0.0/8', 7, '(1.5,2)'
+);
+INSERT INTO every (id) VALUES (2);
+"""
+
+
+def test_every_type_round_trips_through_confluent_deserializer(
+    pg_database: str, capture_factory: Callable[..., Capture]
+) -> None:
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute(EVERY_TYPE)
+        cur.execute("SELECT * FROM every ORDER BY id")
+        names = [d.name for d in cur.description]
+        expected = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    conn.close()
+    capture = capture_factory(pg_database).start()
+    deadline = time.monotonic() + 30
+    reads: list[dict] = []
+    while time.monotonic() < deadline and len(reads) < 2:
+        capture.raise_error()
+        time.sleep(0.5)
+        reads = [c for c in capture.changes() if c["op"] == "READ"]
+    capture.stop()
+    assert len(reads) == 2
+
+    topic = f"{capture.cfg.topic_prefix}.every"
+    with SchemaRegistryClient({"url": capture.cfg.registry_url}) as client:
+        deserialize = AvroDeserializer(client)
+        ctx = SerializationContext(topic, MessageField.VALUE)
+        rows = sorted((deserialize(c["after"], ctx) for c in reads), key=lambda r: r["id"])
+
+    full, empty = expected[0], rows[0]
+    assert all(v is None for k, v in rows[1].items() if k != "id")
+    assert empty["id"] == 1
+    for column in ("i2", "i4", "i8", "n", "r", "d", "b", "t", "vc", "c", "dt", "tm", "ts", "ai", "atx", "e", "e2",
+                   "ip", "net", "dom", "pt"):  # fmt: skip
+        assert empty[column] == full[column], column
+    assert empty["ba"] == bytes(full["ba"])
+    assert empty["tstz"] == full["tstz"] == datetime(2024, 2, 29, 7, 4, 56, 789012, tzinfo=UTC)
+    assert empty["n_nan"] == "NaN" and full["n_nan"].is_nan()
+    assert Decimal(empty["nu"]) == full["nu"] and empty["nu"] == "1.000000000000000000000000001"
+    assert empty["iv"] == {"months": 14, "days": 3, "microseconds": 14_706_789_000}
+    assert str(empty["u"]) == full["u"]
+    assert json.loads(empty["j"]) == full["j"] and json.loads(empty["jb"]) == full["jb"]
+    assert empty["m"] == Decimal("-1234.56")
+    assert full["dt"] == date(2024, 2, 29) and full["tm"] == datetime(1, 1, 1, 23, 59, 59, 999999).time()
+    assert timedelta(days=3) < full["iv"]  # psycopg2's own reading, for the record
+
+    schema = json.loads(
+        httpx.get(f"{capture.cfg.registry_url}/subjects/{topic}-value/versions/latest").json()["schema"]
+    )
+    by_name = {f["name"]: f for f in schema["fields"]}
+    assert by_name["n"]["pg.type"] == "numeric(12,3)" and by_name["pt"]["pg.type"] == "point"
+    assert by_name["tstz"]["type"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]
+    assert by_name["id"]["type"] == "int"  # key columns are not nullable
