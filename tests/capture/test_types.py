@@ -62,6 +62,7 @@ class TestParsers:
 
     def test_numeric_schema_from_typmod(self) -> None:
         entry, conv = t.field("total", NUMERIC, typmod(14, 2), nullable=True, seen=set())
+        assert conv("NaN") == "NaN" and conv("1.50") == Decimal("1.50")
         assert entry["type"] == [
             "null",
             {"type": "bytes", "logicalType": "decimal", "precision": 14, "scale": 2},
