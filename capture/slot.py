@@ -8,6 +8,7 @@ replication connection must stay idle until the snapshot has been imported.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import psycopg2
@@ -59,9 +60,17 @@ def find(conn: Connection, slot: str) -> SlotInfo | None:
     return SlotInfo(name, plugin, database, pid, _lsn(restart), _lsn(confirmed), wal_status, parse_lsn(current))
 
 
-def inspect(conn: Connection, slot: str) -> SlotInfo | None:
-    """The slot if it exists and capture can use it; an error naming the problem otherwise."""
+def inspect(conn: Connection, slot: str, *, release_wait: float = 15.0) -> SlotInfo | None:
+    """The slot if it exists and capture can use it; an error naming the problem otherwise.
+
+    A slot still held by a consumer that just died is waited for (``release_wait`` s):
+    PostgreSQL frees it once it notices the connection is gone.
+    """
     info = find(conn, slot)
+    deadline = time.monotonic() + release_wait
+    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        info = find(conn, slot)
     if info is None:
         return None
     with conn.cursor() as cur:

@@ -1,0 +1,170 @@
+"""Faults: kill -9 of the capture process, a broker that stops answering. Nothing committed is lost."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg2
+import pytest
+
+from capture.decoder import parse_lsn
+from headwater import shop
+from headwater.stack import Broker, StackConfig
+from tests.capture.reconcile import apply_changes, assert_table_matches
+from tests.plugins.capture import Capture
+from tests.plugins.kafka import AvroDecoder, read_topic
+
+SHOP_KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
+
+
+class Writer:
+    """The shop workload in a thread, at a steady rate, counting committed transactions."""
+
+    def __init__(self, dsn: str, rate: float = 150) -> None:
+        self.conn = psycopg2.connect(dsn)
+        self.work = shop.Workload(self.conn, rng_seed=int.from_bytes(os.urandom(2), "big"), rollback_share=0.05)
+        self.rate = rate
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        done = 0
+        while not self.stop_event.is_set():
+            self.work.step()
+            done += 1
+            delay = start + done / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+    def start(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> int:
+        self.stop_event.set()
+        self.thread.join()
+        self.conn.close()
+        return self.work.committed
+
+
+def confirmed_lsn(dsn: str, slot: str) -> int:
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        value = cur.fetchone()[0]
+    conn.close()
+    return parse_lsn(value)
+
+
+def wait_snapshot(capture: Capture, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(c["op"] == "SNAPSHOT_END" for c in capture.changes()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no snapshot end; log: {capture.log.read_text()[-3000:] if capture.log else ''}")
+
+
+def check_reconciles(capture: Capture, shop_db: Any, committed: int) -> list[dict[str, Any]]:
+    changes = capture.changes()
+    decode = AvroDecoder(capture.cfg.registry_url)
+    state = apply_changes(changes, decode)
+    for table, key in SHOP_KEYS.items():
+        assert_table_matches(shop_db, table, key, state.get(table, {}))
+    streamed = {c["commit_lsn"] for c in changes if c["op"] in ("INSERT", "UPDATE", "DELETE")}
+    assert len(streamed) == committed, f"{committed} transactions committed, {len(streamed)} on the topic"
+    by_tx: dict[int, set[int]] = {}
+    sizes: dict[int, int] = {}
+    for c in changes:
+        if c["op"] in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
+            by_tx.setdefault(c["commit_lsn"], set()).add(c["position"])
+            sizes[c["commit_lsn"]] = c["tx_size"]
+    assert all(positions == set(range(sizes[lsn])) for lsn, positions in by_tx.items()), "a transaction is partial"
+    return changes
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points_loses_nothing(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+) -> None:
+    capture = capture_factory(pg_database)
+    capture.spawn()
+    wait_snapshot(capture)
+    writer = Writer(pg_database).start()
+    kills: list[tuple[int, int]] = []  # (topic length at the kill, slot's confirmed LSN at the kill)
+    rng = random.Random()
+    for _ in range(3):
+        time.sleep(rng.uniform(0.5, 2.5))
+        assert capture.process is not None
+        capture.process.kill()
+        capture.process.wait()
+        kills.append((len(read_topic(capture.cfg.bootstrap, capture.cfg.changes_topic)),
+                      confirmed_lsn(pg_database, capture.cfg.slot)))  # fmt: skip
+        capture.spawn()
+    time.sleep(1.5)
+    committed = writer.stop()
+    capture.wait_caught_up(pg_database)
+    capture.stop()
+
+    changes = check_reconciles(capture, shop_db, committed)
+    assert committed > 100
+    seen: set[tuple[int, int]] = set()
+    boundaries = [offset for offset, _ in kills] + [len(changes) + 1]
+    for index, change in enumerate(changes):
+        ident = (change["commit_lsn"], change["position"])
+        if ident in seen:
+            # a duplicate: only changes at or after the commit last confirmed before the restart
+            kill = max(i for i, b in enumerate(boundaries) if b <= index)
+            assert change["commit_lsn"] >= kills[kill][1], f"replayed a confirmed change at offset {index}"
+        seen.add(ident)
+
+
+@pytest.mark.slow
+def test_broker_paused_30s_under_load_then_recovers(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], local_stack: StackConfig
+) -> None:
+    capture = capture_factory(pg_database, on_error="log").start()
+    wait_snapshot(capture)
+    writer = Writer(pg_database, rate=100).start()
+    time.sleep(2)
+    broker_pid = Broker(local_stack).pid()
+    assert broker_pid is not None
+    os.kill(broker_pid, signal.SIGSTOP)  # the broker stops answering; its in-memory log survives
+    try:
+        time.sleep(30)
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+    time.sleep(2)
+    committed = writer.stop()
+    capture.wait_caught_up(pg_database, timeout=180)
+    capture.stop()
+    check_reconciles(capture, shop_db, committed)
+
+
+@pytest.mark.slow
+def test_on_error_exit_ends_non_zero_when_kafka_stops_answering(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], local_stack: StackConfig
+) -> None:
+    capture = capture_factory(pg_database)
+    process = capture.spawn("--producer", "message.timeout.ms=4000")
+    wait_snapshot(capture)
+    writer = Writer(pg_database, rate=50).start()
+    broker_pid = Broker(local_stack).pid()
+    assert broker_pid is not None
+    os.kill(broker_pid, signal.SIGSTOP)
+    try:
+        code = process.wait(timeout=60)
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+        writer.stop()
+    assert code == 1
+    assert capture.log is not None
+    log = capture.log.read_text()
+    assert "headwater: error:" in log and "timed out" in log.lower()
