@@ -107,21 +107,34 @@ def _print_counts(counts: dict[str, int]) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The README's first command: bring everything up, seed, run a little load, show it."""
+    """The README's first command: bring everything up, seed, capture, run a little load, show it."""
+    from headwater import demo
+
     print("== bringing up the local stack")
     cmd_stack_up(args)
     print("\n== the sample shop")
     cmd_demo_seed(args)
+    local, capture = stack_config(args), capture_config(args)
+    print(f"\n== capture: snapshot, then every committed change into {capture.changes_topic}")
+    passthrough = ["--config", args.config] if args.config else []
+    for name, value in flag_values(args, stack.StackConfig).items():
+        passthrough += ["--" + name.replace("_", "-"), str(value)]
+    pid = demo.start_capture(local, capture, passthrough)
     print(f"\n== running the shop workload for {args.duration:g} s at {args.rate:g} tx/s")
     cmd_demo_load(args)
-    cfg = stack_config(args)
+    demo.wait_caught_up(capture, pid)
+    print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {capture.registry_url})")
+    demo.show_changes(capture)
+    print("\n== headwater status")
+    cmd_status(args)
     print(
         "\n== what is running\n"
-        f"  PostgreSQL  {cfg.display_dsn()}  (wal_level=logical)\n"
-        f"  Kafka       {cfg.bootstrap}\n"
-        f"  registry    {cfg.registry_url}\n"
-        f"  Redis       {cfg.redis_url}\n"
-        "Capture and the Faust streams are not built yet: the pipeline stops at the database for now.\n"
+        f"  PostgreSQL  {local.display_dsn()}  (wal_level=logical)\n"
+        f"  Kafka       {local.bootstrap}\n"
+        f"  registry    {local.registry_url}\n"
+        f"  Redis       {local.redis_url}\n"
+        f"  capture     pid {pid}\n"
+        "The Faust streams, views and analytics are not built yet: the pipeline ends at the raw topic for now.\n"
         "Stop everything with: headwater stack down"
     )
     return 0
@@ -230,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_sub = demo_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
     run = _with_stack_flags(demo_sub.add_parser("run", help="stack up, seed the shop, run a short load, show it"))
     _workload_flags(run, rate=50, duration=5)
+    add_flags(run.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
     run.set_defaults(func=cmd_demo, customers=200, products=50, orders=400)
     seed = _with_stack_flags(demo_sub.add_parser("seed", help="create and seed the sample shop (once)"))
     seed.add_argument("--customers", type=int, default=200)

@@ -24,6 +24,7 @@ import psycopg2.extensions
 
 Connection = psycopg2.extensions.connection
 TABLES = ("customers", "products", "orders", "order_items")
+KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
 REGIONS = ("north", "south", "east", "west", "central")
 CATEGORIES = ("books", "garden", "kitchen", "toys", "tools", "music")
 STATUSES = ("pending", "paid", "shipped", "delivered", "cancelled")

@@ -388,8 +388,9 @@ def up(cfg: StackConfig) -> list[str]:
 
 
 def down(cfg: StackConfig) -> list[str]:
-    """Stop every service of the stack; returns the names that were running."""
-    return [s.name for s in reversed(services(cfg)) if s.stop()]
+    """Stop capture (if the demo started it) and every service; returns the names that were running."""
+    stopped = ["capture"] if process.stop(cfg.data_dir.resolve() / "run" / "capture.pid") else []
+    return stopped + [s.name for s in reversed(services(cfg)) if s.stop()]
 
 
 @dataclass(frozen=True)

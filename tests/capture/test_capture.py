@@ -13,9 +13,9 @@ import psycopg2
 
 from capture.errors import SchemaChangeError
 from headwater import shop
-from tests.capture.reconcile import apply_changes, assert_table_matches
+from headwater.reconcile import apply_changes, assert_table_matches
+from headwater.topics import AvroDecoder
 from tests.plugins.capture import Capture
-from tests.plugins.kafka import AvroDecoder
 
 SHOP_KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
 

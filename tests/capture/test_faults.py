@@ -15,10 +15,10 @@ import pytest
 
 from capture.decoder import parse_lsn
 from headwater import shop
+from headwater.reconcile import apply_changes, assert_table_matches
 from headwater.stack import Broker, StackConfig
-from tests.capture.reconcile import apply_changes, assert_table_matches
+from headwater.topics import AvroDecoder, read_topic
 from tests.plugins.capture import Capture
-from tests.plugins.kafka import AvroDecoder, read_topic
 
 SHOP_KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
 

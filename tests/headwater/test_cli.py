@@ -141,3 +141,17 @@ def test_unknown_command_exits_non_zero(tmp_path: Path) -> None:
     assert result.returncode == 2 and "invalid choice: 'stak'" in result.stderr
     result = headwater("stack", "sideways", cwd=tmp_path)
     assert result.returncode == 2 and "invalid choice: 'sideways'" in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, str]]) -> None:
+    cwd, _ = project
+    result = headwater("demo", "run", "--duration", "2", "--rate", "40", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "started headwater capture" in out and "SNAPSHOT_END 1" in out
+    for table in ("customers", "products", "orders", "order_items"):
+        assert any(line.strip().startswith(table) and line.endswith(": equal") for line in out.splitlines()), table
+    assert "snapshot: done" in out and "lag:" in out
+    down = headwater("stack", "down", cwd=cwd)
+    assert down.stdout.startswith("stopped: capture, registry")

@@ -25,7 +25,7 @@ from capture.config import CaptureConfig
 from capture.decoder import parse_lsn
 from headwater.config import Secret
 from headwater.stack import StackConfig
-from tests.plugins.kafka import AvroDecoder, read_topic
+from headwater.topics import AvroDecoder, read_topic
 
 
 @dataclasses.dataclass

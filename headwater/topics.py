@@ -1,7 +1,9 @@
 """Reading topics back the way any Confluent consumer would: to the end, Avro decoded via the registry.
 
-``read_topic`` stops at partition EOF as reported by fetches (Tansu's ListOffsets is
-wrong on multi-record batches, its fetch high watermark is right).
+Promise: ``read_topic`` returns every record of a topic, stopping at partition EOF as
+reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is wrong on
+multi-record batches while its fetch high watermark is right. ``AvroDecoder``
+decodes Confluent-framed Avro with schemas fetched once per id from the registry.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import fastavro
 import httpx
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from headwater.errors import FatalError, RetryableError
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,16 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Rec
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    waiting.discard(msg.partition())
+            error = msg.error()
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    waiting.discard(partition)
                     continue
-                raise AssertionError(f"reading {topic}: {msg.error()}")
-            out.append(Record(msg.partition(), msg.offset(), msg.key(), msg.value()))
-        assert not waiting, f"no EOF on {topic} partitions {waiting} within {timeout} s"
+                raise RetryableError(f"reading {topic}: {error}")
+            out.append(Record(partition, offset, msg.key(), msg.value()))
+        if waiting:
+            raise RetryableError(f"no end of {topic} partitions {sorted(waiting)} within {timeout:.0f} s")
         return out
     finally:
         consumer.close()
@@ -74,5 +81,6 @@ class AvroDecoder:
     def __call__(self, data: bytes | None) -> Any:
         if data is None:
             return None
-        assert data[0] == 0, "not the Confluent wire format"
+        if data[0] != 0:
+            raise FatalError(f"not the Confluent wire format (first byte {data[0]})")
         return fastavro.schemaless_reader(io.BytesIO(data[5:]), self.schema(int.from_bytes(data[1:5], "big")), None)

@@ -1,4 +1,11 @@
-"""Reconciling the raw change topic with PostgreSQL: apply the changes in order, compare rows."""
+"""Reconciling the raw change topic with PostgreSQL: apply the changes in order, compare rows.
+
+Promise: ``apply_changes`` rebuilds each table's rows from the raw topic exactly as a
+consumer applying it in order would; ``compare`` lists every difference between
+those rows and the table in PostgreSQL (missing, extra, or differing values), with
+values compared by meaning (instants in UTC, JSON parsed, decimals exact). Tests and
+the demo both use it.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import Any
 
 import psycopg2.extensions
 
-from tests.plugins.kafka import AvroDecoder
+from headwater.topics import AvroDecoder
 
 
 def apply_changes(changes: list[dict[str, Any]], decode: AvroDecoder) -> dict[str, dict[bytes, dict[str, Any]]]:
@@ -49,22 +56,31 @@ def same(pg: Any, avro: Any) -> bool:
 def pg_rows(conn: psycopg2.extensions.connection, table: str, key: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
     with conn.cursor() as cur:
         cur.execute(f"SELECT * FROM {table}")  # noqa: S608 - test tables
-        names = [d.name for d in cur.description]
+        names = [d.name for d in cur.description or ()]
         rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
     conn.commit()
     return {tuple(r[k] for k in key): r for r in rows}
 
 
+def compare(
+    conn: psycopg2.extensions.connection, table: str, key: list[str], captured: dict[bytes, dict[str, Any]]
+) -> tuple[int, list[str]]:
+    """The table's row count and every difference between it and the rows rebuilt from the topic."""
+    expected = pg_rows(conn, table, key)
+    got = {tuple(r[k] for k in key): r for r in captured.values()}
+    problems = [f"{table} {k}: in PostgreSQL, not on the topic" for k in sorted(set(expected) - set(got))]
+    problems += [f"{table} {k}: on the topic, not in PostgreSQL" for k in sorted(set(got) - set(expected))]
+    for k in sorted(set(expected) & set(got)):
+        for column, value in expected[k].items():
+            if not same(value, got[k].get(column)):
+                problems.append(f"{table} {k} {column}: postgres {value!r} != topic {got[k].get(column)!r}")
+    return len(expected), problems
+
+
 def assert_table_matches(
     conn: psycopg2.extensions.connection, table: str, key: list[str], captured: dict[bytes, dict[str, Any]]
 ) -> int:
-    """The rows rebuilt from the topic equal the table's rows; returns the row count."""
-    expected = pg_rows(conn, table, key)
-    got = {tuple(r[k] for k in key): r for r in captured.values()}
-    assert set(got) == set(expected), (
-        f"{table}: keys missing {sorted(set(expected) - set(got))[:5]}, extra {sorted(set(got) - set(expected))[:5]}"
-    )
-    for k, row in expected.items():
-        for column, value in row.items():
-            assert same(value, got[k][column]), f"{table} {k} {column}: postgres {value!r} != topic {got[k][column]!r}"
-    return len(expected)
+    """For tests: ``compare`` finds nothing; returns the row count."""
+    count, problems = compare(conn, table, key, captured)
+    assert not problems, "\n".join(problems[:20])
+    return count

@@ -1,0 +1,112 @@
+"""The README's first command: the whole pipeline on the local stack, and what it produced.
+
+Promise: ``run`` brings the stack up, seeds the sample shop, starts ``headwater
+capture`` in the background (stopped again by ``headwater stack down``), runs the
+shop workload, waits until capture confirmed everything, then shows the raw topic
+(counts, the last changes decoded) and reconciles it against PostgreSQL. Each later
+stage of the pipeline extends this same command.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+from confluent_kafka.admin import AdminClient
+
+from capture import slot
+from capture.config import CaptureConfig
+from capture.decoder import lsn_text, parse_lsn
+from headwater import process, shop
+from headwater.errors import FatalError
+from headwater.reconcile import apply_changes, compare
+from headwater.stack import StackConfig
+from headwater.topics import AvroDecoder, read_topic
+
+
+def capture_pidfile(cfg: StackConfig) -> Path:
+    return cfg.data_dir.resolve() / "run" / "capture.pid"
+
+
+def start_capture(stack: StackConfig, capture: CaptureConfig, passthrough: list[str]) -> int:
+    """``headwater capture`` in the background; reused when already running."""
+    pidfile = capture_pidfile(stack)
+    pid = process.recorded_pid(pidfile)
+    if pid is not None:
+        print(f"capture already running (pid {pid})")
+        return pid
+    _reset_if_broker_forgot(stack, capture)
+    log = stack.data_dir.resolve() / "logs" / "capture.log"
+    argv = [sys.executable, "-m", "headwater.cli", "capture", *passthrough, "--state-dir", str(capture.state_dir)]
+    pid = process.spawn(argv, log=log, pidfile=pidfile, cwd=Path.cwd())
+    print(f"started headwater capture (pid {pid}, log {log})")
+    return pid
+
+
+def _reset_if_broker_forgot(stack: StackConfig, capture: CaptureConfig) -> None:
+    """Tansu keeps topics in memory: after a broker restart the slot's history is gone from Kafka."""
+    topics = AdminClient({"bootstrap.servers": capture.bootstrap}).list_topics(timeout=10).topics
+    if capture.changes_topic in topics:
+        return
+    conn = psycopg2.connect(capture.dsn.reveal())
+    try:
+        if slot.find(conn, capture.slot) is not None:
+            print(f"the broker lost {capture.changes_topic} when it stopped (in-memory): starting capture over")
+            slot.drop(conn, capture.slot)
+    finally:
+        conn.close()
+    shutil.rmtree(capture.state_dir, ignore_errors=True)
+
+
+def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> None:
+    """Until the slot confirmed a commit made now, i.e. Kafka holds everything before it."""
+    conn = psycopg2.connect(capture.dsn.reveal())
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            target = parse_lsn(cur.fetchone()[0])  # type: ignore[index]
+            cur.execute("SELECT pg_logical_emit_message(true, 'headwater.demo', 'sync')")
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if not process.is_running(pid):
+                    raise FatalError("capture stopped; see .headwater/logs/capture.log")
+                info = slot.find(conn, capture.slot)
+                if info is not None and (info.confirmed_lsn or 0) > target:
+                    return
+                time.sleep(0.2)
+    finally:
+        conn.close()
+    raise FatalError(f"capture did not catch up within {timeout:.0f} s; see .headwater/logs/capture.log")
+
+
+def show_changes(capture: CaptureConfig) -> None:
+    decode = AvroDecoder(capture.registry_url)
+    changes = [decode(r.value) for r in read_topic(capture.bootstrap, capture.changes_topic)]
+    ops = Counter(c["op"] for c in changes)
+    print(f"  {len(changes)} changes: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items())))
+    print("  the last three, decoded:")
+    for change in changes[-3:]:
+        shown: dict[str, Any] = {k: change[k] for k in ("op", "table", "position", "tx_size")}
+        shown["commit_lsn"] = lsn_text(change["commit_lsn"])
+        shown["key"] = decode(change["key"])
+        if change["after"] is not None:
+            row = decode(change["after"])
+            shown["after"] = {k: (v[:40] + "..." if isinstance(v, str) and len(v) > 40 else v) for k, v in row.items()}
+        print("  " + json.dumps(shown, default=str))
+    print("\n== reconciliation: the raw topic applied in order, against PostgreSQL")
+    state = apply_changes(changes, decode)
+    conn = psycopg2.connect(capture.dsn.reveal())
+    try:
+        for table, key in shop.KEYS.items():
+            count, problems = compare(conn, table, key, state.get(table, {}))
+            verdict = "equal" if not problems else f"{len(problems)} differences, e.g. {problems[0]}"
+            print(f"  {table:<12} {count:>6} rows in PostgreSQL: {verdict}")
+    finally:
+        conn.close()
