@@ -15,13 +15,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from capture.avro import long_bytes
 from capture.encoder import ChangeWriter
 from capture.producer import ChangeProducer
 from tables.catalog import TableSchema
 
 UNIX_FROM_PG_MICROS = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01, in µs
+_ZERO = long_bytes(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,54 +50,46 @@ class ChangeSink:
         self.producer = producer
         self._lock = threading.Lock()
         self._snapshot_lsn = 0
-        self._snapshot_time = 0
+        self._snapshot_tx = b""
         self._position = 0
         self.events = 0
 
-    def _send(self, change: RowChange, lsn: int, xid: int, time_us: int, position: int, size: int) -> None:
-        record: dict[str, Any] = {
-            "op": change.op,
-            "schema": change.schema,
-            "table": change.table,
-            "topic": change.topic,
-            "commit_lsn": lsn,
-            "xid": xid,
-            "commit_time": time_us,
-            "position": position,
-            "tx_size": size,
-            "key": change.key,
-            "before": change.before,
-            "after": change.after,
-        }
-        self.producer.send(self.writer.encode_key(change.schema, change.table), self.writer.encode(record))
+    def _send(self, change: RowChange, transaction: bytes, position: int, size: bytes) -> None:
+        c = change
+        value = self.writer.encode(
+            c.op, c.schema, c.table, c.topic, transaction, position, size, c.key, c.before, c.after
+        )
+        self.producer.send(self.writer.encode_key(c.schema, c.table), value)
 
     # ---- snapshot ------------------------------------------------------------------------
     def start_snapshot(self, lsn: int, time_us: int) -> None:
-        self._snapshot_lsn, self._snapshot_time, self._position = lsn, time_us, 0
+        self._snapshot_lsn, self._position = lsn, 0
+        self._snapshot_tx = self.writer.transaction(lsn, 0, time_us)
 
     def emit(self, change: RowChange) -> None:
         """A snapshot row (thread-safe): positions count up across the whole snapshot."""
         with self._lock:
             position = self._position
             self._position += 1
-            self._send(change, self._snapshot_lsn, 0, self._snapshot_time, position, 0)
-        self.events += 1
+            self._send(change, self._snapshot_tx, position, _ZERO)
+            self.events += 1
 
     def end_snapshot(self) -> int:
         """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""
         rows = self._position
         marker = RowChange("SNAPSHOT_END", "", "", "", None, None, None)
-        self._send(marker, self._snapshot_lsn, 0, self._snapshot_time, rows, rows)
+        self._send(marker, self._snapshot_tx, rows, long_bytes(rows))
         self.producer.mark(self._snapshot_lsn)
         return rows
 
     # ---- streaming -----------------------------------------------------------------------
     def emit_transaction(self, changes: TxBuffer, commit_lsn: int, end_lsn: int, xid: int, pg_time: int) -> None:
-        time_us = pg_time + UNIX_FROM_PG_MICROS
-        size = len(changes)
+        transaction = self.writer.transaction(commit_lsn, xid, pg_time + UNIX_FROM_PG_MICROS)
+        count = len(changes)
+        size = long_bytes(count)
         for position, change in enumerate(changes):
-            self._send(change, commit_lsn, xid, time_us, position, size)
-        self.events += size
+            self._send(change, transaction, position, size)
+        self.events += count
         self.producer.mark(end_lsn)
 
 

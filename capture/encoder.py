@@ -8,17 +8,18 @@ table and column. ``encode_change`` writes one raw-topic record the same way.
 
 from __future__ import annotations
 
-import io
 import json
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 import fastavro
 
+from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
 from capture.types import UnsupportedValue
 from tables.catalog import TableSchema
-from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
+from tables.change import CHANGE_KEY_SCHEMA, OPS
 
 Text = str | None
 
@@ -28,68 +29,90 @@ def frame(schema_id: int) -> bytes:
 
 
 class AvroWriter:
-    """One parsed schema and its registered id: ``encode(record)`` gives framed bytes."""
+    """One schema and its registered id: ``encode(value)`` gives framed bytes."""
 
     def __init__(self, schema: dict[str, Any], schema_id: int) -> None:
-        self.parsed = fastavro.parse_schema(json.loads(json.dumps(schema)))
+        fastavro.parse_schema(json.loads(json.dumps(schema)))  # refuse an invalid schema early
+        self._encode = compile_schema(schema)
         self.prefix = frame(schema_id)
 
-    def encode(self, record: dict[str, Any]) -> bytes:
-        out = io.BytesIO()
-        out.write(self.prefix)
-        fastavro.schemaless_writer(out, self.parsed, record)
-        return out.getvalue()
+    def encode(self, value: Any) -> bytes:
+        return self.prefix + self._encode(value)
 
 
 class RowEncoder:
-    """Encodes rows of one table shape (value and key)."""
+    """Encodes rows of one table shape (value and key); rows are value lists in column order."""
 
     def __init__(self, table: TableSchema, value_id: int, key_id: int | None) -> None:
         self.table = table
         self.value = AvroWriter(table.value_schema, value_id)
         self.key = AvroWriter(table.key_schema, key_id) if table.key_schema and key_id is not None else None
-        self.names = table.field_names
         self.key_indexes = table.key_indexes
         self.converters = table.converters
 
     def convert(self, texts: Sequence[Text]) -> list[Any]:
-        out: list[Any] = []
+        try:
+            return [None if text is None else conv(text) for text, conv in zip(texts, self.converters, strict=True)]
+        except (UnsupportedValue, ValueError, ArithmeticError) as exc:
+            raise UnsupportedValueError(self.table.qualified, self._culprit(texts), str(exc)) from exc
+
+    def _culprit(self, texts: Sequence[Text]) -> str:
         for i, (text, conv) in enumerate(zip(texts, self.converters, strict=True)):
-            if text is None:
-                out.append(None)
-                continue
             try:
-                out.append(conv(text))
-            except (UnsupportedValue, ValueError, ArithmeticError) as exc:
-                raise UnsupportedValueError(self.table.qualified, self.table.columns[i].name, str(exc)) from exc
-        return out
+                if text is not None:
+                    conv(text)
+            except (UnsupportedValue, ValueError, ArithmeticError):
+                return self.table.columns[i].name
+        return "?"
 
     def encode_value(self, values: Sequence[Any]) -> bytes:
         try:
-            return self.value.encode(dict(zip(self.names, values, strict=True)))
-        except (ValueError, TypeError) as exc:
-            raise UnsupportedValueError(self.table.qualified, "?", f"cannot encode row: {exc}") from exc
+            return self.value.encode(values)
+        except (ValueError, TypeError, KeyError, struct.error, OverflowError) as exc:
+            raise UnsupportedValueError(self.table.qualified, "?", f"cannot encode row: {exc!r}") from exc
 
     def encode_key(self, values: Sequence[Any]) -> bytes | None:
         """The key record from a full row (or from a key-only old tuple, same positions)."""
         if self.key is None:
             return None
-        return self.key.encode({self.names[i]: values[i] for i in self.key_indexes})
+        return self.key.encode([values[i] for i in self.key_indexes])
+
+
+def _optional_bytes(data: bytes | None) -> bytes:
+    return b"\x00" if data is None else b"\x02" + long_bytes(len(data)) + data
 
 
 class ChangeWriter:
-    """Encodes raw-topic keys and values."""
+    """Encodes raw-topic keys and values (``tables.change`` schemas), with per-table and per-transaction parts
+    computed once."""
 
     def __init__(self, key_id: int, value_id: int) -> None:
         self.key = AvroWriter(CHANGE_KEY_SCHEMA, key_id)
-        self.value = AvroWriter(CHANGE_VALUE_SCHEMA, value_id)
+        self.prefix = frame(value_id)
+        self._ops = {op: long_bytes(i) for i, op in enumerate(OPS)}
         self._keys: dict[tuple[str, str], bytes] = {}
+        self._heads: dict[tuple[str, str, str, str], bytes] = {}
 
     def encode_key(self, schema: str, table: str) -> bytes:
         found = self._keys.get((schema, table))
         if found is None:
-            found = self._keys[(schema, table)] = self.key.encode({"schema": schema, "table": table})
+            found = self._keys[(schema, table)] = self.key.encode([schema, table])
         return found
 
-    def encode(self, change: dict[str, Any]) -> bytes:
-        return self.value.encode(change)
+    @staticmethod
+    def transaction(commit_lsn: int, xid: int, commit_time: int) -> bytes:
+        return long_bytes(commit_lsn) + long_bytes(xid) + long_bytes(commit_time)
+
+    def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
+               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
+        head = self._heads.get((op, schema, table, topic))
+        if head is None:
+            head = self.prefix + self._ops[op]
+            for text in (schema, table, topic):
+                data = text.encode()
+                head += long_bytes(len(data)) + data
+            self._heads[(op, schema, table, topic)] = head
+        return b"".join(
+            (head, transaction, long_bytes(position), size, _optional_bytes(key), _optional_bytes(before),
+             _optional_bytes(after))
+        )  # fmt: skip

@@ -68,6 +68,12 @@ class State:
         row = self.db.execute("SELECT * FROM checkpoint WHERE slot = ?", (self.slot,)).fetchone()
         return Checkpoint(*row) if row else None
 
+    def load_snapshot_done(self) -> bool:
+        """True once the snapshot of this slot was acknowledged by Kafka (readable while capture runs)."""
+        checkpoint = self.load()
+        self.close()
+        return checkpoint is not None and checkpoint.snapshot_done
+
     def start_snapshot(self, consistent_point: int, *, done: bool) -> None:
         """A new slot: forget everything else and record its consistent point."""
         with self.db:

@@ -1,0 +1,22 @@
+"""``python -m bench [capture] [--changes N] [--rows N]`` (or ``./dev bench``): run the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench import capture
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("which", nargs="?", default="capture", choices=["capture"])
+    parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
+    args = parser.parse_args(argv)
+    capture.main(changes=args.changes, rows=args.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

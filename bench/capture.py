@@ -1,0 +1,189 @@
+"""Capture throughput against PostgreSQL's own tools, on one backlog, in one run.
+
+1. Streaming: two slots are created at the same point; a backlog of small sample-shop
+   transactions (inserts, updates, deletes over four tables) is written; then
+   ``pg_recvlogical`` (pgoutput, same publication) drains one slot to /dev/null and
+   ``headwater capture`` drains the other into the raw topic (Avro, registry,
+   acks=all, idempotent producer). Rate = changes / seconds until the slot confirmed
+   the backlog's last commit.
+2. Snapshot: ``COPY (SELECT ...) TO STDOUT`` of the captured tables to /dev/null
+   against headwater's snapshot of the same tables (rows to the raw topic, acked).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+
+from capture.decoder import parse_lsn
+from capture.state import State
+from headwater import shop, stack
+from headwater.topics import read_topic
+
+BACKLOG_SQL = """
+DO $$
+DECLARE i int; o bigint; c bigint;
+BEGIN
+  FOR i IN 1..%(txs)s LOOP
+    SELECT id INTO c FROM customers ORDER BY random() LIMIT 1;
+    INSERT INTO orders (customer_id, status, total) VALUES (c, 'pending', 0) RETURNING id INTO o;
+    INSERT INTO order_items (order_id, line_no, product_id, quantity, unit_price)
+      SELECT o, g, p.id, 1 + g %% 3, p.price FROM generate_series(1, 4) g
+      JOIN LATERAL (SELECT id, price FROM products ORDER BY random() LIMIT 1) p ON true;
+    UPDATE orders SET total = (SELECT sum(quantity * unit_price) FROM order_items WHERE order_id = o),
+                      status = 'paid' WHERE id = o;
+    UPDATE customers SET region = 'north' WHERE id = c;
+    DELETE FROM order_items WHERE order_id = o AND line_no = 4;
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+CHANGES_PER_TX = 8  # 1 + 4 inserts, 2 updates, 1 delete
+
+
+def bindir() -> Path:
+    return stack.Postgres.bindir()
+
+
+def sh(argv: list[str], **kwargs: object) -> float:
+    start = time.monotonic()
+    subprocess.run(argv, check=True, **kwargs)  # type: ignore[call-overload]
+    return time.monotonic() - start
+
+
+def current_lsn(dsn: str) -> int:
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn()::text")
+        value = parse_lsn(cur.fetchone()[0])  # type: ignore[index]
+    conn.close()
+    return value
+
+
+def wait_confirmed(dsn: str, slot: str, target: int, proc: subprocess.Popen[bytes], timeout: float = 3600) -> float:
+    start = time.monotonic()
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        while time.monotonic() - start < timeout:
+            if proc.poll() is not None:
+                raise RuntimeError(f"capture exited with {proc.returncode}")
+            cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            if row and row[0] and parse_lsn(row[0]) >= target:
+                conn.close()
+                return time.monotonic() - start
+            time.sleep(0.05)
+    raise RuntimeError("capture did not drain the backlog in time")
+
+
+def capture_argv(cfg: stack.StackConfig, prefix: str, slot: str, state: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "headwater.cli", "capture", "--slot", slot, "--publication", "bench",
+        "--topic-prefix", prefix, "--state-dir", str(state), "--bootstrap", cfg.bootstrap,
+        "--registry-url", cfg.registry_url, "--heartbeat-interval", "0", *extra,
+    ]  # fmt: skip
+
+
+def streaming(cfg: stack.StackConfig, dsn: str, changes: int, work: Path) -> tuple[float, float, int]:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("CREATE PUBLICATION bench FOR TABLE customers, products, orders, order_items")
+        cur.execute("SELECT pg_create_logical_replication_slot('bench_recvlogical', 'pgoutput')")
+    env = {**os.environ, "HEADWATER_CAPTURE_DSN": dsn}
+    log = (work / "capture-stream.log").open("ab")
+    # our slot, created by capture itself (no snapshot), at the same point as pg_recvlogical's
+    proc = subprocess.Popen(capture_argv(cfg, "stream", "bench_capture", work / "state-stream", "--skip-snapshot"),
+                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    wait_confirmed(dsn, "bench_capture", current_lsn(dsn), proc)
+    proc.terminate()
+    proc.wait()
+    txs = changes // CHANGES_PER_TX
+    print(f"writing a backlog of {txs} transactions ({txs * CHANGES_PER_TX} changes) ...", flush=True)
+    started = time.monotonic()
+    with conn.cursor() as cur:
+        cur.execute(BACKLOG_SQL % {"txs": txs})
+    target = current_lsn(dsn)
+    print(f"  written in {time.monotonic() - started:.1f} s", flush=True)
+
+    recv = [
+        str(bindir() / "pg_recvlogical"), "-d", dsn, "--slot", "bench_recvlogical", "--start", "--no-loop",
+        "-o", "proto_version=1", "-o", "publication_names=bench", "-E", f"{target >> 32:X}/{target & 0xFFFFFFFF:X}",
+        "-f", "/dev/null",
+    ]  # fmt: skip
+    recv_seconds = sh(recv)
+    proc = subprocess.Popen(capture_argv(cfg, "stream", "bench_capture", work / "state-stream"),
+                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    ours_seconds = wait_confirmed(dsn, "bench_capture", target, proc)
+    proc.terminate()
+    proc.wait()
+    produced = sum(1 for _ in read_topic(cfg.bootstrap, "stream.changes", timeout=600))
+    conn.close()
+    return recv_seconds, ours_seconds, produced
+
+
+def snapshot(cfg: stack.StackConfig, dsn: str, rows: int, work: Path) -> tuple[float, float, int]:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO orders (customer_id, status, total, note) SELECT 1 + g %% 200, 'paid', g / 100.0,"
+            " 'note ' || g FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        cur.execute("VACUUM ANALYZE")
+        cur.execute("SELECT sum(n_live_tup) FROM pg_stat_user_tables")
+        total = int(cur.fetchone()[0])  # type: ignore[index]
+    copy = "; ".join(f"COPY (SELECT * FROM {t}) TO STDOUT" for t in shop.TABLES)  # noqa: S608 - fixed names
+    copy_seconds = sh([str(bindir() / "psql"), dsn, "-qc", copy], stdout=subprocess.DEVNULL)
+    env = {**os.environ, "HEADWATER_CAPTURE_DSN": dsn}
+    log = (work / "capture-snapshot.log").open("ab")
+    start = time.monotonic()
+    proc = subprocess.Popen(capture_argv(cfg, "snap", "bench_snapshot", work / "state-snap"),
+                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    state = work / "state-snap" / "bench_snapshot.sqlite"
+    while not (state.exists() and State(state.parent, "bench_snapshot").load_snapshot_done()):
+        if proc.poll() is not None:
+            raise RuntimeError(f"capture exited with {proc.returncode}")
+        time.sleep(0.05)
+    ours = time.monotonic() - start
+    proc.terminate()
+    proc.wait()
+    conn.close()
+    return copy_seconds, ours, total
+
+
+def main(changes: int, rows: int) -> None:
+    work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
+    work.chmod(0o755)
+    pg, kafka, registry, redis = 55432, 29092, 28081, 26379
+    cfg = stack.StackConfig(data_dir=work / "stack", postgres_port=pg, kafka_port=kafka, registry_port=registry,
+                            redis_port=redis)  # fmt: skip
+    try:
+        with stack.running(cfg):
+            dsn = cfg.dsn()
+            conn = psycopg2.connect(dsn)
+            shop.install(conn)
+            shop.seed(conn, shop.Scale(customers=200, products=50, orders=100))
+            conn.close()
+            recv, ours, produced = streaming(cfg, dsn, changes, work)
+            copy, snap, total = snapshot(cfg, dsn, rows, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\nproducer settings: acks=all, enable.idempotence=true, linger.ms=20, batch.num.messages=10000")
+    print(f"streaming backlog: {produced} changes on the raw topic")
+    print(f"  pg_recvlogical (pgoutput -> /dev/null): {recv:7.1f} s  {produced / recv:9.0f} changes/s")
+    print(f"  headwater capture (-> Kafka, Avro):     {ours:7.1f} s  {produced / ours:9.0f} changes/s")
+    print(f"  ratio: {recv / ours:.0%} of pg_recvlogical")
+    print(f"snapshot: {total} rows")
+    print(f"  COPY ... TO STDOUT (psql -> /dev/null): {copy:7.1f} s  {total / copy:9.0f} rows/s")
+    print(f"  headwater snapshot (-> Kafka, Avro):    {snap:7.1f} s  {total / snap:9.0f} rows/s")
+    print(f"  ratio: {copy / snap:.0%} of COPY")

@@ -1,0 +1,254 @@
+"""A small Avro binary encoder compiled per schema, for the hot path of capture.
+
+Promise: ``compile_schema(schema)`` returns ``encode(value) -> bytes`` producing exactly
+the Avro binary encoding of ``value`` (records given as sequences in field order, or
+nested records as mappings), for the schema subset Headwater writes: primitives,
+records, enums, arrays, maps, fixed, unions (null first or by value type), and the
+logical types decimal (bytes), date, time-micros, timestamp-micros,
+local-timestamp-micros (values already as ints) and uuid (string). It is checked
+against fastavro's decoder in the tests; fastavro's generic writer costs ~10 µs per
+record, this ~2 µs, which is most of capture's per-change budget.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+Encoder = Callable[[Any, list[bytes]], None]
+
+_SMALL = [bytes([n]) for n in range(128)]
+_TWO = [bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)]  # zig-zag values < 16384
+_FLOAT = struct.Struct("<f").pack
+_DOUBLE = struct.Struct("<d").pack
+
+
+def long_bytes(n: int) -> bytes:
+    """Zig-zag varint of a signed 64-bit integer."""
+    n = (n << 1) ^ (n >> 63)
+    if n < 0x80:
+        return _SMALL[n]
+    if n < 0x4000:
+        return _TWO[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _long(value: int, out: list[bytes]) -> None:
+    out.append(long_bytes(value))
+
+
+def _boolean(value: bool, out: list[bytes]) -> None:
+    out.append(b"\x01" if value else b"\x00")
+
+
+def _float(value: float, out: list[bytes]) -> None:
+    out.append(_FLOAT(value))
+
+
+def _double(value: float, out: list[bytes]) -> None:
+    out.append(_DOUBLE(value))
+
+
+def _bytes(value: bytes, out: list[bytes]) -> None:
+    out.append(long_bytes(len(value)))
+    out.append(value)
+
+
+def _string(value: str, out: list[bytes]) -> None:
+    data = value.encode("utf-8")
+    out.append(long_bytes(len(data)))
+    out.append(data)
+
+
+def _null(value: None, out: list[bytes]) -> None:
+    return None
+
+
+def _decimal(scale: int) -> Encoder:
+    def encode(value: Decimal, out: list[bytes]) -> None:
+        unscaled = int(value.scaleb(scale))
+        data = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
+        out.append(long_bytes(len(data)))
+        out.append(data)
+
+    return encode
+
+
+PRIMITIVES: dict[str, Encoder] = {
+    "null": _null,
+    "boolean": _boolean,
+    "int": _long,
+    "long": _long,
+    "float": _float,
+    "double": _double,
+    "bytes": _bytes,
+    "string": _string,
+}
+# which Python types a union branch accepts (checked in order)
+_ACCEPTS: dict[str, tuple[type, ...]] = {
+    "null": (type(None),),
+    "boolean": (bool,),
+    "int": (int,),
+    "long": (int,),
+    "float": (float, int),
+    "double": (float, int),
+    "bytes": (bytes, bytearray, Decimal),
+    "string": (str,),
+}
+
+
+class _Compiler:
+    def __init__(self) -> None:
+        self.named: dict[str, Encoder] = {}
+        self.kinds: dict[str, str] = {}
+
+    def compile(self, schema: Any, namespace: str | None = None) -> Encoder:
+        if isinstance(schema, str):
+            if schema in PRIMITIVES:
+                return PRIMITIVES[schema]
+            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+            return self.named.get(full) or self.named[schema]
+        if isinstance(schema, list):
+            return self._union(schema, namespace)
+        kind = schema["type"]
+        if isinstance(kind, dict | list):
+            return self.compile(kind, namespace)
+        logical = schema.get("logicalType")
+        if kind == "bytes" and logical == "decimal":
+            return _decimal(int(schema.get("scale", 0)))
+        if kind in PRIMITIVES:
+            return PRIMITIVES[kind]
+        if kind == "record":
+            return self._record(schema, namespace)
+        if kind == "enum":
+            return self._enum(schema, namespace)
+        if kind == "array":
+            return self._array(self.compile(schema["items"], namespace))
+        if kind == "map":
+            return self._map(self.compile(schema["values"], namespace))
+        if kind == "fixed":
+            self._name(schema, namespace, lambda v, out: out.append(bytes(v)), "fixed")
+            return self.named[self._full(schema, namespace)]
+        raise ValueError(f"unsupported Avro type {kind!r}")
+
+    @staticmethod
+    def _full(schema: Mapping[str, Any], namespace: str | None) -> str:
+        name = schema["name"]
+        ns = schema.get("namespace", namespace)
+        return name if "." in name or not ns else f"{ns}.{name}"
+
+    def _name(self, schema: Mapping[str, Any], namespace: str | None, encoder: Encoder, kind: str) -> None:
+        self.named[self._full(schema, namespace)] = encoder
+        self.kinds[self._full(schema, namespace)] = kind
+
+    def _record(self, schema: Mapping[str, Any], namespace: str | None) -> Encoder:
+        full = self._full(schema, namespace)
+        inner_ns = full.rpartition(".")[0] or None
+        fields: list[tuple[str, Encoder]] = []
+
+        def encode(value: Any, out: list[bytes]) -> None:
+            if isinstance(value, Mapping):
+                for name, enc in fields:
+                    enc(value.get(name), out)
+            else:
+                for (_, enc), item in zip(fields, value, strict=True):
+                    enc(item, out)
+
+        self._name(schema, namespace, encode, "record")
+        fields.extend((f["name"], self.compile(f["type"], inner_ns)) for f in schema["fields"])
+        return encode
+
+    def _enum(self, schema: Mapping[str, Any], namespace: str | None) -> Encoder:
+        index = {symbol: long_bytes(i) for i, symbol in enumerate(schema["symbols"])}
+
+        def encode(value: str, out: list[bytes]) -> None:
+            out.append(index[value])
+
+        self._name(schema, namespace, encode, "enum")
+        return encode
+
+    @staticmethod
+    def _array(items: Encoder) -> Encoder:
+        def encode(value: Sequence[Any], out: list[bytes]) -> None:
+            if value:
+                out.append(long_bytes(len(value)))
+                for item in value:
+                    items(item, out)
+            out.append(b"\x00")
+
+        return encode
+
+    @staticmethod
+    def _map(values: Encoder) -> Encoder:
+        def encode(value: Mapping[str, Any], out: list[bytes]) -> None:
+            if value:
+                out.append(long_bytes(len(value)))
+                for key, item in value.items():
+                    _string(key, out)
+                    values(item, out)
+            out.append(b"\x00")
+
+        return encode
+
+    def _accepts(self, branch: Any) -> tuple[type, ...]:
+        if isinstance(branch, dict):
+            if branch.get("logicalType") == "decimal":
+                return (Decimal,)
+            kind = branch["type"]
+            if kind in ("record", "map"):
+                return (Mapping, list, tuple)
+            if kind == "array":
+                return (list, tuple)
+            if kind == "enum" or kind == "fixed":
+                return (str,) if kind == "enum" else (bytes,)
+            return _ACCEPTS.get(kind, (object,))
+        if isinstance(branch, str) and branch in _ACCEPTS:
+            return _ACCEPTS[branch]
+        named = self.kinds.get(branch) if isinstance(branch, str) else None
+        return {"record": (Mapping, list, tuple), "enum": (str,), "fixed": (bytes,)}.get(named or "", (object,))
+
+    def _union(self, branches: list[Any], namespace: str | None) -> Encoder:
+        encoders = [self.compile(b, namespace) for b in branches]
+        accepts = [self._accepts(b) for b in branches]
+        indexes = [long_bytes(i) for i in range(len(branches))]
+        if len(branches) == 2 and branches[0] == "null":  # the common nullable column
+            some, tag = encoders[1], indexes[1]
+
+            def nullable(value: Any, out: list[bytes]) -> None:
+                if value is None:
+                    out.append(b"\x00")
+                else:
+                    out.append(tag)
+                    some(value, out)
+
+            return nullable
+
+        def encode(value: Any, out: list[bytes]) -> None:
+            for i, types in enumerate(accepts):
+                # bool is an int to Python, not to Avro
+                if isinstance(value, types) and (not isinstance(value, bool) or bool in types or object in types):
+                    out.append(indexes[i])
+                    encoders[i](value, out)
+                    return
+            raise ValueError(f"{value!r} matches no branch of union {branches}")
+
+        return encode
+
+
+def compile_schema(schema: Any) -> Callable[[Any], bytes]:
+    """``encode(value) -> bytes`` for ``schema`` (a parsed JSON Avro schema)."""
+    root = _Compiler().compile(schema)
+
+    def encode(value: Any) -> bytes:
+        out: list[bytes] = []
+        root(value, out)
+        return b"".join(out)
+
+    return encode
