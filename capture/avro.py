@@ -32,6 +32,8 @@ def long_bytes(n: int) -> bytes:
         return _SMALL[n]
     if n < 0x4000:
         return _TWO[n]
+    if n < 0x200000:
+        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -151,19 +153,17 @@ class _Compiler:
     def _record(self, schema: Mapping[str, Any], namespace: str | None) -> Encoder:
         full = self._full(schema, namespace)
         inner_ns = full.rpartition(".")[0] or None
-        fields: list[tuple[str, Encoder]] = []
+        compiled: list[Encoder] = []
 
-        def encode(value: Any, out: list[bytes]) -> None:
-            if isinstance(value, Mapping):
-                for name, enc in fields:
-                    enc(value.get(name), out)
-            else:
-                for (_, enc), item in zip(fields, value, strict=True):
-                    enc(item, out)
+        def encode(value: Any, out: list[bytes]) -> None:  # until the generated one replaces it
+            compiled[0](value, out)
 
         self._name(schema, namespace, encode, "record")
-        fields.extend((f["name"], self.compile(f["type"], inner_ns)) for f in schema["fields"])
-        return encode
+        names = [f["name"] for f in schema["fields"]]
+        encoders = [self.compile(f["type"], inner_ns) for f in schema["fields"]]
+        compiled.append(_generate(full, names, [f["type"] for f in schema["fields"]], encoders))
+        self.named[full] = compiled[0]
+        return compiled[0]
 
     def _enum(self, schema: Mapping[str, Any], namespace: str | None) -> Encoder:
         index = {symbol: long_bytes(i) for i, symbol in enumerate(schema["symbols"])}
@@ -240,6 +240,44 @@ class _Compiler:
             raise ValueError(f"{value!r} matches no branch of union {branches}")
 
         return encode
+
+
+def _inline(kind: Any, var: str) -> list[str] | None:
+    """Statements appending the encoding of ``var`` for simple types (None: call the encoder)."""
+    if kind in ("int", "long"):
+        return [f"a(lb({var}))"]
+    if kind == "string":
+        return [f"d = {var}.encode('utf-8')", "a(lb(len(d)))", "a(d)"]
+    if kind == "bytes":
+        return [f"a(lb(len({var})))", f"a({var})"]
+    if kind == "boolean":
+        return [f"a(b'\\x01' if {var} else b'\\x00')"]
+    if kind == "double":
+        return [f"a(D({var}))"]
+    if isinstance(kind, dict) and kind.get("type") in ("int", "long") and "logicalType" in kind:
+        return [f"a(lb({var}))"]
+    return None
+
+
+def _generate(name: str, names: list[str], kinds: list[Any], encoders: list[Encoder]) -> Encoder:
+    """A record encoder as straight-line Python: sequences by position, mappings by name."""
+    body: list[str] = []
+    for i, (kind, field_name) in enumerate(zip(kinds, names, strict=True)):
+        body.append(f"x = v[{i}] if seq else v.get({field_name!r})")
+        if isinstance(kind, list) and len(kind) == 2 and kind[0] == "null" and _inline(kind[1], "x") is not None:
+            body.append("if x is None:")
+            body.append("    a(b'\\x00')")
+            body.append("else:")
+            body.append("    a(b'\\x02')")
+            body.extend("    " + line for line in _inline(kind[1], "x") or [])
+        else:
+            body.extend(_inline(kind, "x") or [f"e{i}(x, out)"])
+    source = "def encode(v, out):\n    a = out.append\n    seq = type(v) is not dict\n"
+    source += "".join(f"    {line}\n" for line in body)
+    namespace: dict[str, Any] = {"lb": long_bytes, "D": _DOUBLE}
+    namespace.update({f"e{i}": enc for i, enc in enumerate(encoders)})
+    exec(compile(source, f"<avro record {name}>", "exec"), namespace)  # noqa: S102 - generated from a schema
+    return namespace["encode"]
 
 
 def compile_schema(schema: Any) -> Callable[[Any], bytes]:

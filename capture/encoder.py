@@ -17,11 +17,23 @@ import fastavro
 
 from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
-from capture.types import UnsupportedValue
+from capture.types import (
+    UnsupportedValue,
+    parse_bool,
+    parse_date,
+    parse_interval,
+    parse_money,
+    parse_time,
+    parse_timestamp,
+)
 from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, OPS
 
 Text = str | None
+FIXED_SIZE = frozenset({int, float, parse_bool, parse_date, parse_time, parse_timestamp, parse_money, parse_interval})
+
+
+TOAST_MIN = 256  # values this long are remembered: they may be stored out of line
 
 
 def frame(schema_id: int) -> bytes:
@@ -49,6 +61,8 @@ class RowEncoder:
         self.key = AvroWriter(table.key_schema, key_id) if table.key_schema and key_id is not None else None
         self.key_indexes = table.key_indexes
         self.converters = table.converters
+        # columns that may hold values long enough to be TOASTed (not fixed-size types)
+        self.toastable = tuple(i for i, conv in enumerate(self.converters) if conv not in FIXED_SIZE)
 
     def convert(self, texts: Sequence[Text]) -> list[Any]:
         try:
@@ -70,6 +84,10 @@ class RowEncoder:
             return self.value.encode(values)
         except (ValueError, TypeError, KeyError, struct.error, OverflowError) as exc:
             raise UnsupportedValueError(self.table.qualified, "?", f"cannot encode row: {exc!r}") from exc
+
+    def large_values(self, texts: Sequence[Text]) -> list[tuple[int, str]]:
+        """(column index, text) of values long enough to be stored out of line."""
+        return [(i, t) for i in self.toastable if (t := texts[i]) is not None and len(t) >= TOAST_MIN]
 
     def encode_key(self, values: Sequence[Any]) -> bytes | None:
         """The key record from a full row (or from a key-only old tuple, same positions)."""

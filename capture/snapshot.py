@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import psycopg2
@@ -27,7 +27,6 @@ from capture.errors import SourceError
 from capture.state import State
 
 log = logging.getLogger("headwater.capture")
-TOAST_MIN = 256  # values this long are remembered: they may be stored out of line
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
 
 
@@ -164,12 +163,13 @@ def _copy_chunk(
 
     def on_line(line: str) -> None:
         nonlocal rows
-        texts = [copy_field(f) for f in line.split("\t")]
+        fields = line.split("\t")
+        texts: Sequence[str | None] = fields if "\\" not in line else [copy_field(f) for f in fields]
         values = encoder.convert(texts)
         key = encoder.encode_key(values)
         sink.emit(snapshot_change(table, key, encoder.encode_value(values)))
-        if key is not None:
-            big = [(i, t) for i, t in enumerate(texts) if t is not None and len(t) >= TOAST_MIN]
+        if key is not None and encoder.toastable:
+            big = encoder.large_values(texts)
             if big:
                 with state_lock:
                     for i, text in big:

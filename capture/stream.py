@@ -28,7 +28,6 @@ from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
 from capture.producer import ChangeProducer
 from capture.schemas import Registrar
-from capture.snapshot import TOAST_MIN
 from capture.state import State
 from tables.catalog import ColumnInfo, TableSchema
 
@@ -126,11 +125,10 @@ class Streamer:
         return self.begin.final_lsn if self.begin else 0
 
     def _remember(self, enc: RowEncoder, key: bytes | None, texts: Sequence[Any]) -> None:
-        if key is None:
+        if key is None or not enc.toastable:
             return
-        for i, text in enumerate(texts):
-            if isinstance(text, str) and len(text) >= TOAST_MIN:
-                self.state.remember(enc.table.qualified, key[5:], i, self._lsn(), text)
+        for i, text in enc.large_values(texts):
+            self.state.remember(enc.table.qualified, key[5:], i, self._lsn(), text)
 
     def _insert(self, msg: pg.Insert) -> None:
         enc = self.encoders.get(msg.relation_oid)

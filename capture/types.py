@@ -80,8 +80,28 @@ def parse_time(text: str) -> int:
     return ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + int(frac.ljust(6, "0")[:6] or 0)
 
 
+_DAYS: dict[str, int] = {}
+
+
+def _days(text: str) -> int:
+    """parse_date with a small cache: timestamps of a table share few distinct days."""
+    found = _DAYS.get(text)
+    if found is None:
+        if len(_DAYS) > 100_000:
+            _DAYS.clear()
+        found = _DAYS[text] = parse_date(text)
+    return found
+
+
 def parse_timestamp(text: str) -> int:
     """Microseconds since 1970-01-01 00:00 (of UTC for timestamptz, sent with TimeZone=UTC)."""
+    size = len(text)
+    if size >= 19 and text[10] == " " and text[4] == "-" and text[13] == ":":  # the common, fast case
+        body = text[:-3] if text.endswith("+00") else text
+        if len(body) == 19 or (body[19] == "." and body[20:].isdigit()):
+            seconds = int(body[11:13]) * 3600 + int(body[14:16]) * 60 + int(body[17:19])
+            micros = int(body[20:].ljust(6, "0")) if len(body) > 20 else 0
+            return (_days(body[:10]) * 86_400 + seconds) * 1_000_000 + micros
     if text == "infinity":
         return LONG_MAX
     if text == "-infinity":
