@@ -29,7 +29,7 @@ DEFAULTS = {
     "linger.ms": 20,
     "batch.num.messages": 10000,
     "queue.buffering.max.messages": 200000,
-    "queue.buffering.max.kbytes": 512 * 1024,
+    "queue.buffering.max.kbytes": 64 * 1024,  # bounds memory while a big transaction drains
     "message.timeout.ms": 300000,
 }
 
