@@ -22,7 +22,7 @@ from capture.catalog import Connection, TableRef, TypeCache
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.decoder import lsn_text
-from capture.encoder import ChangeWriter, RowEncoder
+from capture.encoder import ChangeWriter
 from capture.errors import CheckpointMismatchError, SlotLostError
 from capture.producer import ChangeProducer, ensure_changes_topic
 from capture.schemas import Registrar
@@ -158,22 +158,24 @@ class Session:
         name: str,
     ) -> None:
         cfg = self.cfg
-        encoders: dict[str, RowEncoder] = {}
+        ids: dict[str, tuple[int, int | None]] = {}
         for table in tables:
-            schema = catalog.table_schema(conn, types, cfg.topic_prefix, table)
-            value_id = registrar.register(f"{schema.topic}-value", schema.value_schema, table=table.qualified)
+            shape = catalog.table_schema(conn, types, cfg.topic_prefix, table)
+            value_id = registrar.register(f"{shape.topic}-value", shape.value_schema, table=table.qualified)
             key_id = (
-                registrar.register(f"{schema.topic}-key", schema.key_schema, table=table.qualified)
-                if schema.key_schema
+                registrar.register(f"{shape.topic}-key", shape.key_schema, table=table.qualified)
+                if shape.key_schema
                 else None
             )
-            encoders[table.qualified] = RowEncoder(schema, value_id, key_id)
+            ids[table.qualified] = (value_id, key_id)
         chunks, estimates = snapshot.plan(conn, tables, cfg.snapshot_chunk_pages)
         progress = snapshot.Progress(estimates, state)
-        sink.start_snapshot(lsn, int(time.time() * 1_000_000))
+        time_us = int(time.time() * 1_000_000)
+        job = snapshot.Job(cfg, name, lsn, time_us, ids, (sink.writer.key_id, sink.writer.value_id))
+        sink.start_snapshot(lsn, time_us)
         started = time.monotonic()
-        rows = snapshot.run(self.dsn, name, chunks, encoders, sink, progress, state, lsn, cfg.snapshot_workers)
-        sink.end_snapshot()
+        rows, next_position = snapshot.run(job, chunks, progress, cfg.snapshot_workers)
+        sink.end_snapshot(rows, next_position)
         producer.flush(timeout=600)
         state.finish_snapshot()
         elapsed = time.monotonic() - started

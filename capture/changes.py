@@ -52,6 +52,7 @@ class ChangeSink:
         self._snapshot_lsn = 0
         self._snapshot_tx = b""
         self._position = 0
+        self._stride = 1
         self.events = 0
 
     def _send(self, change: RowChange, transaction: bytes, position: int, size: bytes) -> None:
@@ -62,25 +63,27 @@ class ChangeSink:
         self.producer.send(self.writer.encode_key(c.schema, c.table), value)
 
     # ---- snapshot ------------------------------------------------------------------------
-    def start_snapshot(self, lsn: int, time_us: int) -> None:
-        self._snapshot_lsn, self._position = lsn, 0
+    def start_snapshot(self, lsn: int, time_us: int, *, first: int = 0, stride: int = 1) -> None:
+        """Snapshot rows get positions first, first + stride, ...: unique across ``stride`` workers."""
+        self._snapshot_lsn, self._position, self._stride = lsn, first, stride
         self._snapshot_tx = self.writer.transaction(lsn, 0, time_us)
+
+    def next_position(self) -> int:
+        return self._position
 
     def emit(self, change: RowChange) -> None:
         """A snapshot row (thread-safe): positions count up across the whole snapshot."""
         with self._lock:
             position = self._position
-            self._position += 1
+            self._position += self._stride
             self._send(change, self._snapshot_tx, position, _ZERO)
             self.events += 1
 
-    def end_snapshot(self) -> int:
+    def end_snapshot(self, rows: int, position: int) -> None:
         """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""
-        rows = self._position
         marker = RowChange("SNAPSHOT_END", "", "", "", None, None, None)
-        self._send(marker, self._snapshot_tx, rows, long_bytes(rows))
+        self._send(marker, self._snapshot_tx, position, long_bytes(rows))
         self.producer.mark(self._snapshot_lsn)
-        return rows
 
     # ---- streaming -----------------------------------------------------------------------
     def emit_transaction(self, changes: TxBuffer, commit_lsn: int, end_lsn: int, xid: int, pg_time: int) -> None:

@@ -101,10 +101,11 @@ def _optional_bytes(data: bytes | None) -> bytes:
 
 
 class ChangeWriter:
-    """Encodes raw-topic keys and values (``tables.change`` schemas), with per-table and per-transaction parts
-    computed once."""
+    """Encodes raw-topic keys and values (``tables.change`` schemas); per-table and per-transaction
+    parts are computed once."""
 
     def __init__(self, key_id: int, value_id: int) -> None:
+        self.key_id, self.value_id = key_id, value_id
         self.key = AvroWriter(CHANGE_KEY_SCHEMA, key_id)
         self.prefix = frame(value_id)
         self._ops = {op: long_bytes(i) for i, op in enumerate(OPS)}

@@ -1,32 +1,40 @@
 """The consistent snapshot: every captured row as of the slot's exported snapshot.
 
-Promise: several connections import the same exported snapshot and copy the
-tables with ``COPY ... TO STDOUT`` (big tables split into ranges of heap pages, so
-they go in parallel); each row becomes a READ change on the raw topic with the
-slot's consistent point as its commit LSN. Progress (rows done per table, rate,
+Promise: the tables are copied with ``COPY ... TO STDOUT`` under the slot's exported
+snapshot — by worker processes, each importing the snapshot on its own connection
+and writing with its own producer, when the snapshot is big (big tables are split
+into ranges of heap pages, so they go in parallel); each row becomes a READ change
+on the raw topic with the slot's consistent point as its commit LSN and a position
+unique within the snapshot. Progress (rows done per table, rate,
 ETA) is logged and kept in the state. ``run`` returns only after Kafka acknowledged
 every row; the caller then writes SNAPSHOT_END and marks the snapshot done.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg2
 from psycopg2 import sql
 
-from capture.catalog import Connection, TableRef, connect
+from capture.catalog import Connection, TableRef, TypeCache, connect, table_schema
 from capture.changes import ChangeSink, snapshot_change
-from capture.encoder import RowEncoder
+from capture.config import CaptureConfig
+from capture.encoder import ChangeWriter, RowEncoder
 from capture.errors import SourceError
+from capture.producer import ChangeProducer
 from capture.state import State
 
 log = logging.getLogger("headwater.capture")
+PARALLEL_MIN_ROWS = 200_000  # below this, worker processes cost more to start than they save
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
 
 
@@ -147,18 +155,59 @@ def _import(dsn: str, snapshot_name: str) -> Connection:
     return conn
 
 
-def _copy_chunk(
-    conn: Connection,
-    chunk: Chunk,
-    encoder: RowEncoder,
-    sink: ChangeSink,
-    progress: Progress,
-    state_lock: threading.Lock,
-    state: State,
-    lsn: int,
-) -> None:
+@dataclass(frozen=True)
+class Job:
+    """Everything a snapshot worker needs; picklable, so workers can be processes."""
+
+    cfg: CaptureConfig
+    snapshot_name: str
+    lsn: int
+    time_us: int
+    ids: dict[str, tuple[int, int | None]]  # table -> (value schema id, key schema id)
+    change_ids: tuple[int, int]  # raw topic (key, value) schema ids
+    index: int = 0
+    stride: int = 1
+
+
+Report = Callable[[str, int, bool], None]  # (table, rows copied since last report, chunk finished)
+
+
+def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int, int]:
+    """Copy ``chunks`` in this process with its own connections and producer.
+
+    Returns (rows, highest position used + 1); returns only after Kafka acknowledged every row.
+    """
+    dsn = job.cfg.dsn.reveal()
+    conn = _import(dsn, job.snapshot_name)
+    catalog_conn = connect(dsn)
+    producer = ChangeProducer(job.cfg)
+    sink = ChangeSink(ChangeWriter(*job.change_ids), producer)
+    sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
+    state = State(job.cfg.state_dir, job.cfg.slot)
+    types = TypeCache(catalog_conn)
+    encoders: dict[str, RowEncoder] = {}
+    rows = 0
+    try:
+        for chunk in chunks:
+            name = chunk.table.qualified
+            if name not in encoders:
+                shape = table_schema(catalog_conn, types, job.cfg.topic_prefix, chunk.table)
+                encoders[name] = RowEncoder(shape, *job.ids[name])
+            rows += _copy_chunk(conn, chunk, encoders[name], sink, report, state, job.lsn)
+        producer.flush(timeout=600)
+        state.db.commit()
+    finally:
+        state.close()
+        conn.close()
+        catalog_conn.close()
+    return rows, sink.next_position()
+
+
+def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, sink: ChangeSink, report: Report,
+                state: State, lsn: int) -> int:  # fmt: skip
     columns = tuple(c.name for c in encoder.table.columns)
     table = encoder.table
+    qualified = table.qualified
     rows = 0
 
     def on_line(line: str) -> None:
@@ -169,73 +218,83 @@ def _copy_chunk(
         key = encoder.encode_key(values)
         sink.emit(snapshot_change(table, key, encoder.encode_value(values)))
         if key is not None and encoder.toastable:
-            big = encoder.large_values(texts)
-            if big:
-                with state_lock:
-                    for i, text in big:
-                        state.remember(table.qualified, key[5:], i, lsn, text)
+            for i, text in encoder.large_values(texts):
+                state.remember(qualified, key[5:], i, lsn, text)
         rows += 1
         if rows % 5000 == 0:
-            progress.add(table.qualified, 5000)
-            progress.report()
+            report(qualified, 5000, False)
 
     with conn.cursor() as cur:
         cur.copy_expert(chunk.query(columns), _Lines(on_line))
-    progress.add(table.qualified, rows % 5000)
+    report(qualified, rows % 5000, True)
+    return rows
 
 
-def run(
-    dsn: str,
-    snapshot_name: str,
-    chunks: list[Chunk],
-    encoders: dict[str, RowEncoder],
-    sink: ChangeSink,
-    progress: Progress,
-    state: State,
-    lsn: int,
-    workers: int,
-) -> int:
-    """Copy every chunk with ``workers`` connections; returns rows emitted."""
-    todo: queue.Queue[Chunk] = queue.Queue()
+def _worker(job: Job, todo: Any, events: Any) -> None:
+    """A snapshot worker process: pulls chunks until the sentinel, reports progress and the result."""
+    logging.basicConfig(level=logging.WARNING)
+
+    def chunks() -> Iterator[Chunk]:
+        while (chunk := todo.get()) is not None:
+            yield chunk
+
+    try:
+        rows, next_position = copy_chunks(job, chunks(), lambda t, n, done: events.put(("progress", t, n, done)))
+        events.put(("done", job.index, rows, next_position))
+    except BaseException as exc:  # reported to the parent, which raises it
+        events.put(("error", job.index, f"{type(exc).__name__}: {exc}", 0))
+
+
+def run(job: Job, chunks: list[Chunk], progress: Progress, workers: int) -> tuple[int, int]:
+    """Copy every chunk, in this process or in ``workers`` processes; returns (rows, next position)."""
+    remaining = {t: sum(1 for c in chunks if c.table.qualified == t) for t in progress.estimates}
+
+    def report(table: str, rows: int, chunk_done: bool) -> None:
+        progress.add(table, rows)
+        if chunk_done:
+            remaining[table] -= 1
+            if remaining[table] == 0:
+                progress.finished.add(table)
+        progress.report()
+
+    workers = min(workers, len(chunks))
+    if workers <= 1 or sum(progress.estimates.values()) < PARALLEL_MIN_ROWS:
+        result = copy_chunks(job, chunks, report)
+        progress.report(force=True)
+        return result
+    ctx = multiprocessing.get_context("spawn")
+    todo, events = ctx.Queue(), ctx.Queue()
     for chunk in chunks:
         todo.put(chunk)
-    remaining = {t: sum(1 for c in chunks if c.table.qualified == t) for t in progress.estimates}
-    errors: list[BaseException] = []
-    state_lock = threading.Lock()
-    lock = threading.Lock()
+    for _ in range(workers):
+        todo.put(None)
+    jobs = [dataclasses.replace(job, index=i, stride=workers) for i in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(j, todo, events), name=f"snapshot-{j.index}") for j in jobs]
+    for proc in procs:
+        proc.start()
+    try:
+        return _collect(procs, events, report, progress)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(timeout=30)
 
-    def work(conn: Connection) -> None:
+
+def _collect(procs: list[Any], events: Any, report: Report, progress: Progress) -> tuple[int, int]:
+    rows, next_position, done = 0, 0, 0
+    while done < len(procs):
         try:
-            for chunk in _drain(todo):
-                if errors:
-                    return
-                _copy_chunk(conn, chunk, encoders[chunk.table.qualified], sink, progress, state_lock, state, lsn)
-                with lock:
-                    remaining[chunk.table.qualified] -= 1
-                    if remaining[chunk.table.qualified] == 0:
-                        progress.finished.add(chunk.table.qualified)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            conn.close()
-
-    conns = [_import(dsn, snapshot_name) for _ in range(min(workers, max(len(chunks), 1)))]
-    threads = [threading.Thread(target=work, args=(c,), name=f"snapshot-{i}") for i, c in enumerate(conns)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    with state_lock:
-        state.db.commit()
-    progress.report(force=True)
-    return sum(progress.done.values())
-
-
-def _drain(todo: queue.Queue[Chunk]) -> Iterator[Chunk]:
-    while True:
-        try:
-            yield todo.get_nowait()
+            kind, a, b, c = events.get(timeout=1.0)
         except queue.Empty:
-            return
+            if any(not p.is_alive() and p.exitcode for p in procs):
+                raise SourceError("a snapshot worker process died; see the log above") from None
+            continue
+        if kind == "progress":
+            report(a, b, c)
+        elif kind == "error":
+            raise SourceError(f"snapshot worker {a} failed: {b}")
+        else:
+            rows, next_position, done = rows + b, max(next_position, c), done + 1
+    progress.report(force=True)
+    return rows, next_position

@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import psycopg2
+import pytest
 
+from capture import snapshot
 from capture.errors import SchemaChangeError
 from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches
@@ -31,9 +33,15 @@ def run_workload(dsn: str, stop: threading.Event, seed: int = 11) -> shop.Worklo
     return work
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["in-process", "worker-processes"])
 def test_snapshot_with_concurrent_writes_equals_final_tables(
-    pg_database: str, shop_db: psycopg2.extensions.connection, capture_factory: Callable[..., Capture]
+    pg_database: str,
+    shop_db: psycopg2.extensions.connection,
+    capture_factory: Callable[..., Capture],
+    monkeypatch: pytest.MonkeyPatch,
+    parallel: bool,
 ) -> None:
+    monkeypatch.setattr(snapshot, "PARALLEL_MIN_ROWS", 0 if parallel else 10**12)
     shop.seed(shop_db, shop.Scale(customers=300, products=40, orders=1500, description_size=3000), rng_seed=2)
     before = shop.counts(shop_db)
     stop = threading.Event()
@@ -52,6 +60,8 @@ def test_snapshot_with_concurrent_writes_equals_final_tables(
     reads = [c for c in changes if c["op"] == "READ"]
     ends = [c for c in changes if c["op"] == "SNAPSHOT_END"]
     assert len(ends) == 1 and ends[0]["tx_size"] == len(reads)
+    positions = [c["position"] for c in reads] + [ends[0]["position"]]
+    assert len(set(positions)) == len(positions), "snapshot positions must be unique"
     per_key = Counter((c["table"], c["key"]) for c in reads)
     assert max(per_key.values()) == 1, "a row was read twice by the snapshot"
     assert sum(1 for c in reads if c["table"] == "orders") >= before["orders"] - 50  # deletes may race
