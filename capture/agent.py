@@ -176,6 +176,7 @@ class Session:
         started = time.monotonic()
         rows, next_position = snapshot.run(job, chunks, progress, cfg.snapshot_workers)
         sink.end_snapshot(rows, next_position)
+        sink.events += rows  # the workers' rows count as this run's events too
         producer.flush(timeout=600)
         state.finish_snapshot()
         elapsed = time.monotonic() - started
