@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,6 @@ class ChangeSink:
     def __init__(self, writer: ChangeWriter, producer: ChangeProducer) -> None:
         self.writer = writer
         self.producer = producer
-        self._lock = threading.Lock()
         self._snapshot_lsn = 0
         self._snapshot_tx = b""
         self._position = 0
@@ -72,12 +70,11 @@ class ChangeSink:
         return self._position
 
     def emit(self, change: RowChange) -> None:
-        """A snapshot row (thread-safe): positions count up across the whole snapshot."""
-        with self._lock:
-            position = self._position
-            self._position += self._stride
-            self._send(change, self._snapshot_tx, position, _ZERO)
-            self.events += 1
+        """A snapshot row: positions count up by the stride (one sink per worker process)."""
+        position = self._position
+        self._position += self._stride
+        self._send(change, self._snapshot_tx, position, _ZERO)
+        self.events += 1
 
     def end_snapshot(self, rows: int, position: int) -> None:
         """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""

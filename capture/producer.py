@@ -10,7 +10,6 @@ raised as ``BrokerError`` by the next call, so nothing after it is confirmed.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from typing import Any
 
@@ -65,12 +64,24 @@ def ensure_changes_topic(cfg: CaptureConfig) -> None:
 
 
 class ChangeProducer:
+    """Sends raw-topic messages; knows how far Kafka acknowledged them, in send order.
+
+    No Python callback runs per message: librdkafka reports only failed deliveries,
+    and since the idempotent producer delivers one partition's messages in order,
+    everything sent minus what is still queued or in flight has been acknowledged.
+    """
+
     def __init__(self, cfg: CaptureConfig) -> None:
         self.topic = cfg.changes_topic
-        self.producer = Producer({**producer_settings(cfg), "error_cb": self._on_error})
-        self._lock = threading.Lock()
+        self.producer = Producer(
+            {
+                **producer_settings(cfg),
+                "error_cb": self._on_error,
+                "on_delivery": self._on_failed_delivery,
+                "delivery.report.only.error": True,
+            }
+        )
         self._sent = 0
-        self._acked = 0
         self._marks: deque[tuple[int, int]] = deque()
         self._last_acked_lsn: int | None = None
         self.failure: str | None = None
@@ -81,42 +92,34 @@ class ChangeProducer:
         else:
             log.warning("kafka: %s", err)
 
-    def _on_delivery(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None:
-            if self.failure is None:
-                self.failure = f"delivery to {self.topic} failed: {err}"
-            return
-        with self._lock:
-            self._acked += 1
+    def _on_failed_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None and self.failure is None:
+            self.failure = f"delivery to {self.topic} failed: {err}"
 
     def send(self, key: bytes, value: bytes) -> None:
-        self.check()
         while True:
             try:
-                self.producer.produce(self.topic, value=value, key=key, on_delivery=self._on_delivery)
+                self.producer.produce(self.topic, value, key)
                 break
             except BufferError:  # local queue full: let deliveries drain
                 self.producer.poll(0.05)
                 self.check()
-        with self._lock:
-            self._sent += 1
+        self._sent += 1
 
     def mark(self, lsn: int) -> None:
         """A commit boundary: ``lsn`` may be confirmed once everything sent so far is acked."""
-        with self._lock:
-            self._marks.append((self._sent, lsn))
+        self._marks.append((self._sent, lsn))
 
     def acked_lsn(self) -> int | None:
         self.producer.poll(0)
         self.check()
-        with self._lock:
-            while self._marks and self._marks[0][0] <= self._acked:
-                self._last_acked_lsn = self._marks.popleft()[1]
+        acked = self._sent - len(self.producer)
+        while self._marks and self._marks[0][0] <= acked:
+            self._last_acked_lsn = self._marks.popleft()[1]
         return self._last_acked_lsn
 
     def pending(self) -> int:
-        with self._lock:
-            return self._sent - self._acked
+        return len(self.producer)
 
     def check(self) -> None:
         if self.failure:
