@@ -37,7 +37,7 @@ class CaptureConfig:
     replication_factor: int = setting(1, "replication factor of topics Headwater creates")
     heartbeat_interval: float = setting(10.0, "seconds between heartbeats that keep the slot moving (0: off)")
     status_interval: float = setting(1.0, "seconds between status reports to PostgreSQL")
-    snapshot_workers: int = setting(2, "connections copying tables in parallel during the snapshot")
+    snapshot_workers: int = setting(2, "worker processes copying tables in parallel during the snapshot")
     snapshot_chunk_pages: int = setting(2000, "heap pages per snapshot chunk (big tables are split)")
     max_tx_memory: int = setting(64 * 1024 * 1024, "bytes of a transaction kept in memory before spilling to disk")
     state_dir: Path = setting(Path(".headwater/capture"), "checkpoint, TOAST cache and spill files")

@@ -5,7 +5,7 @@ capture agent that writes them and the stream agents that read them. Row images
 (``key``, ``before``, ``after``) are already encoded in the Confluent wire format
 with the table topic's own registered schemas, so a fan-out forwards the bytes.
 ``(commit_lsn, position)`` identifies a change; snapshot rows carry the slot's
-consistent point as ``commit_lsn`` and their running number as ``position``.
+consistent point as ``commit_lsn`` and a ``position`` unique within the snapshot.
 """
 
 from __future__ import annotations
