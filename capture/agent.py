@@ -22,10 +22,10 @@ from capture.catalog import Connection, TableRef, TypeCache
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.decoder import lsn_text
-from capture.encoder import ChangeWriter
+from capture.encoder import change_writer
 from capture.errors import CheckpointMismatchError, SlotLostError
 from capture.producer import ChangeProducer, ensure_changes_topic
-from capture.schemas import Registrar
+from capture.schemas import NoRegistry, Registrar
 from capture.state import State
 from capture.stream import Loop, Streamer
 from headwater.errors import RetryableError
@@ -64,13 +64,14 @@ class Session:
         cfg = self.cfg
         conn = catalog.connect(self.dsn)
         state = State(cfg.state_dir, cfg.slot)
-        registrar = Registrar(cfg.registry_url)
+        registrar: Registrar | NoRegistry = Registrar(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
         repl: Connection | None = None
         try:
             catalog.check_source(conn)
             tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
-            writer = ChangeWriter(
+            writer = change_writer(
+                cfg.format,
                 registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
                 registrar.register(f"{cfg.changes_topic}-value", CHANGE_VALUE_SCHEMA),
             )
@@ -106,7 +107,7 @@ class Session:
         state: State,
         tables: list[TableRef],
         types: TypeCache,
-        registrar: Registrar,
+        registrar: Registrar | NoRegistry,
         sink: ChangeSink,
         producer: ChangeProducer,
     ) -> tuple[Connection, int]:
@@ -151,7 +152,7 @@ class Session:
         state: State,
         tables: list[TableRef],
         types: TypeCache,
-        registrar: Registrar,
+        registrar: Registrar | NoRegistry,
         sink: ChangeSink,
         producer: ChangeProducer,
         lsn: int,

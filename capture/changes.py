@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from capture.avro import long_bytes
 from capture.encoder import ChangeWriter
+from capture.jsonformat import JsonChangeWriter
 from capture.producer import ChangeProducer
 from tables.catalog import TableSchema
 
 UNIX_FROM_PG_MICROS = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01, in µs
-_ZERO = long_bytes(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +43,12 @@ def snapshot_change(table: TableSchema, key: bytes | None, after: bytes) -> RowC
 
 
 class ChangeSink:
-    def __init__(self, writer: ChangeWriter, producer: ChangeProducer) -> None:
+    def __init__(self, writer: ChangeWriter | JsonChangeWriter, producer: ChangeProducer) -> None:
         self.writer = writer
         self.producer = producer
         self._snapshot_lsn = 0
         self._snapshot_tx = b""
+        self._zero = b""
         self._position = 0
         self._stride = 1
         self.events = 0
@@ -65,6 +65,7 @@ class ChangeSink:
         """Snapshot rows get positions first, first + stride, ...: unique across ``stride`` workers."""
         self._snapshot_lsn, self._position, self._stride = lsn, first, stride
         self._snapshot_tx = self.writer.transaction(lsn, 0, time_us)
+        self._zero = self.writer.size(0)
 
     def next_position(self) -> int:
         return self._position
@@ -73,20 +74,20 @@ class ChangeSink:
         """A snapshot row: positions count up by the stride (one sink per worker process)."""
         position = self._position
         self._position += self._stride
-        self._send(change, self._snapshot_tx, position, _ZERO)
+        self._send(change, self._snapshot_tx, position, self._zero)
         self.events += 1
 
     def end_snapshot(self, rows: int, position: int) -> None:
         """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""
         marker = RowChange("SNAPSHOT_END", "", "", "", None, None, None)
-        self._send(marker, self._snapshot_tx, position, long_bytes(rows))
+        self._send(marker, self._snapshot_tx, position, self.writer.size(rows))
         self.producer.mark(self._snapshot_lsn)
 
     # ---- streaming -----------------------------------------------------------------------
     def emit_transaction(self, changes: TxBuffer, commit_lsn: int, end_lsn: int, xid: int, pg_time: int) -> None:
         transaction = self.writer.transaction(commit_lsn, xid, pg_time + UNIX_FROM_PG_MICROS)
         count = len(changes)
-        size = long_bytes(count)
+        size = self.writer.size(count)
         for position, change in enumerate(changes):
             self._send(change, transaction, position, size)
         self.events += count

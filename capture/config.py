@@ -27,6 +27,7 @@ class CaptureConfig:
     include: str = setting("public.*", "comma-separated schema.table patterns to capture")
     exclude: str = setting("", "comma-separated schema.table patterns to leave out")
     topic_prefix: str = setting("headwater", "prefix of every topic: <prefix>.changes, <prefix>.<table>")
+    format: str = setting("avro", "avro (Confluent wire format, schemas in the registry) or json")
     allow_unkeyed: bool = setting(False, "capture tables without primary key or replica identity index")
     skip_snapshot: bool = setting(False, "stream only, without the initial consistent snapshot")
     on_error: str = setting("log", "on a transient error: log and retry, or exit non-zero")
@@ -48,6 +49,8 @@ class CaptureConfig:
                 raise InvalidSetting(
                     key, f"must be a lower-case identifier ([a-z_][a-z0-9_]*), got {getattr(self, key)!r}"
                 )
+        if self.format not in ("avro", "json"):
+            raise InvalidSetting("format", f"must be 'avro' or 'json', got {self.format!r}")
         if self.on_error not in ("log", "exit"):
             raise InvalidSetting("on_error", f"must be 'log' or 'exit', got {self.on_error!r}")
         if self.snapshot_workers < 1:

@@ -17,6 +17,7 @@ import fastavro
 
 from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
+from capture.jsonformat import JsonChangeWriter, JsonRowWriter
 from capture.types import (
     UnsupportedValue,
     parse_bool,
@@ -55,10 +56,18 @@ class AvroWriter:
 class RowEncoder:
     """Encodes rows of one table shape (value and key); rows are value lists in column order."""
 
-    def __init__(self, table: TableSchema, value_id: int, key_id: int | None) -> None:
+    def __init__(self, table: TableSchema, value_id: int, key_id: int | None, fmt: str = "avro") -> None:
         self.table = table
-        self.value = AvroWriter(table.value_schema, value_id)
-        self.key = AvroWriter(table.key_schema, key_id) if table.key_schema and key_id is not None else None
+        self.value: AvroWriter | JsonRowWriter
+        self.key: AvroWriter | JsonRowWriter | None
+        if fmt == "json":
+            columns = table.columns
+            self.value = JsonRowWriter([c.name for c in columns], [c.pgtype for c in columns])
+            keys = [c for c in columns if c.is_key]
+            self.key = JsonRowWriter([c.name for c in keys], [c.pgtype for c in keys]) if keys else None
+        else:
+            self.value = AvroWriter(table.value_schema, value_id)
+            self.key = AvroWriter(table.key_schema, key_id) if table.key_schema and key_id is not None else None
         self.key_indexes = table.key_indexes
         self.converters = table.converters
         # columns that may hold values long enough to be TOASTed (not fixed-size types)
@@ -122,6 +131,10 @@ class ChangeWriter:
     def transaction(commit_lsn: int, xid: int, commit_time: int) -> bytes:
         return long_bytes(commit_lsn) + long_bytes(xid) + long_bytes(commit_time)
 
+    @staticmethod
+    def size(count: int) -> bytes:
+        return long_bytes(count)
+
     def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
                size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
         head = self._heads.get((op, schema, table, topic))
@@ -135,3 +148,7 @@ class ChangeWriter:
             (head, transaction, long_bytes(position), size, _optional_bytes(key), _optional_bytes(before),
              _optional_bytes(after))
         )  # fmt: skip
+
+
+def change_writer(fmt: str, key_id: int, value_id: int) -> ChangeWriter | JsonChangeWriter:
+    return JsonChangeWriter() if fmt == "json" else ChangeWriter(key_id, value_id)

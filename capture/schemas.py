@@ -49,3 +49,15 @@ class Registrar:
 
     def close(self) -> None:
         self.client.__exit__()
+
+
+class NoRegistry:
+    """The ``json`` format registers nothing: every schema id is 0."""
+
+    url = ""
+
+    def register(self, subject: str, schema: dict[str, Any], *, table: str | None = None) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None

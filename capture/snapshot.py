@@ -28,7 +28,7 @@ from psycopg2 import sql
 from capture.catalog import Connection, TableRef, TypeCache, connect, table_schema
 from capture.changes import ChangeSink, snapshot_change
 from capture.config import CaptureConfig
-from capture.encoder import ChangeWriter, RowEncoder
+from capture.encoder import RowEncoder, change_writer
 from capture.errors import SourceError
 from capture.producer import ChangeProducer
 from capture.state import State
@@ -181,7 +181,7 @@ def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int,
     conn = _import(dsn, job.snapshot_name)
     catalog_conn = connect(dsn)
     producer = ChangeProducer(job.cfg)
-    sink = ChangeSink(ChangeWriter(*job.change_ids), producer)
+    sink = ChangeSink(change_writer(job.cfg.format, *job.change_ids), producer)
     sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
     state = State(job.cfg.state_dir, job.cfg.slot)
     types = TypeCache(catalog_conn)
@@ -192,7 +192,7 @@ def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int,
             name = chunk.table.qualified
             if name not in encoders:
                 shape = table_schema(catalog_conn, types, job.cfg.topic_prefix, chunk.table)
-                encoders[name] = RowEncoder(shape, *job.ids[name])
+                encoders[name] = RowEncoder(shape, *job.ids[name], job.cfg.format)
             rows += _copy_chunk(conn, chunk, encoders[name], sink, report, state, job.lsn)
         producer.flush(timeout=600)
         state.db.commit()

@@ -27,7 +27,7 @@ from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
 from capture.producer import ChangeProducer
-from capture.schemas import Registrar
+from capture.schemas import NoRegistry, Registrar
 from capture.state import State
 from tables.catalog import ColumnInfo, TableSchema
 
@@ -45,7 +45,7 @@ class Streamer:
         cfg: CaptureConfig,
         conn: Connection,
         types: TypeCache,
-        registrar: Registrar,
+        registrar: Registrar | NoRegistry,
         sink: ChangeSink,
         state: State,
         keyed: dict[tuple[str, str], bool],
@@ -118,7 +118,7 @@ class Streamer:
             if table.key_schema
             else None
         )
-        return RowEncoder(table, value_id, key_id)
+        return RowEncoder(table, value_id, key_id, self.cfg.format)
 
     # ---- rows -------------------------------------------------------------------------------
     def _lsn(self) -> int:

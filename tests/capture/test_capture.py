@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -214,3 +215,40 @@ def test_idle_tables_heartbeat_advances_the_slot(pg_database: str, capture_facto
     conn.close()
     assert advanced, "the slot did not advance while only uncaptured tables changed"
     assert behind < 200_000
+
+
+def test_json_format_needs_no_registry(pg_database: str, capture_factory: Callable[..., Capture]) -> None:
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE j (id int PRIMARY KEY, price numeric(8,2), at timestamptz, day date, doc jsonb, raw bytea,"
+            " tags text[], ratio double precision)"
+        )
+        cur.execute(
+            "INSERT INTO j VALUES (1, 12.50, '2024-02-29 12:00:00.5+02', '2024-02-29', '{\"a\": [1]}', '\\x0001',"
+            " '{x,NULL}', 'NaN')"
+        )
+    nowhere = "http://127.0.0.1:9"  # the json format must not need a registry
+    capture = capture_factory(pg_database, format="json", registry_url=nowhere).start()
+    time.sleep(1.5)
+    with conn, conn.cursor() as cur:
+        cur.execute("UPDATE j SET price = 13 WHERE id = 1")
+        cur.execute("DELETE FROM j")
+    capture.wait_caught_up(pg_database)
+    capture.stop()
+    conn.close()
+    from headwater.topics import read_topic
+
+    records = read_topic(capture.cfg.bootstrap, capture.cfg.changes_topic)
+    changes = [json.loads(r.value) for r in records if r.value is not None]
+    assert json.loads(records[0].key) == {"schema": "public", "table": "j"}
+    assert [c["op"] for c in changes] == ["READ", "SNAPSHOT_END", "UPDATE", "DELETE"]
+    read, update, delete = changes[0], changes[2], changes[3]
+    assert read["after"] == {
+        "id": 1, "price": "12.50", "at": "2024-02-29T10:00:00.500000Z", "day": "2024-02-29", "doc": {"a": [1]},
+        "raw": "AAE=", "tags": ["x", None], "ratio": "NaN",
+    }  # fmt: skip
+    assert read["key"] == {"id": 1} and changes[1]["tx_size"] == 1
+    assert update["after"]["price"] == "13.00" and update["position"] == 0 and update["tx_size"] == 2  # one tx
+    assert update["commit_time"].endswith("Z") and update["commit_lsn"] > read["commit_lsn"]
+    assert delete["key"] == {"id": 1} and delete["after"] is None and delete["position"] == 1

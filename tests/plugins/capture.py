@@ -67,7 +67,7 @@ class Capture:
             "--slot", c.slot, "--publication", c.publication, "--topic-prefix", c.topic_prefix,
             "--include", c.include, "--state-dir", str(c.state_dir), "--bootstrap", c.bootstrap,
             "--registry-url", c.registry_url, "--status-interval", str(c.status_interval),
-            "--heartbeat-interval", str(c.heartbeat_interval), "--on-error", c.on_error,
+            "--heartbeat-interval", str(c.heartbeat_interval), "--on-error", c.on_error, "--format", c.format,
         ]  # fmt: skip
 
     def spawn(self, *extra: str) -> subprocess.Popen[bytes]:
