@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psycopg2
 
+from capture import slot
 from capture.decoder import parse_lsn
 from capture.state import State
 from headwater import shop, stack
@@ -67,21 +68,9 @@ def current_lsn(dsn: str) -> int:
     return value
 
 
-def wait_confirmed(dsn: str, slot: str, target: int, proc: subprocess.Popen[bytes], timeout: float = 3600) -> float:
-    start = time.monotonic()
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        while time.monotonic() - start < timeout:
-            if proc.poll() is not None:
-                raise RuntimeError(f"capture exited with {proc.returncode}")
-            cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-            row = cur.fetchone()
-            if row and row[0] and parse_lsn(row[0]) >= target:
-                conn.close()
-                return time.monotonic() - start
-            time.sleep(0.05)
-    raise RuntimeError("capture did not drain the backlog in time")
+def wait_confirmed(dsn: str, slot_name: str, proc: subprocess.Popen[bytes]) -> float:
+    """Seconds until capture confirmed everything written so far (no sync transaction added)."""
+    return slot.wait_caught_up(dsn, slot_name, timeout=3600, alive=lambda: proc.poll() is None, sync=False)
 
 
 def capture_argv(cfg: stack.StackConfig, prefix: str, slot: str, state: Path, *extra: str) -> list[str]:
@@ -103,7 +92,7 @@ def streaming(cfg: stack.StackConfig, dsn: str, changes: int, work: Path) -> tup
     # our slot, created by capture itself (no snapshot), at the same point as pg_recvlogical's
     proc = subprocess.Popen(capture_argv(cfg, "stream", "bench_capture", work / "state-stream", "--skip-snapshot"),
                             env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    wait_confirmed(dsn, "bench_capture", current_lsn(dsn), proc)
+    wait_confirmed(dsn, "bench_capture", proc)
     proc.terminate()
     proc.wait()
     txs = changes // CHANGES_PER_TX
@@ -122,7 +111,7 @@ def streaming(cfg: stack.StackConfig, dsn: str, changes: int, work: Path) -> tup
     recv_seconds = sh(recv)
     proc = subprocess.Popen(capture_argv(cfg, "stream", "bench_capture", work / "state-stream"),
                             env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    ours_seconds = wait_confirmed(dsn, "bench_capture", target, proc)
+    ours_seconds = wait_confirmed(dsn, "bench_capture", proc)
     proc.terminate()
     proc.wait()
     produced = sum(1 for _ in read_topic(cfg.bootstrap, "stream.changes", timeout=600))

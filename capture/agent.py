@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import psycopg2
 
@@ -52,6 +53,19 @@ def run(cfg: CaptureConfig, stop: threading.Event | None = None) -> None:
             delay = min(delay * 2, 30.0)
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What one session connected and built, handed to its steps."""
+
+    conn: Connection
+    state: State
+    tables: list[TableRef]
+    types: TypeCache
+    registrar: Registrar | NoRegistry
+    sink: ChangeSink
+    producer: ChangeProducer
+
+
 class Session:
     """One connected run: set-up, optional snapshot, then streaming until stopped or failed."""
 
@@ -79,7 +93,8 @@ class Session:
             producer = ChangeProducer(cfg)
             sink = ChangeSink(writer, producer)
             types = TypeCache(conn)
-            repl, start_lsn = self._position(conn, state, tables, types, registrar, sink, producer)
+            parts = Parts(conn, state, tables, types, registrar, sink, producer)
+            repl, start_lsn = self._position(parts)
             keyed = {(t.schema, t.name): t.keyed for t in tables}
             streamer = Streamer(cfg, conn, types, registrar, sink, state, keyed)
             checkpoint = state.load()
@@ -101,18 +116,9 @@ class Session:
             registrar.close()
             state.close()
 
-    def _position(
-        self,
-        conn: Connection,
-        state: State,
-        tables: list[TableRef],
-        types: TypeCache,
-        registrar: Registrar | NoRegistry,
-        sink: ChangeSink,
-        producer: ChangeProducer,
-    ) -> tuple[Connection, int]:
+    def _position(self, parts: Parts) -> tuple[Connection, int]:
         """Where to stream from: an existing slot's position, or a new slot after its snapshot."""
-        cfg = self.cfg
+        cfg, conn, state = self.cfg, parts.conn, parts.state
         info = slot.inspect(conn, cfg.slot)
         checkpoint = state.load()
         if info is not None:
@@ -143,25 +149,14 @@ class Session:
         log.info("created slot %s at %s", cfg.slot, lsn_text(consistent_point))
         state.start_snapshot(consistent_point, done=cfg.skip_snapshot)
         if not cfg.skip_snapshot:
-            self._snapshot(conn, state, tables, types, registrar, sink, producer, consistent_point, snapshot_name)
+            self._snapshot(parts, consistent_point, snapshot_name)
         return repl, consistent_point
 
-    def _snapshot(
-        self,
-        conn: Connection,
-        state: State,
-        tables: list[TableRef],
-        types: TypeCache,
-        registrar: Registrar | NoRegistry,
-        sink: ChangeSink,
-        producer: ChangeProducer,
-        lsn: int,
-        name: str,
-    ) -> None:
-        cfg = self.cfg
+    def _snapshot(self, parts: Parts, lsn: int, name: str) -> None:
+        cfg, tables, registrar, sink = self.cfg, parts.tables, parts.registrar, parts.sink
         ids: dict[str, tuple[int, int | None]] = {}
         for table in tables:
-            shape = catalog.table_schema(conn, types, cfg.topic_prefix, table)
+            shape = catalog.table_schema(parts.conn, parts.types, cfg.topic_prefix, table)
             value_id = registrar.register(f"{shape.topic}-value", shape.value_schema, table=table.qualified)
             key_id = (
                 registrar.register(f"{shape.topic}-key", shape.key_schema, table=table.qualified)
@@ -169,8 +164,8 @@ class Session:
                 else None
             )
             ids[table.qualified] = (value_id, key_id)
-        chunks, estimates = snapshot.plan(conn, tables, cfg.snapshot_chunk_pages)
-        progress = snapshot.Progress(estimates, state)
+        chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
+        progress = snapshot.Progress(estimates, parts.state)
         time_us = int(time.time() * 1_000_000)
         job = snapshot.Job(cfg, name, lsn, time_us, ids, (sink.writer.key_id, sink.writer.value_id))
         sink.start_snapshot(lsn, time_us)
@@ -178,8 +173,8 @@ class Session:
         rows, next_position = snapshot.run(job, chunks, progress, cfg.snapshot_workers)
         sink.end_snapshot(rows, next_position)
         sink.events += rows  # the workers' rows count as this run's events too
-        producer.flush(timeout=600)
-        state.finish_snapshot()
+        parts.producer.flush(timeout=600)
+        parts.state.finish_snapshot()
         elapsed = time.monotonic() - started
         log.info(
             "snapshot done: %d rows from %d tables in %.1f s (%.0f rows/s)",

@@ -9,6 +9,7 @@ replication connection must stay idle until the snapshot has been imported.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg2
@@ -16,6 +17,7 @@ import psycopg2
 from capture.catalog import Connection
 from capture.decoder import parse_lsn
 from capture.errors import SlotLostError, SourceError
+from headwater.errors import FatalError
 
 
 @dataclass(frozen=True)
@@ -107,3 +109,32 @@ def drop(conn: Connection, slot: str) -> None:
     with conn.cursor() as cur:
         cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     conn.commit()
+
+
+def wait_caught_up(
+    dsn: str, slot: str, *, timeout: float, alive: Callable[[], bool] = lambda: True, sync: bool = True
+) -> float:
+    """Wait until the slot is confirmed up to now; returns the seconds it took.
+
+    With ``sync``, a tiny transaction is committed first, so reaching it proves every
+    commit before it is in Kafka even when the captured tables are idle.
+    """
+    started = time.monotonic()
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            if sync:
+                cur.execute("SELECT pg_logical_emit_message(true, 'headwater.sync', '')")
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            target = parse_lsn(cur.fetchone()[0])  # type: ignore[index]
+        while time.monotonic() - started < timeout:
+            if not alive():
+                raise FatalError(f"capture stopped before slot '{slot}' caught up")
+            info = find(conn, slot)
+            if info is not None and (info.confirmed_lsn or 0) >= target:
+                return time.monotonic() - started
+            time.sleep(0.05)
+    finally:
+        conn.close()
+    raise FatalError(f"slot '{slot}' did not catch up within {timeout:.0f} s")

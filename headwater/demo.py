@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from capture import slot
 from capture.config import CaptureConfig
-from capture.decoder import lsn_text, parse_lsn
+from capture.decoder import lsn_text
 from headwater import process, shop
 from headwater.errors import FatalError
 from headwater.reconcile import apply_changes, compare
@@ -66,24 +65,10 @@ def _reset_if_broker_forgot(stack: StackConfig, capture: CaptureConfig) -> None:
 
 def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> None:
     """Until the slot confirmed a commit made now, i.e. Kafka holds everything before it."""
-    conn = psycopg2.connect(capture.dsn.reveal())
-    conn.autocommit = True
     try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_current_wal_lsn()::text")
-            target = parse_lsn(cur.fetchone()[0])  # type: ignore[index]
-            cur.execute("SELECT pg_logical_emit_message(true, 'headwater.demo', 'sync')")
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if not process.is_running(pid):
-                    raise FatalError("capture stopped; see .headwater/logs/capture.log")
-                info = slot.find(conn, capture.slot)
-                if info is not None and (info.confirmed_lsn or 0) > target:
-                    return
-                time.sleep(0.2)
-    finally:
-        conn.close()
-    raise FatalError(f"capture did not catch up within {timeout:.0f} s; see .headwater/logs/capture.log")
+        slot.wait_caught_up(capture.dsn.reveal(), capture.slot, timeout=timeout, alive=lambda: process.is_running(pid))
+    except FatalError as exc:
+        raise FatalError(f"{exc}; see .headwater/logs/capture.log") from exc
 
 
 def show_changes(capture: CaptureConfig) -> None:

@@ -20,9 +20,8 @@ from typing import Any
 import psycopg2
 import pytest
 
-from capture import agent
+from capture import agent, slot
 from capture.config import CaptureConfig
-from capture.decoder import parse_lsn
 from headwater.config import Secret
 from headwater.stack import StackConfig
 from headwater.topics import AvroDecoder, read_topic
@@ -89,27 +88,12 @@ class Capture:
 
     def wait_caught_up(self, dsn: str, timeout: float = 60.0) -> None:
         """Until the slot confirmed everything written so far (so Kafka holds every commit)."""
-        conn = psycopg2.connect(dsn)
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT pg_current_wal_lsn()::text")
-                target = parse_lsn(cur.fetchone()[0])
-                cur.execute("SELECT pg_logical_emit_message(true, 'headwater.test', 'sync')")  # a commit to confirm
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    self.raise_error()
-                    cur.execute(
-                        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                        (self.cfg.slot,),
-                    )
-                    row = cur.fetchone()
-                    if row and row[0] and parse_lsn(row[0]) > target:
-                        return
-                    time.sleep(0.1)
-        finally:
-            conn.close()
-        raise AssertionError(f"capture did not catch up within {timeout} s")
+
+        def alive() -> bool:
+            self.raise_error()
+            return self.process is None or self.process.poll() is None
+
+        slot.wait_caught_up(dsn, self.cfg.slot, timeout=timeout, alive=alive)
 
     def raise_error(self) -> None:
         if self.error:
