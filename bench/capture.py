@@ -24,7 +24,7 @@ import psycopg2
 
 from capture import slot
 from capture.decoder import parse_lsn
-from capture.state import State
+from capture.state import snapshot_done
 from headwater import shop, stack
 from headwater.topics import read_topic
 
@@ -138,8 +138,7 @@ def snapshot(cfg: stack.StackConfig, dsn: str, rows: int, work: Path) -> tuple[f
     start = time.monotonic()
     proc = subprocess.Popen(capture_argv(cfg, "snap", "bench_snapshot", work / "state-snap"),
                             env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    state = work / "state-snap" / "bench_snapshot.sqlite"
-    while not (state.exists() and State(state.parent, "bench_snapshot").load_snapshot_done()):
+    while not snapshot_done(work / "state-snap", "bench_snapshot"):
         if proc.poll() is not None:
             raise RuntimeError(f"capture exited with {proc.returncode}")
         time.sleep(0.05)

@@ -12,9 +12,8 @@ from __future__ import annotations
 import pickle
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from capture.encoder import ChangeWriter
 from capture.jsonformat import JsonChangeWriter
@@ -24,8 +23,9 @@ from tables.catalog import TableSchema
 UNIX_FROM_PG_MICROS = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01, in µs
 
 
-@dataclass(frozen=True, slots=True)
-class RowChange:
+class RowChange(NamedTuple):
+    """One change before its transaction's commit gives it a position (a tuple: made per change)."""
+
     op: str
     schema: str
     table: str

@@ -68,12 +68,6 @@ class State:
         row = self.db.execute("SELECT * FROM checkpoint WHERE slot = ?", (self.slot,)).fetchone()
         return Checkpoint(*row) if row else None
 
-    def load_snapshot_done(self) -> bool:
-        """True once the snapshot of this slot was acknowledged by Kafka (readable while capture runs)."""
-        checkpoint = self.load()
-        self.close()
-        return checkpoint is not None and checkpoint.snapshot_done
-
     def start_snapshot(self, consistent_point: int, *, done: bool) -> None:
         """A new slot: forget everything else and record its consistent point."""
         with self.db:
@@ -134,3 +128,15 @@ class State:
                 " AND t2.key = toast.key AND t2.col = toast.col AND t2.lsn <= ?)",
                 (confirmed_lsn,),
             )
+
+
+def snapshot_done(directory: Path, slot: str) -> bool:
+    """True once the snapshot of ``slot`` was acknowledged by Kafka (readable while capture runs)."""
+    if not (directory / f"{slot}.sqlite").exists():
+        return False
+    state = State(directory, slot)
+    try:
+        checkpoint = state.load()
+    finally:
+        state.close()
+    return checkpoint is not None and checkpoint.snapshot_done
