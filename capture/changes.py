@@ -34,9 +34,6 @@ class RowChange(NamedTuple):
     before: bytes | None
     after: bytes | None
 
-    def size(self) -> int:
-        return 64 + sum(len(b) for b in (self.key, self.before, self.after) if b)
-
 
 def snapshot_change(table: TableSchema, key: bytes | None, after: bytes) -> RowChange:
     return RowChange("READ", table.schema, table.name, table.topic, key, None, after)
@@ -111,7 +108,7 @@ class TxBuffer:
             pickle.dump(change, self.spill, protocol=pickle.HIGHEST_PROTOCOL)
             return
         self.items.append(change)
-        self.bytes += change.size()
+        self.bytes += 64 + len(change.after or b"") + len(change.key or b"") + len(change.before or b"")
         if self.bytes > self.limit:
             self.spill_dir.mkdir(parents=True, exist_ok=True)
             self.spill = tempfile.TemporaryFile(dir=self.spill_dir, prefix="tx-")  # noqa: SIM115 - closed by clear()

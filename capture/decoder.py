@@ -2,8 +2,8 @@
 
 Promise: ``decode(payload)`` turns one pgoutput message (the bytes psycopg2 hands
 over for each XLogData) into one immutable dataclass, with no I/O and no state.
-Column values stay as PostgreSQL's text output (bytes) or ``None`` for NULL, or
-``UNCHANGED`` for a TOASTed value the update did not touch; turning text into typed
+Column values are PostgreSQL's text output (``str``; ``bytes`` for binary-format
+columns), ``None`` for NULL, or ``UNCHANGED`` for a TOASTed value the update did not touch; turning text into typed
 values is ``capture.types``'s job. Unknown or truncated messages raise
 ``DecodeError`` naming the message kind and offset.
 """
@@ -34,7 +34,7 @@ class _Unchanged:
 
 
 UNCHANGED: Final = _Unchanged()
-Value = bytes | None | _Unchanged
+Value = str | bytes | None | _Unchanged
 Tuple = tuple[Value, ...]
 
 
@@ -161,10 +161,15 @@ def _tuple(buf: bytes, pos: int) -> tuple[Tuple, int]:
     for _ in range(count):
         kind = buf[pos]
         pos += 1
-        if kind == 0x74 or kind == 0x62:  # 't' text, 'b' binary
+        if kind == 0x74:  # 't' text
             (size,) = _I32.unpack_from(buf, pos)
             pos += 4
-            values.append(buf[pos : pos + size])
+            values.append(buf[pos : pos + size].decode("utf-8"))
+            pos += size
+        elif kind == 0x62:  # 'b' binary
+            (size,) = _I32.unpack_from(buf, pos)
+            pos += 4
+            values.append(bytes(buf[pos : pos + size]))
             pos += size
         elif kind == 0x6E:  # 'n'
             values.append(None)

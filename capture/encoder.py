@@ -73,7 +73,7 @@ class RowEncoder:
         # columns that may hold values long enough to be TOASTed (not fixed-size types)
         self.toastable = tuple(i for i, conv in enumerate(self.converters) if conv not in FIXED_SIZE)
 
-    def convert(self, texts: Sequence[Text]) -> list[Any]:
+    def convert(self, texts: Sequence[Any]) -> list[Any]:
         try:
             return [None if text is None else conv(text) for text, conv in zip(texts, self.converters, strict=True)]
         except (UnsupportedValue, ValueError, ArithmeticError) as exc:

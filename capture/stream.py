@@ -35,10 +35,6 @@ log = logging.getLogger("headwater.capture")
 HEARTBEAT_PREFIX = "headwater.heartbeat"
 
 
-def _texts(values: Sequence[pg.Value]) -> list[Any]:
-    return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
-
-
 class Streamer:
     def __init__(
         self,
@@ -134,7 +130,7 @@ class Streamer:
         enc = self.encoders.get(msg.relation_oid)
         if enc is None:
             return
-        texts = _texts(msg.new)
+        texts = list(msg.new)
         values = enc.convert(texts)
         key = enc.encode_key(values)
         self._remember(enc, key, texts)
@@ -145,8 +141,8 @@ class Streamer:
         enc = self.encoders.get(msg.relation_oid)
         if enc is None:
             return
-        texts = _texts(msg.new)
-        old = _texts(msg.old) if msg.old is not None else None
+        texts = list(msg.new)
+        old = list(msg.old) if msg.old is not None else None
         if pg.UNCHANGED in texts:
             texts = self._fill_unchanged(enc, texts, old if msg.old_kind == "O" else None)
         values = enc.convert(texts)
@@ -194,7 +190,7 @@ class Streamer:
         enc = self.encoders.get(msg.relation_oid)
         if enc is None:
             return
-        old_values = enc.convert([None if v is pg.UNCHANGED else v for v in _texts(msg.old)])
+        old_values = enc.convert([None if v is pg.UNCHANGED else v for v in msg.old])
         key = enc.encode_key(old_values)
         before = enc.encode_value(old_values) if msg.old_kind == "O" else None
         t = enc.table
