@@ -94,7 +94,11 @@ class Session:
             sink = ChangeSink(writer, producer)
             types = TypeCache(conn)
             parts = Parts(conn, state, tables, types, registrar, sink, producer)
-            repl, start_lsn = self._position(parts)
+            try:
+                repl, start_lsn = self._position(parts, stop)
+            except snapshot.Interrupted as exc:
+                log.warning("%s", exc)
+                return
             keyed = {(t.schema, t.name): t.keyed for t in tables}
             streamer = Streamer(cfg, conn, types, registrar, sink, state, keyed)
             checkpoint = state.load()
@@ -116,7 +120,7 @@ class Session:
             registrar.close()
             state.close()
 
-    def _position(self, parts: Parts) -> tuple[Connection, int]:
+    def _position(self, parts: Parts, stop: threading.Event) -> tuple[Connection, int]:
         """Where to stream from: an existing slot's position, or a new slot after its snapshot."""
         cfg, conn, state = self.cfg, parts.conn, parts.state
         info = slot.inspect(conn, cfg.slot)
@@ -149,10 +153,14 @@ class Session:
         log.info("created slot %s at %s", cfg.slot, lsn_text(consistent_point))
         state.start_snapshot(consistent_point, done=cfg.skip_snapshot)
         if not cfg.skip_snapshot:
-            self._snapshot(parts, consistent_point, snapshot_name)
+            try:
+                self._snapshot(parts, consistent_point, snapshot_name, stop)
+            except BaseException:
+                repl.close()
+                raise
         return repl, consistent_point
 
-    def _snapshot(self, parts: Parts, lsn: int, name: str) -> None:
+    def _snapshot(self, parts: Parts, lsn: int, name: str, stop: threading.Event) -> None:
         cfg, tables, registrar, sink = self.cfg, parts.tables, parts.registrar, parts.sink
         ids: dict[str, tuple[int, int | None]] = {}
         for table in tables:
@@ -170,7 +178,7 @@ class Session:
         job = snapshot.Job(cfg, name, lsn, time_us, ids, (sink.writer.key_id, sink.writer.value_id))
         sink.start_snapshot(lsn, time_us)
         started = time.monotonic()
-        rows, next_position = snapshot.run(job, chunks, progress, cfg.snapshot_workers)
+        rows, next_position = snapshot.run(job, chunks, progress, cfg.snapshot_workers, stop)
         sink.end_snapshot(rows, next_position)
         sink.events += rows  # the workers' rows count as this run's events too
         parts.producer.flush(timeout=600)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg2
 
 from capture.catalog import Connection
 from capture.decoder import parse_lsn
 from capture.errors import SlotLostError, SourceError
+from capture.state import snapshot_done
 from headwater.errors import FatalError
 
 
@@ -112,12 +114,20 @@ def drop(conn: Connection, slot: str) -> None:
 
 
 def wait_caught_up(
-    dsn: str, slot: str, *, timeout: float, alive: Callable[[], bool] = lambda: True, sync: bool = True
+    dsn: str,
+    slot: str,
+    *,
+    timeout: float,
+    alive: Callable[[], bool] = lambda: True,
+    sync: bool = True,
+    state_dir: Path | None = None,
 ) -> float:
     """Wait until the slot is confirmed up to now; returns the seconds it took.
 
     With ``sync``, a tiny transaction is committed first, so reaching it proves every
-    commit before it is in Kafka even when the captured tables are idle.
+    commit before it is in Kafka even when the captured tables are idle. A new slot is
+    confirmed at its consistent point before its snapshot is done: with ``state_dir``,
+    the snapshot must be done too.
     """
     started = time.monotonic()
     conn = psycopg2.connect(dsn)
@@ -132,7 +142,8 @@ def wait_caught_up(
             if not alive():
                 raise FatalError(f"capture stopped before slot '{slot}' caught up")
             info = find(conn, slot)
-            if info is not None and (info.confirmed_lsn or 0) >= target:
+            confirmed = info is not None and (info.confirmed_lsn or 0) >= target
+            if confirmed and (state_dir is None or snapshot_done(state_dir, slot)):
                 return time.monotonic() - started
             time.sleep(0.05)
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -32,6 +33,7 @@ from capture.encoder import RowEncoder, change_writer
 from capture.errors import SourceError
 from capture.producer import ChangeProducer
 from capture.state import State
+from headwater.errors import HeadwaterError
 
 log = logging.getLogger("headwater.capture")
 PARALLEL_MIN_ROWS = 200_000  # below this, worker processes cost more to start than they save
@@ -230,9 +232,23 @@ def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, sink: Chang
     return rows
 
 
+def _exit_with_parent() -> None:
+    """A worker must not outlive capture (after a kill -9 it would go on writing an abandoned snapshot)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _worker(job: Job, todo: Any, events: Any) -> None:
     """A snapshot worker process: pulls chunks until the sentinel, reports progress and the result."""
     logging.basicConfig(level=logging.WARNING)
+    _exit_with_parent()
 
     def chunks() -> Iterator[Chunk]:
         while (chunk := todo.get()) is not None:
@@ -245,11 +261,23 @@ def _worker(job: Job, todo: Any, events: Any) -> None:
         events.put(("error", job.index, f"{type(exc).__name__}: {exc}", 0))
 
 
-def run(job: Job, chunks: list[Chunk], progress: Progress, workers: int) -> tuple[int, int]:
-    """Copy every chunk, in this process or in ``workers`` processes; returns (rows, next position)."""
+class Interrupted(HeadwaterError):
+    """Capture was asked to stop during the snapshot; the next run starts the snapshot over."""
+
+
+def run(
+    job: Job, chunks: list[Chunk], progress: Progress, workers: int, stop: threading.Event | None = None
+) -> tuple[int, int]:
+    """Copy every chunk, in this process or in ``workers`` processes; returns (rows, next position).
+
+    Raises ``Interrupted`` soon after ``stop`` is set.
+    """
     remaining = {t: sum(1 for c in chunks if c.table.qualified == t) for t in progress.estimates}
+    stop = stop or threading.Event()
 
     def report(table: str, rows: int, chunk_done: bool) -> None:
+        if stop.is_set():
+            raise Interrupted("stopped during the snapshot; the next run starts it over")
         progress.add(table, rows)
         if chunk_done:
             remaining[table] -= 1
@@ -273,7 +301,7 @@ def run(job: Job, chunks: list[Chunk], progress: Progress, workers: int) -> tupl
     for proc in procs:
         proc.start()
     try:
-        return _collect(procs, events, report, progress)
+        return _collect(procs, events, report, progress, stop)
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -281,9 +309,13 @@ def run(job: Job, chunks: list[Chunk], progress: Progress, workers: int) -> tupl
             proc.join(timeout=30)
 
 
-def _collect(procs: list[Any], events: Any, report: Report, progress: Progress) -> tuple[int, int]:
+def _collect(
+    procs: list[Any], events: Any, report: Report, progress: Progress, stop: threading.Event
+) -> tuple[int, int]:
     rows, next_position, done = 0, 0, 0
     while done < len(procs):
+        if stop.is_set():
+            raise Interrupted("stopped during the snapshot; the next run starts it over")
         try:
             kind, a, b, c = events.get(timeout=1.0)
         except queue.Empty:

@@ -66,7 +66,13 @@ def _reset_if_broker_forgot(stack: StackConfig, capture: CaptureConfig) -> None:
 def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> None:
     """Until the slot confirmed a commit made now, i.e. Kafka holds everything before it."""
     try:
-        slot.wait_caught_up(capture.dsn.reveal(), capture.slot, timeout=timeout, alive=lambda: process.is_running(pid))
+        slot.wait_caught_up(
+            capture.dsn.reveal(),
+            capture.slot,
+            timeout=timeout,
+            alive=lambda: process.is_running(pid),
+            state_dir=capture.state_dir,
+        )
     except FatalError as exc:
         raise FatalError(f"{exc}; see .headwater/logs/capture.log") from exc
 

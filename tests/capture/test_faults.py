@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg2
 import pytest
 
 from capture.decoder import parse_lsn
+from capture.state import snapshot_done
 from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches
 from headwater.stack import Broker, StackConfig
@@ -168,3 +171,88 @@ def test_on_error_exit_ends_non_zero_when_kafka_stops_answering(
     assert capture.log is not None
     log = capture.log.read_text()
     assert "headwater: error:" in log and "timed out" in log.lower()
+
+
+def snapshot_workers_running() -> int:
+    count = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if b"multiprocessing.spawn" in (proc / "cmdline").read_bytes():
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+def copying(capture: Capture) -> bool:
+    """The snapshot's progress (in the state file) shows rows copied and not all done."""
+    path = capture.cfg.state_dir / f"{capture.cfg.slot}.sqlite"
+    if not path.exists():
+        return False
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute("SELECT sum(rows_done), min(done) FROM progress").fetchone()
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        db.close()
+    return bool(rows and rows[0] and rows[0] >= 60_000 and rows[1] == 0)
+
+
+@pytest.mark.slow
+def test_snapshot_killed_midway_restarts_cleanly(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+) -> None:
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute(
+            "INSERT INTO orders (customer_id, status, total, note) SELECT c.id, 'paid', g, 'n' || g"
+            " FROM generate_series(1, 260000) g, LATERAL (SELECT min(id) AS id FROM customers) c"
+        )
+        cur.execute("ANALYZE")
+    before = snapshot_workers_running()
+    capture = capture_factory(pg_database)
+    process = capture.spawn()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not copying(capture):
+        time.sleep(0.1)
+    process.kill()
+    process.wait()
+    partial = capture.changes()
+    assert partial and not any(c["op"] == "SNAPSHOT_END" for c in partial), "killed too late to test this"
+    time.sleep(2)
+    assert snapshot_workers_running() == before, "snapshot workers outlived the killed capture"
+
+    capture.spawn()
+    capture.wait_caught_up(pg_database, timeout=300)
+    capture.stop()
+    changes = capture.changes()
+    ends = [c for c in changes if c["op"] == "SNAPSHOT_END"]
+    assert len(ends) == 1, "exactly one complete snapshot"
+    complete = [c for c in changes if c["op"] == "READ" and c["commit_lsn"] == ends[0]["commit_lsn"]]
+    abandoned = [c for c in changes if c["op"] == "READ" and c["commit_lsn"] != ends[0]["commit_lsn"]]
+    assert len(complete) == ends[0]["tx_size"] and abandoned, "the abandoned rows carry the old consistent point"
+    assert all(c["_offset"] < ends[0]["_offset"] for c in complete)
+    check_reconciles(capture, shop_db, committed=0)
+
+
+@pytest.mark.slow
+def test_sigterm_during_snapshot_stops_promptly(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+) -> None:
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute(
+            "INSERT INTO orders (customer_id, status, total) SELECT c.id, 'paid', g"
+            " FROM generate_series(1, 260000) g, LATERAL (SELECT min(id) AS id FROM customers) c"
+        )
+        cur.execute("ANALYZE")
+    capture = capture_factory(pg_database)
+    process = capture.spawn()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not copying(capture):
+        time.sleep(0.1)
+    process.terminate()
+    assert process.wait(timeout=20) == 0
+    assert capture.log is not None and "stopped during the snapshot" in capture.log.read_text()
+    assert not snapshot_done(capture.cfg.state_dir, capture.cfg.slot)
+    assert not any(c["op"] == "SNAPSHOT_END" for c in capture.changes())

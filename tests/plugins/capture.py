@@ -93,7 +93,7 @@ class Capture:
             self.raise_error()
             return self.process is None or self.process.poll() is None
 
-        slot.wait_caught_up(dsn, self.cfg.slot, timeout=timeout, alive=alive)
+        slot.wait_caught_up(dsn, self.cfg.slot, timeout=timeout, alive=alive, state_dir=self.cfg.state_dir)
 
     def raise_error(self) -> None:
         if self.error:
