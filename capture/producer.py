@@ -34,12 +34,19 @@ DEFAULTS = {
 
 
 def producer_settings(cfg: CaptureConfig) -> dict[str, Any]:
-    return {"bootstrap.servers": cfg.bootstrap, **DEFAULTS, **cfg.producer}
+    # librdkafka's own log lines go through Python logging (served by poll), not straight to stderr
+    return {
+        "bootstrap.servers": cfg.bootstrap,
+        **DEFAULTS,
+        **cfg.producer,
+        "logger": logging.getLogger("headwater.kafka"),
+    }
 
 
 def ensure_changes_topic(cfg: CaptureConfig) -> None:
     """Create ``<prefix>.changes`` with one partition; refuse an existing one with more."""
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
+    settings: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": log}
+    admin = AdminClient(settings)
     try:
         topics = admin.list_topics(timeout=10).topics
     except KafkaException as exc:
