@@ -200,22 +200,28 @@ def copying(capture: Capture) -> bool:
     return bool(rows and rows[0] and rows[0] >= 60_000 and rows[1] == 0)
 
 
-@pytest.mark.slow
-def test_snapshot_killed_midway_restarts_cleanly(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
-) -> None:
+def spawn_into_a_long_snapshot(shop_db: Any, capture: Capture) -> Any:
+    """260,000 more orders (above the size for worker processes); returns the process once it copies."""
     with shop_db, shop_db.cursor() as cur:
         cur.execute(
             "INSERT INTO orders (customer_id, status, total, note) SELECT c.id, 'paid', g, 'n' || g"
             " FROM generate_series(1, 260000) g, LATERAL (SELECT min(id) AS id FROM customers) c"
         )
         cur.execute("ANALYZE")
-    before = snapshot_workers_running()
-    capture = capture_factory(pg_database)
     process = capture.spawn()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not copying(capture):
         time.sleep(0.1)
+    return process
+
+
+@pytest.mark.slow
+def test_snapshot_killed_midway_restarts_cleanly(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+) -> None:
+    before = snapshot_workers_running()
+    capture = capture_factory(pg_database)
+    process = spawn_into_a_long_snapshot(shop_db, capture)
     process.kill()
     process.wait()
     partial = capture.changes()
@@ -240,17 +246,8 @@ def test_snapshot_killed_midway_restarts_cleanly(
 def test_sigterm_during_snapshot_stops_promptly(
     pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
 ) -> None:
-    with shop_db, shop_db.cursor() as cur:
-        cur.execute(
-            "INSERT INTO orders (customer_id, status, total) SELECT c.id, 'paid', g"
-            " FROM generate_series(1, 260000) g, LATERAL (SELECT min(id) AS id FROM customers) c"
-        )
-        cur.execute("ANALYZE")
     capture = capture_factory(pg_database)
-    process = capture.spawn()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not copying(capture):
-        time.sleep(0.1)
+    process = spawn_into_a_long_snapshot(shop_db, capture)
     process.terminate()
     assert process.wait(timeout=20) == 0
     assert capture.log is not None and "stopped during the snapshot" in capture.log.read_text()

@@ -66,11 +66,9 @@ def test_dropped_slot_is_reported_not_skipped(pg_database: str, capture_factory:
     with conn.cursor() as cur:
         cur.execute("SELECT pg_drop_replication_slot(%s)", (capture.cfg.slot,))
     conn.close()
-    capture.start()
-    assert capture.thread is not None
-    capture.thread.join(timeout=30)
-    assert len(capture.error) == 1 and isinstance(capture.error[0], SlotLostError)
-    assert "no longer exists" in str(capture.error[0]) and "fresh snapshot" in str(capture.error[0])
+    error = capture.failure()
+    assert isinstance(error, SlotLostError)
+    assert "no longer exists" in str(error) and "fresh snapshot" in str(error)
 
 
 def test_slot_without_checkpoint_is_a_mismatch(
@@ -79,11 +77,8 @@ def test_slot_without_checkpoint_is_a_mismatch(
     make_table(pg_database)
     capture = capture_factory(pg_database)
     run_until_streaming(capture, pg_database)
-    other = capture_factory(pg_database, state_dir=tmp_path / "elsewhere").start()
-    assert other.thread is not None
-    other.thread.join(timeout=30)
-    assert len(other.error) == 1 and isinstance(other.error[0], CheckpointMismatchError)
-    assert "holds no checkpoint" in str(other.error[0])
+    error = capture_factory(pg_database, state_dir=tmp_path / "elsewhere").failure()
+    assert isinstance(error, CheckpointMismatchError) and "holds no checkpoint" in str(error)
 
 
 @pytest.mark.slow
@@ -110,8 +105,5 @@ def test_invalidated_slot_is_detected(pg_database: str, capture_factory: Callabl
             cur.execute("SELECT pg_reload_conf()")
     conn.close()
     assert status == "lost"
-    capture.start()
-    assert capture.thread is not None
-    capture.thread.join(timeout=30)
-    assert len(capture.error) == 1 and isinstance(capture.error[0], SlotLostError)
-    assert "wal_status = lost" in str(capture.error[0])
+    error = capture.failure()
+    assert isinstance(error, SlotLostError) and "wal_status = lost" in str(error)

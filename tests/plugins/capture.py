@@ -49,6 +49,17 @@ class Capture:
         self.thread.start()
         return self
 
+    def failure(self, timeout: float = 30.0) -> BaseException:
+        """Start the agent (if not running) and return the one error it stops with."""
+        if self.thread is None:
+            self.start()
+        assert self.thread is not None
+        self.thread.join(timeout=timeout)
+        assert not self.thread.is_alive(), "capture kept running; an error was expected"
+        self.thread = None
+        assert len(self.error) == 1, f"expected one error, got {self.error}"
+        return self.error[0]
+
     def stop(self) -> None:
         if self.thread is not None:
             self.stop_event.set()
