@@ -23,10 +23,19 @@ def make_table(dsn: str) -> None:
     conn.close()
 
 
-def run_until_streaming(capture: Capture, dsn: str) -> None:
-    capture.start()
+def streamed(dsn: str, capture_factory: Callable[..., Capture]) -> Capture:
+    """A capture that took its snapshot of a small table, streamed, and stopped."""
+    make_table(dsn)
+    capture = capture_factory(dsn).start()
     capture.wait_caught_up(dsn)
     capture.stop()
+    return capture
+
+
+def admin(dsn: str) -> psycopg2.extensions.connection:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    return conn
 
 
 def test_status_shows_slot_lag_and_last_commit(pg_database: str, capture_factory: Callable[..., Capture]) -> None:
@@ -58,11 +67,8 @@ def test_status_shows_slot_lag_and_last_commit(pg_database: str, capture_factory
 
 
 def test_dropped_slot_is_reported_not_skipped(pg_database: str, capture_factory: Callable[..., Capture]) -> None:
-    make_table(pg_database)
-    capture = capture_factory(pg_database)
-    run_until_streaming(capture, pg_database)
-    conn = psycopg2.connect(pg_database)
-    conn.autocommit = True
+    capture = streamed(pg_database, capture_factory)
+    conn = admin(pg_database)
     with conn.cursor() as cur:
         cur.execute("SELECT pg_drop_replication_slot(%s)", (capture.cfg.slot,))
     conn.close()
@@ -74,20 +80,15 @@ def test_dropped_slot_is_reported_not_skipped(pg_database: str, capture_factory:
 def test_slot_without_checkpoint_is_a_mismatch(
     pg_database: str, capture_factory: Callable[..., Capture], tmp_path
 ) -> None:
-    make_table(pg_database)
-    capture = capture_factory(pg_database)
-    run_until_streaming(capture, pg_database)
+    streamed(pg_database, capture_factory)
     error = capture_factory(pg_database, state_dir=tmp_path / "elsewhere").failure()
     assert isinstance(error, CheckpointMismatchError) and "holds no checkpoint" in str(error)
 
 
 @pytest.mark.slow
 def test_invalidated_slot_is_detected(pg_database: str, capture_factory: Callable[..., Capture]) -> None:
-    make_table(pg_database)
-    capture = capture_factory(pg_database)
-    run_until_streaming(capture, pg_database)
-    conn = psycopg2.connect(pg_database)
-    conn.autocommit = True
+    capture = streamed(pg_database, capture_factory)
+    conn = admin(pg_database)
     with conn.cursor() as cur:
         cur.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
         cur.execute("SELECT pg_reload_conf()")
