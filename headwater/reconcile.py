@@ -28,6 +28,8 @@ def apply_changes(changes: list[dict[str, Any]], decode: AvroDecoder) -> dict[st
         if op == "SNAPSHOT_END":
             continue
         rows = state.setdefault(change["table"], {})
+        if op != "TRUNCATE" and change["key"] is None:
+            continue  # a table without key (allow_unkeyed): rows cannot be matched one by one
         if op == "TRUNCATE":
             rows.clear()
         elif op == "DELETE":

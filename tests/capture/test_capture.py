@@ -251,3 +251,28 @@ def test_json_format_needs_no_registry(pg_database: str, capture_factory: Callab
     assert update["after"]["price"] == "13.00" and update["position"] == 0 and update["tx_size"] == 2  # one tx
     assert update["commit_time"].endswith("Z") and update["commit_lsn"] > read["commit_lsn"]
     assert delete["key"] == {"id": 1} and delete["after"] is None and delete["position"] == 1
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["skipped", "allowed"])
+def test_unkeyed_tables(pg_database: str, capture_factory: Callable[..., Capture], allow: bool) -> None:
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE keyed (id int PRIMARY KEY); CREATE TABLE loose (a int, b text)")
+        cur.execute("ALTER TABLE loose REPLICA IDENTITY FULL")  # else PostgreSQL refuses its updates
+        cur.execute("INSERT INTO keyed VALUES (1); INSERT INTO loose VALUES (1, 'x')")
+    capture = capture_factory(pg_database, allow_unkeyed=allow).start()
+    capture.wait_caught_up(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute("UPDATE loose SET b = 'y'; DELETE FROM loose; INSERT INTO keyed VALUES (2)")
+    capture.wait_caught_up(pg_database)
+    capture.stop()
+    conn.close()
+    decode = AvroDecoder(capture.cfg.registry_url)
+    loose = [c for c in capture.changes() if c["table"] == "loose"]
+    if not allow:
+        assert loose == []
+        return
+    assert [c["op"] for c in loose] == ["READ", "UPDATE", "DELETE"]
+    assert all(c["key"] is None for c in loose)
+    assert decode(loose[1]["before"]) == {"a": 1, "b": "x"} and decode(loose[1]["after"]) == {"a": 1, "b": "y"}
+    assert decode(loose[2]["before"]) == {"a": 1, "b": "y"} and loose[2]["after"] is None
