@@ -26,7 +26,7 @@ from capture.decoder import lsn_text
 from capture.encoder import change_writer
 from capture.errors import CheckpointMismatchError, SlotLostError
 from capture.producer import ChangeProducer, ensure_changes_topic
-from capture.schemas import NoRegistry, Registrar
+from capture.schemas import NoRegistry, Registrar, register_table
 from capture.state import State
 from capture.stream import Loop, Streamer
 from headwater.errors import RetryableError
@@ -165,15 +165,9 @@ class Session:
         ids: dict[str, tuple[int, int | None]] = {}
         for table in tables:
             shape = catalog.table_schema(parts.conn, parts.types, cfg.topic_prefix, table)
-            value_id = registrar.register(f"{shape.topic}-value", shape.value_schema, table=table.qualified)
-            key_id = (
-                registrar.register(f"{shape.topic}-key", shape.key_schema, table=table.qualified)
-                if shape.key_schema
-                else None
-            )
-            ids[table.qualified] = (value_id, key_id)
+            ids[table.qualified] = register_table(registrar, shape)
         chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
-        progress = snapshot.Progress(estimates, parts.state)
+        progress = snapshot.Progress(estimates, chunks, parts.state)
         time_us = int(time.time() * 1_000_000)
         job = snapshot.Job(cfg, name, lsn, time_us, ids, (sink.writer.key_id, sink.writer.value_id))
         sink.start_snapshot(lsn, time_us)

@@ -125,9 +125,6 @@ class ChangeProducer:
             self._last_acked_lsn = self._marks.popleft()[1]
         return self._last_acked_lsn
 
-    def pending(self) -> int:
-        return len(self.producer)
-
     def check(self) -> None:
         if self.failure:
             raise BrokerError(self.failure, hint="capture resumes from the last confirmed commit once Kafka is back")

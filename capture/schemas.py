@@ -16,6 +16,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from capture.errors import RegistryUnavailableError, SchemaChangeError
 from headwater.errors import FatalError
+from tables.catalog import TableSchema
 
 
 class Registrar:
@@ -61,3 +62,12 @@ class NoRegistry:
 
     def close(self) -> None:
         return None
+
+
+def register_table(registrar: Registrar | NoRegistry, table: TableSchema) -> tuple[int, int | None]:
+    """Register a table topic's value (and key, when it has one) schema: (value id, key id)."""
+    value_id = registrar.register(f"{table.topic}-value", table.value_schema, table=table.qualified)
+    key_id = (
+        registrar.register(f"{table.topic}-key", table.key_schema, table=table.qualified) if table.key_schema else None
+    )
+    return value_id, key_id

@@ -113,36 +113,35 @@ def plan(conn: Connection, tables: list[TableRef], chunk_pages: int) -> tuple[li
 
 
 class Progress:
-    """Rows copied per table; logs rate and ETA every few seconds."""
+    """Rows copied per table (fed by the capture process only); logs rate and ETA every few seconds."""
 
-    def __init__(self, estimates: dict[str, int], state: State) -> None:
+    def __init__(self, estimates: dict[str, int], chunks: list[Chunk], state: State) -> None:
         self.estimates = estimates
         self.done = dict.fromkeys(estimates, 0)
-        self.finished: set[str] = set()
+        self.chunks_left = {t: sum(1 for c in chunks if c.table.qualified == t) for t in estimates}
         self.state = state
         self.started = time.monotonic()
-        self._lock = threading.Lock()
         self._last_report = 0.0
 
-    def add(self, table: str, rows: int) -> None:
-        with self._lock:
-            self.done[table] += rows
+    def add(self, table: str, rows: int, chunk_done: bool) -> None:
+        self.done[table] += rows
+        if chunk_done:
+            self.chunks_left[table] -= 1
+        self.report()
 
     def report(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_report < 2.0:
             return
         self._last_report = now
-        with self._lock:
-            total = sum(self.done.values())
-            estimate = max(sum(self.estimates.values()), total)
-            snapshot = dict(self.done)
+        total = sum(self.done.values())
+        estimate = max(sum(self.estimates.values()), total)
         rate = total / max(now - self.started, 1e-6)
         eta = (estimate - total) / rate if rate > 0 else float("inf")
-        parts = ", ".join(f"{t} {d}/{max(self.estimates[t], d)}" for t, d in snapshot.items())
+        parts = ", ".join(f"{t} {d}/{max(self.estimates[t], d)}" for t, d in self.done.items())
         log.info("snapshot: %d/%d rows, %.0f rows/s, ETA %.0f s (%s)", total, estimate, rate, eta, parts)
-        for table, done in snapshot.items():
-            self.state.progress(table, done, max(self.estimates[table], done), table in self.finished)
+        for table, done in self.done.items():
+            self.state.progress(table, done, max(self.estimates[table], done), self.chunks_left[table] == 0)
 
 
 def _import(dsn: str, snapshot_name: str) -> Connection:
@@ -272,24 +271,29 @@ def run(
 
     Raises ``Interrupted`` soon after ``stop`` is set.
     """
-    remaining = {t: sum(1 for c in chunks if c.table.qualified == t) for t in progress.estimates}
     stop = stop or threading.Event()
 
     def report(table: str, rows: int, chunk_done: bool) -> None:
-        if stop.is_set():
-            raise Interrupted("stopped during the snapshot; the next run starts it over")
-        progress.add(table, rows)
-        if chunk_done:
-            remaining[table] -= 1
-            if remaining[table] == 0:
-                progress.finished.add(table)
-        progress.report()
+        _check(stop)
+        progress.add(table, rows, chunk_done)
 
     workers = min(workers, len(chunks))
     if workers <= 1 or sum(progress.estimates.values()) < PARALLEL_MIN_ROWS:
         result = copy_chunks(job, chunks, report)
-        progress.report(force=True)
-        return result
+    else:
+        result = _in_processes(job, chunks, workers, report, stop)
+    progress.report(force=True)
+    return result
+
+
+def _check(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise Interrupted("stopped during the snapshot; the next run starts it over")
+
+
+def _in_processes(
+    job: Job, chunks: list[Chunk], workers: int, report: Report, stop: threading.Event
+) -> tuple[int, int]:
     ctx = multiprocessing.get_context("spawn")
     todo, events = ctx.Queue(), ctx.Queue()
     for chunk in chunks:
@@ -301,7 +305,7 @@ def run(
     for proc in procs:
         proc.start()
     try:
-        return _collect(procs, events, report, progress, stop)
+        return _collect(procs, events, report, stop)
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -309,13 +313,10 @@ def run(
             proc.join(timeout=30)
 
 
-def _collect(
-    procs: list[Any], events: Any, report: Report, progress: Progress, stop: threading.Event
-) -> tuple[int, int]:
+def _collect(procs: list[Any], events: Any, report: Report, stop: threading.Event) -> tuple[int, int]:
     rows, next_position, done = 0, 0, 0
     while done < len(procs):
-        if stop.is_set():
-            raise Interrupted("stopped during the snapshot; the next run starts it over")
+        _check(stop)
         try:
             kind, a, b, c = events.get(timeout=1.0)
         except queue.Empty:
@@ -328,5 +329,4 @@ def _collect(
             raise SourceError(f"snapshot worker {a} failed: {b}")
         else:
             rows, next_position, done = rows + b, max(next_position, c), done + 1
-    progress.report(force=True)
     return rows, next_position

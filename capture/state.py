@@ -106,9 +106,6 @@ class State:
         ).fetchone()
         return row[0] if row else None
 
-    def forget(self, table: str, key: bytes) -> None:
-        self.db.execute("DELETE FROM toast WHERE tbl = ? AND key = ?", (table, key))
-
     def checkpoint(
         self, confirmed_lsn: int, last_commit_lsn: int, last_commit_time: int, events: int, rate: float
     ) -> None:

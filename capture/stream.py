@@ -28,7 +28,7 @@ from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
 from capture.producer import ChangeProducer
-from capture.schemas import NoRegistry, Registrar
+from capture.schemas import NoRegistry, Registrar, register_table
 from capture.state import State
 from tables.catalog import ColumnInfo, TableSchema
 
@@ -109,13 +109,7 @@ class Streamer:
             log.info("schema of %s changed: registered a new version for %s", table.qualified, table.topic)
 
     def register(self, table: TableSchema) -> RowEncoder:
-        value_id = self.registrar.register(f"{table.topic}-value", table.value_schema, table=table.qualified)
-        key_id = (
-            self.registrar.register(f"{table.topic}-key", table.key_schema, table=table.qualified)
-            if table.key_schema
-            else None
-        )
-        return RowEncoder(table, value_id, key_id, self.cfg.format)
+        return RowEncoder(table, *register_table(self.registrar, table), self.cfg.format)
 
     # ---- rows -------------------------------------------------------------------------------
     def _lsn(self) -> int:

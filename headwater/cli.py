@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import psycopg2
 
@@ -23,8 +23,6 @@ from capture.config import CaptureConfig
 from headwater import __version__, shop, stack
 from headwater.config import Secret, add_flags, config_path, flag_values, load
 from headwater.errors import FatalError, HeadwaterError
-
-Command = Callable[[argparse.Namespace], int]
 
 
 def stack_config(args: argparse.Namespace) -> stack.StackConfig:
@@ -185,7 +183,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"slot {cfg.slot}: {active}, wal_status {info.wal_status}")
     print(f"  confirmed LSN {lsn_text(info.confirmed_lsn or 0)}, server at {lsn_text(info.current_lsn)}")
     print(f"  WAL retained behind the slot: {info.retained_bytes} bytes; lag: {info.lag_bytes} bytes")
-    checkpoint = State(cfg.state_dir, cfg.slot).load() if (cfg.state_dir / f"{cfg.slot}.sqlite").exists() else None
+    if not (cfg.state_dir / f"{cfg.slot}.sqlite").exists():
+        print(f"  no checkpoint in {cfg.state_dir}")
+        return 0
+    state = State(cfg.state_dir, cfg.slot)
+    try:
+        checkpoint, tables = state.load(), state.snapshot_progress()
+    finally:
+        state.close()
     if checkpoint is None:
         print(f"  no checkpoint in {cfg.state_dir}")
         return 0
@@ -198,6 +203,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     print(f"  events: {checkpoint.events} since start, {checkpoint.rate:.0f}/s at the last checkpoint")
     print(f"  snapshot: {'done' if checkpoint.snapshot_done else 'in progress or interrupted'}")
+    if not checkpoint.snapshot_done:
+        for table, done, estimate, finished in tables:
+            print(f"    {table}: {done}/{estimate} rows{' (done)' if finished else ''}")
     return 0
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -248,6 +251,16 @@ def test_sigterm_during_snapshot_stops_promptly(
 ) -> None:
     capture = capture_factory(pg_database)
     process = spawn_into_a_long_snapshot(shop_db, capture)
+    c = capture.cfg
+    status = subprocess.run(
+        [sys.executable, "-m", "headwater.cli", "status", "--slot", c.slot, "--state-dir", str(c.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HEADWATER_CAPTURE_DSN": c.dsn.reveal()},
+    )
+    assert "snapshot: in progress or interrupted" in status.stdout
+    assert re.search(r"public\.orders: \d+/\d+ rows", status.stdout), status.stdout
     process.terminate()
     assert process.wait(timeout=20) == 0
     assert capture.log is not None and "stopped during the snapshot" in capture.log.read_text()
