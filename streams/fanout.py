@@ -1,0 +1,189 @@
+"""The fan-out's decisions: which raw change becomes which record on which table topic.
+
+Promise: pure (no I/O). ``FanOut.route`` turns one decoded raw change at a raw offset
+into the records to write — key, full row or tombstone, the Java-murmur2 partition —
+and drops what was already written, so a replay changes nothing downstream:
+
+* a change the capture sent twice (after a capture crash it replays from the last
+  confirmed commit) has a ``(commit_lsn, position)`` at or below the watermark of
+  streamed changes already seen, and is dropped;
+* a record the fan-out itself wrote before a crash is recognised by the raw offset
+  (and sub-index) in the headers of its partition's last record (``tails``).
+
+Snapshot reads are not ordered by position (parallel workers interleave), so only
+streamed changes move the watermark. ``truncate_outputs`` turns a TRUNCATE into one
+tombstone per key live on the table topic before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tables.partition import partition_for
+
+STREAMED = frozenset({"INSERT", "UPDATE", "DELETE", "TRUNCATE"})
+Position = tuple[int, int]  # (raw offset, sub-index of the record written for it)
+
+
+class Change(NamedTuple):
+    """The fields of a raw-topic record the fan-out needs (``tables.change`` schema)."""
+
+    op: str
+    schema: str
+    table: str
+    topic: str
+    commit_lsn: int
+    position: int
+    key: bytes | None
+    before: bytes | None
+    after: bytes | None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Change:
+        return cls(record["op"], record["schema"], record["table"], record["topic"], record["commit_lsn"],
+                   record["position"], record["key"], record["before"], record["after"])  # fmt: skip
+
+
+class Output(NamedTuple):
+    topic: str
+    partition: int
+    key: bytes
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """A TRUNCATE to carry out: tombstone every key live on ``topic`` before raw ``offset``."""
+
+    topic: str
+    offset: int
+    commit_lsn: int
+    position: int
+
+
+def headers(op: str, offset: int, sub: int, lsn: int, position: int) -> list[tuple[str, bytes]]:
+    return [("hw.op", op.encode()), ("hw.raw", b"%d.%d" % (offset, sub)), ("hw.lsn", b"%d" % lsn),
+            ("hw.pos", b"%d" % position)]  # fmt: skip
+
+
+def header_position(record_headers: Iterable[tuple[str, bytes | None]] | None) -> Position | None:
+    """The ``(raw offset, sub)`` a record was written for, from its ``hw.raw`` header."""
+    for name, value in record_headers or ():
+        if name == "hw.raw" and value:
+            offset, _, sub = value.decode().partition(".")
+            return int(offset), int(sub or 0)
+    return None
+
+
+def header_lsn(record_headers: Iterable[tuple[str, bytes | None]] | None) -> tuple[int, int]:
+    """``(commit_lsn, position)`` of the change a table-topic record carries (0, 0 if none)."""
+    lsn = position = 0
+    for name, value in record_headers or ():
+        if name == "hw.lsn" and value:
+            lsn = int(value)
+        elif name == "hw.pos" and value:
+            position = int(value)
+    return lsn, position
+
+
+@dataclass
+class Counters:
+    changes: int = 0
+    written: int = 0
+    duplicates: int = 0  # sent twice by capture
+    replayed: int = 0  # written already by an earlier run of the fan-out
+    skipped: int = 0  # snapshot markers, unkeyed tables
+    dead_letters: int = 0
+
+
+class FanOut:
+    """Routes raw changes to table-topic records, remembering what is already written."""
+
+    def __init__(
+        self,
+        partitions: int,
+        watermark: tuple[int, int] = (-1, -1),
+        tails: dict[tuple[str, int], Position] | None = None,
+        key_of_row: Callable[[bytes, bytes], bytes] | None = None,
+    ) -> None:
+        self.partitions = partitions
+        self.watermark = watermark  # highest (commit_lsn, position) of a streamed change seen
+        self.tails = dict(tails or {})  # (topic, partition) -> position of its last record
+        self.key_of_row = key_of_row  # (old full row, new key) -> old key, for REPLICA IDENTITY FULL
+        self.counters = Counters()
+        self.unkeyed: set[str] = set()
+
+    def fresh(self, topic: str, partition: int, at: Position) -> bool:
+        """True unless the partition already holds the record written for ``at``."""
+        tail = self.tails.get((topic, partition))
+        if tail is not None and tail >= at:
+            self.counters.replayed += 1
+            return False
+        return True
+
+    def route(self, change: Change, offset: int) -> list[Output] | Truncate:
+        """The records for one change at raw ``offset`` (empty if none or already written)."""
+        self.counters.changes += 1
+        if change.op in STREAMED:
+            ident = (change.commit_lsn, change.position)
+            if ident <= self.watermark:
+                self.counters.duplicates += 1
+                return []
+            self.watermark = ident
+        if change.op == "TRUNCATE":
+            return Truncate(change.topic, offset, change.commit_lsn, change.position)
+        if change.op not in ("READ", "INSERT", "UPDATE", "DELETE") or change.key is None:
+            if change.key is None and change.op != "SNAPSHOT_END":
+                self.unkeyed.add(f"{change.schema}.{change.table}")
+            self.counters.skipped += 1
+            return []
+        records: list[tuple[bytes, bytes | None]] = []
+        old_key = self._old_key(change)
+        if old_key is not None:
+            records.append((old_key, None))  # the key changed: the old one is gone
+        records.append((change.key, None if change.op == "DELETE" else change.after))
+        out = []
+        for sub, (key, value) in enumerate(records):
+            partition = partition_for(key, self.partitions)
+            if self.fresh(change.topic, partition, (offset, sub)):
+                out.append(Output(change.topic, partition, key, value,
+                                  headers(change.op, offset, sub, change.commit_lsn, change.position)))  # fmt: skip
+        self.counters.written += len(out)
+        return out
+
+    def _old_key(self, change: Change) -> bytes | None:
+        """The old key of an UPDATE that changed the key, else None."""
+        if change.op != "UPDATE" or change.before is None or change.key is None:
+            return None
+        if change.before[:5] == change.key[:5]:  # an old key (same key schema id)
+            old = change.before
+        elif self.key_of_row is not None:  # a full old row (REPLICA IDENTITY FULL)
+            old = self.key_of_row(change.before, change.key)
+        else:
+            return None
+        return None if old == change.key else old
+
+
+def live_keys(records: Iterable[tuple[bytes | None, bytes | None, Position | None]], before: int) -> list[bytes]:
+    """Keys whose latest record written for a raw offset below ``before`` is not a tombstone, sorted."""
+    latest: dict[bytes, bool] = {}
+    for key, value, at in records:
+        if key is None or (at is not None and at[0] >= before):
+            continue
+        latest[key] = value is not None
+    return sorted(k for k, alive in latest.items() if alive)
+
+
+def truncate_outputs(fanout: FanOut, truncate: Truncate, keys: list[bytes]) -> list[Output]:
+    """A tombstone for each of ``keys`` (sub-index = place in the sorted list), minus those written."""
+    out = []
+    for sub, key in enumerate(keys):
+        partition = partition_for(key, fanout.partitions)
+        if fanout.fresh(truncate.topic, partition, (truncate.offset, sub)):
+            marks = headers("TRUNCATE", truncate.offset, sub, truncate.commit_lsn, truncate.position)
+            out.append(Output(truncate.topic, partition, key, None, marks))
+    fanout.counters.written += len(out)
+    return out

@@ -1,0 +1,111 @@
+"""The fan-out's routing and replay decisions (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams.fanout import Change, FanOut, Output, Truncate, header_position, live_keys, truncate_outputs
+from tables.partition import partition_for
+
+pytestmark = pytest.mark.unit
+
+TOPIC = "p.customers"
+
+
+def key(n: int) -> bytes:
+    return b"\0\0\0\0\x07" + bytes([n * 2])  # framed Avro long n (small n)
+
+
+def row(n: int, v: str = "x") -> bytes:
+    return b"\0\0\0\0\x08" + bytes([n * 2]) + v.encode()
+
+
+def change(
+    op: str, lsn: int, pos: int, k: int | None = 1, before: bytes | None = None, after: bytes | None = b""
+) -> Change:
+    value = None if op in ("DELETE", "TRUNCATE") else (after or row(k or 0))
+    return Change(op, "public", "customers", TOPIC, lsn, pos, None if k is None else key(k), before, value)
+
+
+def only(routed: list[Output] | Truncate) -> Output:
+    assert isinstance(routed, list) and len(routed) == 1
+    return routed[0]
+
+
+def test_insert_update_delete_become_row_row_tombstone_in_the_key_partition() -> None:
+    fan = FanOut(partitions=6)
+    inserted = only(fan.route(change("INSERT", 100, 0), offset=0))
+    updated = only(fan.route(change("UPDATE", 200, 0, after=row(1, "y")), offset=1))
+    deleted = only(fan.route(change("DELETE", 300, 0), offset=2))
+    assert (inserted.key, inserted.value) == (key(1), row(1))
+    assert updated.value == row(1, "y") and deleted.value is None
+    assert {inserted.partition, updated.partition, deleted.partition} == {partition_for(key(1), 6)}
+    assert dict(deleted.headers)["hw.lsn"] == b"300" and header_position(deleted.headers) == (2, 0)
+
+
+def test_a_change_capture_sent_twice_is_written_once() -> None:
+    fan = FanOut(partitions=4)
+    first = [fan.route(change("INSERT", 100, p, k=p), offset=p) for p in range(3)]
+    assert all(first)
+    # capture crashed and replays from the last confirmed commit: same (commit_lsn, position), later offsets
+    replayed = [fan.route(change("INSERT", 100, p, k=p), offset=10 + p) for p in range(3)]
+    assert replayed == [[], [], []] and fan.counters.duplicates == 3
+    assert only(fan.route(change("INSERT", 101, 0, k=9), offset=13)).key == key(9)
+
+
+def test_snapshot_reads_in_any_order_are_all_written() -> None:
+    fan = FanOut(partitions=4)
+    for offset, position in enumerate([7, 2, 9, 0]):  # parallel snapshot workers interleave
+        assert only(fan.route(change("READ", 50, position, k=position), offset=offset))
+    assert fan.counters.duplicates == 0
+
+
+def test_records_already_in_their_partition_are_not_written_again() -> None:
+    partition = partition_for(key(1), 4)
+    fan = FanOut(partitions=4, tails={(TOPIC, partition): (5, 0)})  # the last record there came from offset 5
+    assert fan.route(change("INSERT", 100, 0), offset=4) == []
+    assert fan.route(change("UPDATE", 101, 0), offset=5) == []
+    assert only(fan.route(change("UPDATE", 102, 0), offset=6))
+    assert fan.counters.replayed == 2
+
+
+def test_key_change_tombstones_the_old_key_first() -> None:
+    fan = FanOut(partitions=4)
+    routed = fan.route(change("UPDATE", 100, 0, k=2, before=key(1)), offset=0)
+    assert isinstance(routed, list)
+    assert [(o.key, o.value is None) for o in routed] == [(key(1), True), (key(2), False)]
+    assert [header_position(o.headers) for o in routed] == [(0, 0), (0, 1)]
+
+
+def test_replica_identity_full_old_row_gives_the_old_key_through_the_extractor() -> None:
+    fan = FanOut(partitions=4, key_of_row=lambda old, new: key(old[5] // 2))
+    routed = fan.route(change("UPDATE", 100, 0, k=2, before=row(1)), offset=0)
+    assert isinstance(routed, list) and routed[0].key == key(1) and routed[0].value is None
+    same_key = fan.route(change("UPDATE", 101, 0, k=2, before=row(2)), offset=1)
+    assert isinstance(same_key, list) and len(same_key) == 1
+
+
+def test_unkeyed_tables_and_snapshot_end_write_nothing() -> None:
+    fan = FanOut(partitions=4)
+    assert fan.route(change("INSERT", 100, 0, k=None), offset=0) == []
+    assert fan.route(change("SNAPSHOT_END", 50, 0, k=None), offset=1) == []
+    assert fan.unkeyed == {"public.customers"}
+
+
+def test_truncate_tombstones_every_key_live_before_it() -> None:
+    fan = FanOut(partitions=4)
+    routed = fan.route(change("TRUNCATE", 100, 3, k=None), offset=20)
+    assert routed == Truncate(TOPIC, 20, 100, 3)
+    scanned = [(key(1), row(1), (3, 0)), (key(2), row(2), (4, 0)), (key(2), None, (5, 0)),
+               (key(3), row(3), (21, 0)), (key(4), row(4), None)]  # fmt: skip
+    keys = live_keys(scanned, before=20)
+    assert keys == [key(1), key(4)]  # 2 deleted already; 3 came after the truncate
+    out = truncate_outputs(fan, routed, keys)
+    assert [(o.key, o.value, header_position(o.headers)) for o in out] == [
+        (key(1), None, (20, 0)),
+        (key(4), None, (20, 1)),
+    ]
+    # after a crash halfway: the partition of key 1 already has its tombstone
+    again = FanOut(partitions=4, tails={(TOPIC, out[0].partition): (20, 0)})
+    redo = truncate_outputs(again, routed, keys)
+    assert [o.key for o in redo] == [key(4)]
