@@ -3,21 +3,26 @@
 Promise: ``apply_changes`` rebuilds each table's rows from the raw topic exactly as a
 consumer applying it in order would; ``compare`` lists every difference between
 those rows and the table in PostgreSQL (missing, extra, or differing values), with
-values compared by meaning (instants in UTC, JSON parsed, decimals exact). Tests and
-the demo both use it.
+values compared by meaning (instants in UTC, JSON parsed, decimals exact). For the
+stream workers, ``latest_rows`` is a table topic's latest value per key (tombstones
+drop the key) and ``compare_endpoint`` asks the query endpoint for every row of a
+table and compares the JSON it answers. Tests and the demo both use it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import psycopg2.extensions
 
-from headwater.topics import AvroDecoder
+from headwater.topics import AvroDecoder, read_topic
 
 
 def apply_changes(changes: list[dict[str, Any]], decode: AvroDecoder) -> dict[str, dict[bytes, dict[str, Any]]]:
@@ -86,3 +91,50 @@ def assert_table_matches(
     count, problems = compare(conn, table, key, captured)
     assert not problems, "\n".join(problems[:20])
     return count
+
+
+def latest_rows(bootstrap: str, topic: str, decode: AvroDecoder) -> dict[bytes, dict[str, Any]]:
+    """A table topic's latest row per key (key bytes without frame); a tombstone removes the key."""
+    latest: dict[bytes, bytes | None] = {}
+    for record in read_topic(bootstrap, topic):  # a key lives in one partition: offset order is its order
+        if record.key is not None:
+            latest[record.key] = record.value
+    return {key[5:]: decode(value) for key, value in latest.items() if value is not None}
+
+
+def same_json(pg: Any, shown: Any) -> bool:
+    """A PostgreSQL value against the endpoint's JSON rendering of it (``streams.rows.to_json``)."""
+    if pg is None or shown is None:
+        return pg is shown
+    if isinstance(pg, dict | list) and isinstance(shown, str):
+        return bool(pg == json.loads(shown))
+    if isinstance(pg, datetime):
+        return same(pg, datetime.fromisoformat(shown))
+    if isinstance(pg, date | time):
+        return bool(pg == type(pg).fromisoformat(shown))
+    if isinstance(pg, Decimal):
+        return pg == Decimal(shown)
+    if isinstance(pg, memoryview | bytes):
+        return bytes(pg) == base64.b64decode(shown)
+    return same(pg, shown)
+
+
+def compare_endpoint(
+    conn: psycopg2.extensions.connection, table: str, key: list[str], url: str, name: str
+) -> tuple[int, list[str]]:
+    """Every row of ``table`` asked from the query endpoint at ``url`` (as ``/tables/<name>/<key>``)."""
+    expected = pg_rows(conn, table, key)
+    problems = []
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for k, row in sorted(expected.items()):
+            response = client.get(f"/tables/{name}/" + quote(",".join(str(v) for v in k)))
+            if response.status_code != 200:
+                problems.append(f"{table} {k}: endpoint answered {response.status_code} {response.text[:100]}")
+                continue
+            shown = response.json()["row"]
+            problems += [
+                f"{table} {k} {column}: postgres {value!r} != endpoint {shown.get(column)!r}"
+                for column, value in row.items()
+                if not same_json(value, shown.get(column))
+            ]
+    return len(expected), problems

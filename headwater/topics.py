@@ -12,7 +12,7 @@ import io
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import httpx
@@ -27,6 +27,7 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Record]:
@@ -57,7 +58,9 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Rec
                     waiting.discard(partition)
                     continue
                 raise RetryableError(f"reading {topic}: {error}")
-            out.append(Record(partition, offset, msg.key(), msg.value()))
+            raw_headers: list[tuple[str, Any]] = cast(Any, msg.headers()) or []  # librdkafka: (name, bytes) pairs
+            headers = tuple((k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in raw_headers)
+            out.append(Record(partition, offset, msg.key(), msg.value(), headers))
         if waiting:
             raise RetryableError(f"no end of {topic} partitions {sorted(waiting)} within {timeout:.0f} s")
         return out

@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,44 +19,13 @@ import pytest
 
 from capture.decoder import parse_lsn
 from capture.state import snapshot_done
-from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches
 from headwater.stack import Broker, StackConfig
 from headwater.topics import AvroDecoder, read_topic
 from tests.plugins.capture import Capture
+from tests.plugins.capture import ShopWriter as Writer
 
 SHOP_KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
-
-
-class Writer:
-    """The shop workload in a thread, at a steady rate, counting committed transactions."""
-
-    def __init__(self, dsn: str, rate: float = 150) -> None:
-        self.conn = psycopg2.connect(dsn)
-        self.work = shop.Workload(self.conn, rng_seed=int.from_bytes(os.urandom(2), "big"), rollback_share=0.05)
-        self.rate = rate
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        done = 0
-        while not self.stop_event.is_set():
-            self.work.step()
-            done += 1
-            delay = start + done / self.rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-
-    def start(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def stop(self) -> int:
-        self.stop_event.set()
-        self.thread.join()
-        self.conn.close()
-        return self.work.committed
 
 
 def confirmed_lsn(dsn: str, slot: str) -> int:

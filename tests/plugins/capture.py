@@ -22,6 +22,7 @@ import pytest
 
 from capture import agent, slot
 from capture.config import CaptureConfig
+from headwater import shop
 from headwater.config import Secret
 from headwater.stack import StackConfig
 from headwater.topics import AvroDecoder, read_topic
@@ -109,6 +110,37 @@ class Capture:
     def raise_error(self) -> None:
         if self.error:
             raise self.error[0]
+
+
+class ShopWriter:
+    """The shop workload in a thread, at a steady rate, counting committed transactions."""
+
+    def __init__(self, dsn: str, rate: float = 150) -> None:
+        self.conn = psycopg2.connect(dsn)
+        self.work = shop.Workload(self.conn, rng_seed=int.from_bytes(os.urandom(2), "big"), rollback_share=0.05)
+        self.rate = rate
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        done = 0
+        while not self.stop_event.is_set():
+            self.work.step()
+            done += 1
+            delay = start + done / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+    def start(self) -> ShopWriter:
+        self.thread.start()
+        return self
+
+    def stop(self) -> int:
+        self.stop_event.set()
+        self.thread.join()
+        self.conn.close()
+        return self.work.committed
 
 
 @pytest.fixture

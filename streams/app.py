@@ -1,0 +1,22 @@
+"""The Faust app, bound once: ``faust -A streams worker`` finds it as ``streams.app``.
+
+Promise: the app is built from ``[streams]`` (file and environment) with the broker
+profile's settings; agents, topics, tables and web views live in their own modules
+that import it, and ``streams`` loads them all when the app is first asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+
+from streams import profile
+from streams.config import load_streams_config
+
+cfg = load_streams_config()
+app = faust.App(cfg.app_id, **profile.faust_settings(cfg))
+logging.getLogger("headwater.streams").info(
+    "streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
+    cfg.registry_url,
+)  # fmt: skip

@@ -1,0 +1,169 @@
+"""What the workers serve: the captured tables, found through the schema registry.
+
+Promise: ``discover`` lists the table topics capture registered under the topic prefix
+(``<topic>-value`` subjects whose schema names its ``pg.table``), or the tables named in
+``[streams] tables``; ``Schemas`` fetches writer schemas once per id; ``KeyCodec``
+turns key columns given as text (a URL) into the exact key bytes capture wrote, and
+key bytes back into columns. Registry failures raise ``RegistryError``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import date
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import fastavro
+import httpx
+
+from headwater.errors import FatalError
+from streams.config import StreamsConfig
+from streams.errors import BadMessage, KeyError400, RegistryError
+
+
+class Schemas:
+    """Parsed writer schemas by id, fetched once; the registry's subjects and latest versions."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self._by_id: dict[int, Any] = {}
+
+    def _get(self, path: str) -> Any:
+        try:
+            response = httpx.get(self.url + path, timeout=10)
+        except httpx.HTTPError as exc:
+            raise RegistryError(self.url, f"unreachable ({exc})") from exc
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise RegistryError(self.url, f"GET {path} answered {response.status_code}: {response.text[:200]}")
+        return response.json()
+
+    def by_id(self, schema_id: int) -> Any:
+        found = self._by_id.get(schema_id)
+        if found is None:
+            body = self._get(f"/schemas/ids/{schema_id}")
+            if body is None:
+                raise BadMessage(f"schema id {schema_id} is not in the registry")
+            found = self._by_id[schema_id] = fastavro.parse_schema(json.loads(body["schema"]))
+        return found
+
+    def subjects(self) -> list[str]:
+        return list(self._get("/subjects") or [])
+
+    def latest(self, subject: str) -> tuple[int, dict[str, Any]] | None:
+        body = self._get(f"/subjects/{subject}/versions/latest")
+        return None if body is None else (int(body["id"]), json.loads(body["schema"]))
+
+    def decode(self, data: bytes) -> Any:
+        """A Confluent-framed Avro body decoded with its writer schema."""
+        if len(data) < 5 or data[0] != 0:
+            raise BadMessage("not the Confluent wire format (magic byte 0 and a schema id)")
+        schema = self.by_id(int.from_bytes(data[1:5], "big"))
+        try:
+            return fastavro.schemaless_reader(io.BytesIO(data[5:]), schema, None)
+        except (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError) as exc:
+            raise BadMessage(f"Avro body does not match schema {int.from_bytes(data[1:5], 'big')}: {exc!r}") from exc
+
+
+def _parse(text: str, avro: Any) -> Any:
+    """One key column from URL text, by its Avro type; ``ValueError`` if it does not fit."""
+    if isinstance(avro, list):  # key columns are never null, but accept a nullable union
+        avro = next(t for t in avro if t != "null")
+    kind = avro if isinstance(avro, str) else avro.get("type")
+    logical = None if isinstance(avro, str) else avro.get("logicalType")
+    if logical == "decimal":
+        value = Decimal(text)
+        if not value.is_finite():
+            raise ValueError("not a finite number")
+        return value.quantize(Decimal(1).scaleb(-int(avro.get("scale", 0))))
+    if logical == "uuid":
+        return str(uuid.UUID(text))
+    if logical == "date":
+        return date.fromisoformat(text)
+    if kind in ("int", "long"):
+        return int(text)
+    if kind == "string":
+        return text
+    if kind == "boolean" and text in ("true", "false"):
+        return text == "true"
+    if kind == "enum" and text in avro["symbols"]:
+        return text
+    raise ValueError(f"keys of Avro type {json.dumps(avro)} cannot be given in a URL")
+
+
+@dataclass
+class KeyCodec:
+    """A table's key record: URL text to key bytes (as capture framed them)."""
+
+    schema_id: int
+    schema: dict[str, Any]
+    parsed: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.parsed = fastavro.parse_schema(self.schema)
+
+    @property
+    def columns(self) -> list[str]:
+        return [f["name"] for f in self.schema["fields"]]
+
+    def encode_text(self, text: str) -> bytes:
+        """``42`` or ``7,abc`` (key columns in order) to framed key bytes; ``KeyError400`` if malformed."""
+        fields = self.schema["fields"]
+        parts = text.split(",") if len(fields) > 1 else [text]
+        if len(parts) != len(fields):
+            raise KeyError400(f"the key has {len(fields)} columns ({', '.join(self.columns)}), got {len(parts)}")
+        record = {}
+        for part, f in zip(parts, fields, strict=True):
+            try:
+                record[f["name"]] = _parse(part, f["type"])
+            except (ValueError, InvalidOperation, StopIteration) as exc:
+                raise KeyError400(f"key column {f['name']}: {part!r} is not valid ({exc})") from exc
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, self.parsed, record)
+        return b"\0" + self.schema_id.to_bytes(4, "big") + out.getvalue()
+
+
+@dataclass
+class TableTopic:
+    qualified: str  # schema.table in PostgreSQL
+    topic: str
+    key: KeyCodec
+
+    @property
+    def short(self) -> str:
+        """``table`` for public tables, else ``schema.table``: how URLs name it."""
+        schema, _, name = self.qualified.partition(".")
+        return name if schema == "public" else self.qualified
+
+
+def discover(cfg: StreamsConfig, schemas: Schemas) -> list[TableTopic]:
+    """The table topics capture registered (keyed ones only), in name order."""
+    internal = {cfg.changes_topic, cfg.dlq_topic, cfg.progress_topic}
+    prefix = f"{cfg.topic_prefix}." if cfg.topic_prefix else ""
+    found: dict[str, TableTopic] = {}
+    for subject in sorted(schemas.subjects()):
+        if not subject.endswith("-value") or not subject.startswith(prefix):
+            continue
+        topic = subject[: -len("-value")]
+        if topic in internal:
+            continue
+        value = schemas.latest(subject)
+        key = schemas.latest(f"{topic}-key")
+        qualified = value[1].get("pg.table") if value and isinstance(value[1], dict) else None
+        if qualified is None or key is None:
+            continue  # not a captured table, or one without key (not served)
+        found[qualified] = TableTopic(qualified, topic, KeyCodec(key[0], key[1]))
+    wanted = cfg.table_names
+    missing = [t for t in wanted if t not in found]
+    if missing:
+        raise FatalError(
+            f"[streams] tables: {', '.join(missing)} not registered under topic prefix {cfg.topic_prefix!r} "
+            f"in {schemas.url}",
+            hint="run headwater capture for these tables first (it registers their schemas), or fix the names",
+        )
+    return [found[q] for q in sorted(found) if not wanted or q in wanted]

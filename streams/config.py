@@ -1,0 +1,102 @@
+"""The stream workers' settings ([streams] in headwater.toml, HEADWATER_STREAMS_*, faust flags).
+
+Promise: one frozen, validated object, loaded the same way as every other component's
+(defaults < file < environment). Broker and registry default to the local stack's;
+Kafka SASL/TLS go through ``kafka`` (librdkafka names, secret values print as ``***``).
+The broker profile is ``tansu`` exactly when the broker is the local stack's, unless set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from headwater.config import InvalidSetting, Settings, check_port, config_path, load, setting
+from headwater.stack import StackConfig
+
+APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+PROFILES = ("auto", "tansu", "kafka")
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    """How the Faust workers read the raw topic and what they build (see the README's table)."""
+
+    app_id: str = setting("headwater-streams", "Faust app id: consumer group and changelog topic prefix")
+    bootstrap: str = setting("", "Kafka bootstrap servers (default: the local stack's broker)")
+    registry_url: str = setting("", "Confluent-compatible schema registry URL (default: the local stack's)")
+    topic_prefix: str = setting("headwater", "the capture's topic prefix: reads <prefix>.changes")
+    tables: str = setting("", "comma-separated schema.table to serve (default: every table capture registered)")
+    partitions: int = setting(4, "partitions of the per-table topics and of the tables' changelogs")
+    replication_factor: int = setting(1, "replication factor of the topics the workers create")
+    topic_config: Settings = setting(Settings(), "extra settings for the per-table topics (e.g. min.insync.replicas)")
+    broker_profile: str = setting(
+        "auto", "tansu (the local broker's needs), kafka, or auto (tansu for the local stack)"
+    )
+    kafka: Settings = setting(Settings(), "librdkafka-style client settings (security.protocol, sasl.*, ssl.*)")
+    table_standby_replicas: int = setting(0, "standby copies of each table partition kept by other workers")
+    web_host: str = setting("127.0.0.1", "address the query endpoint binds to and advertises")
+    web_port: int = setting(6066, "port of the query endpoint (faust worker --web-port overrides it)")
+    canonical_url: str = setting("", "URL other workers use to reach this one (default http://web_host:web_port)")
+    batch_size: int = setting(2000, "raw changes the fan-out handles per batch")
+    batch_wait: float = setting(0.02, "seconds the fan-out waits to fill a batch")
+    state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory")
+
+    def __post_init__(self) -> None:
+        if not APP_ID.match(self.app_id):
+            raise InvalidSetting("app_id", f"must be letters, digits, '.', '_' or '-', got {self.app_id!r}")
+        if self.broker_profile not in PROFILES:
+            raise InvalidSetting("broker_profile", f"must be one of {', '.join(PROFILES)}, got {self.broker_profile!r}")
+        for key in ("partitions", "replication_factor", "batch_size"):
+            if getattr(self, key) < 1:
+                raise InvalidSetting(key, f"must be at least 1, got {getattr(self, key)}")
+        if self.table_standby_replicas < 0:
+            raise InvalidSetting("table_standby_replicas", "must be 0 or more")
+        if self.batch_wait <= 0:
+            raise InvalidSetting("batch_wait", "must be a positive number of seconds")
+        check_port("web_port", self.web_port)
+        for name in self.table_names:
+            if "." not in name:
+                raise InvalidSetting("tables", f"{name!r}: write tables as schema.table")
+
+    @property
+    def changes_topic(self) -> str:
+        return f"{self.topic_prefix}.changes" if self.topic_prefix else "changes"
+
+    @property
+    def dlq_topic(self) -> str:
+        """Where raw messages that cannot be decoded go, with their offset and the reason."""
+        return f"{self.changes_topic}.dlq"
+
+    @property
+    def progress_topic(self) -> str:
+        """The fan-out's checkpoint: how far the raw topic is fully written to the table topics."""
+        return f"{self.changes_topic}.fanout"
+
+    @property
+    def table_names(self) -> list[str]:
+        return [t.strip() for t in self.tables.split(",") if t.strip()]
+
+    @property
+    def tansu(self) -> bool:
+        return self.broker_profile == "tansu"
+
+
+def load_streams_config(environ: dict[str, str] | None = None) -> StreamsConfig:
+    """[streams] from the config file and environment; broker, registry and profile from the stack."""
+    env = dict(os.environ if environ is None else environ)
+    path = config_path(None, env)
+    cfg = load(StreamsConfig, "streams", path=path, environ=env)
+    local = load(StackConfig, "stack", path=path, environ=env)
+    profile = cfg.broker_profile
+    if profile == "auto":
+        profile = "tansu" if cfg.bootstrap in ("", local.bootstrap) else "kafka"
+    return dataclasses.replace(
+        cfg,
+        bootstrap=cfg.bootstrap or local.bootstrap,
+        registry_url=cfg.registry_url or local.registry_url,
+        broker_profile=profile,
+    )

@@ -1,0 +1,32 @@
+"""Errors of the stream workers, on the shared hierarchy (``headwater.errors``).
+
+Promise: each carries the facts (topic, offset, table) as attributes and says what to do.
+"""
+
+from __future__ import annotations
+
+from headwater.errors import FatalError, RetryableError
+
+
+class BadMessage(ValueError):
+    """A raw-topic message that cannot be decoded; it goes to the dead-letter topic."""
+
+
+class RegistryError(RetryableError):
+    """The schema registry did not answer, or answered with an error."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"schema registry {url}: {detail}", hint="start the registry or set [streams] registry_url")
+        self.url = url
+
+
+class TopicLayoutError(FatalError):
+    """A topic exists with a layout the workers cannot use (e.g. a different partition count)."""
+
+    def __init__(self, topic: str, detail: str, hint: str) -> None:
+        super().__init__(f"topic {topic}: {detail}", hint=hint)
+        self.topic = topic
+
+
+class KeyError400(ValueError):
+    """A key in a URL that does not fit the table's key columns (answered with HTTP 400)."""

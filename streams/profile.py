@@ -1,0 +1,98 @@
+"""Broker profiles: every broker-specific client setting of the stream workers, in one place.
+
+Promise: ``faust_settings(cfg)`` and ``producer_settings(cfg)`` are the whole of what the
+workers ask of their Kafka clients. The ``tansu`` profile adds what the local broker
+needs and nothing else: single-record producer batches for Faust (table recovery reads
+changelog end offsets, which Tansu answers wrongly after multi-record batches) and short
+group timeouts (a join takes 30 s with Faust's defaults). Against real Kafka (``kafka``)
+none of it applies. SASL/TLS settings in librdkafka names map onto Faust's credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+import faust
+
+from headwater.errors import FatalError
+from streams.config import StreamsConfig
+
+TANSU_FAUST: dict[str, Any] = {
+    "producer_max_batch_size": 1,  # one record per batch: changelog end offsets stay right
+    "broker_session_timeout": 6.0,
+    "broker_rebalance_timeout": 6.0,
+    "broker_heartbeat_interval": 1.0,
+}
+
+TABLE_PRODUCER: dict[str, Any] = {
+    "enable.idempotence": True,  # librdkafka's idempotence works on Tansu (aiokafka's does not)
+    "acks": "all",
+    "linger.ms": 5,
+    "batch.num.messages": 10000,
+    "partitioner": "murmur2_random",  # Java-compatible; the fan-out names partitions itself anyway
+    "message.timeout.ms": 0,  # never give a record up: a broker outage stalls, it does not lose
+}
+
+
+def kafka_client(cfg: StreamsConfig) -> dict[str, Any]:
+    """librdkafka settings shared by the workers' producer, admin and readers."""
+    return {"bootstrap.servers": cfg.bootstrap, **cfg.kafka, "logger": logging.getLogger("headwater.kafka")}
+
+
+def producer_settings(cfg: StreamsConfig) -> dict[str, Any]:
+    return {**kafka_client(cfg), **TABLE_PRODUCER}
+
+
+def faust_credentials(settings: dict[str, str]) -> faust.types.auth.CredentialsT | None:
+    """Faust's credentials from librdkafka-style settings (security.protocol, sasl.*, ssl.*)."""
+    protocol = settings.get("security.protocol", "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=settings.get("ssl.ca.location"))
+        if "ssl.certificate.location" in settings:
+            context.load_cert_chain(settings["ssl.certificate.location"], settings.get("ssl.key.location"))
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    if protocol not in ("SASL_PLAINTEXT", "SASL_SSL"):
+        raise FatalError(f"[streams] kafka: unknown security.protocol {protocol!r}",
+                         hint="use PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")  # fmt: skip
+    mechanism = settings.get("sasl.mechanism", "PLAIN").upper()
+    user, password = settings.get("sasl.username"), settings.get("sasl.password")
+    if mechanism == "PLAIN":
+        return faust.SASLCredentials(username=user, password=password, ssl_context=context)
+    if mechanism.startswith("SCRAM-"):
+        return faust.SASLCredentials(username=user, password=password, ssl_context=context, mechanism=mechanism)
+    raise FatalError(f"[streams] kafka: sasl.mechanism {mechanism!r} is not supported by the workers",
+                     hint="use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")  # fmt: skip
+
+
+def faust_settings(cfg: StreamsConfig) -> dict[str, Any]:
+    """Keyword arguments for ``faust.App``."""
+    settings: dict[str, Any] = {
+        "broker": [f"kafka://{host.strip()}" for host in cfg.bootstrap.split(",") if host.strip()],
+        "broker_credentials": faust_credentials(dict(cfg.kafka)),
+        "store": "memory://",
+        # every key and value the workers handle stays bytes (row images are forwarded as encoded)
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "topic_partitions": cfg.partitions,
+        "topic_replication_factor": cfg.replication_factor,
+        "topic_disable_leader": True,
+        "table_standby_replicas": cfg.table_standby_replicas,
+        "consumer_auto_offset_reset": "earliest",
+        "producer_acks": -1,
+        "web_enabled": True,
+        "web_bind": cfg.web_host,
+        "web_host": cfg.web_host,
+        "web_port": cfg.web_port,
+        "datadir": str(cfg.state_dir),
+    }
+    if cfg.canonical_url:
+        settings["canonical_url"] = cfg.canonical_url
+    if cfg.tansu:
+        settings.update(TANSU_FAUST)
+    return settings

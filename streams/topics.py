@@ -1,0 +1,42 @@
+"""The topics the workers read: the raw change topic and the per-table topics.
+
+Promise: at import the captured tables are discovered through the registry, and their
+topics exist — compacted, with ``[streams] partitions`` partitions — before any agent
+subscribes (Faust would otherwise subscribe to a topic the broker makes up). Values
+and keys stay bytes: row images are forwarded as capture encoded them.
+"""
+
+from __future__ import annotations
+
+from streams.app import app, cfg
+from streams.catalog import Schemas, TableTopic, discover
+from streams.writer import TableWriter
+
+schemas = Schemas(cfg.registry_url)
+TABLES: list[TableTopic] = discover(cfg, schemas)
+writer = TableWriter(cfg)
+writer.ensure_topics([t.topic for t in TABLES])
+writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
+
+changes = app.topic(cfg.changes_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
+                    value_serializer="raw")  # fmt: skip
+table_topics = (
+    app.topic(
+        *[t.topic for t in TABLES],
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=cfg.partitions,
+    )
+    if TABLES
+    else None
+)
+
+
+def find(name: str) -> TableTopic | None:
+    """A table by URL name: ``customers`` (public), ``schema.table`` or its topic."""
+    for t in TABLES:
+        if name in (t.short, t.qualified, t.topic):
+            return t
+    return None

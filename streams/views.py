@@ -1,0 +1,83 @@
+"""The query endpoint (Faust web, 127.0.0.1 unless told otherwise).
+
+Promise: ``GET /tables/`` lists the served tables; ``GET /tables/<table>/<key>`` answers
+the latest row for a key as typed JSON (``streams.rows.to_json``) with the commit LSN
+that wrote it, from whichever worker owns the key's partition (the request is routed
+there). 404 for an unknown table or key, 400 for a key that does not fit the key
+columns, 503 with ``Retry-After`` while a rebalance or table recovery is under way.
+Composite keys are the key columns in order, comma-separated (``/tables/order_items/7,2``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote
+
+from faust.exceptions import SameNode
+from faust.web.exceptions import ServiceUnavailable
+
+from streams.agents import runtime
+from streams.app import app, cfg
+from streams.catalog import TableTopic
+from streams.errors import BadMessage, KeyError400
+from streams.rows import lsn_text, to_json, unpack
+from streams.tables import rows
+from streams.topics import TABLES, find, schemas
+from tables.partition import partition_for
+
+RETRY = {"Retry-After": "2"}
+
+
+def owned(t: TableTopic) -> list[int]:
+    """Partitions of the table this worker serves (active, not standby)."""
+    changelog = rows[t.topic].changelog_topic.get_topic_name()
+    return sorted(tp.partition for tp in app.assignor.assigned_actives() if tp.topic == changelog)
+
+
+def describe(t: TableTopic) -> dict[str, Any]:
+    mine = set(owned(t))
+    here = sum(1 for key in rows[t.topic] if partition_for(key, cfg.partitions) in mine)
+    return {"name": t.short, "table": t.qualified, "topic": t.topic, "key": t.key.columns,
+            "partitions": cfg.partitions, "partitions_here": sorted(mine), "rows_here": here}  # fmt: skip
+
+
+@app.page("/tables/")
+async def list_tables(web: Any, request: Any) -> Any:
+    return web.json({"tables": [describe(t) for t in TABLES]})
+
+
+@app.page("/tables/{name}/{key}")
+async def get_row(web: Any, request: Any, name: str, key: str) -> Any:
+    table = find(unquote(name))
+    if table is None:
+        return web.json({"error": f"unknown table {name!r}", "tables": [t.short for t in TABLES]}, status=404)
+    try:
+        key_bytes = table.key.encode_text(unquote(key))
+    except KeyError400 as exc:
+        return web.json({"error": str(exc), "key": table.key.columns}, status=400)
+    if app.rebalancing or app.in_recovery:
+        return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
+    try:
+        return await app.router.route_req(rows[table.topic].name, key_bytes, web, request)
+    except SameNode:
+        pass
+    except ServiceUnavailable:
+        return web.json({"error": "the owner of this key is not known yet"}, status=503, headers=RETRY)
+    found = rows[table.topic].get(key_bytes)
+    if found is None:
+        return web.json({"error": f"no row of {table.qualified} with key {unquote(key)}"}, status=404)
+    lsn, position, value = unpack(found)
+    try:
+        row = schemas.decode(value)
+    except BadMessage as exc:
+        return web.json({"error": f"stored row cannot be decoded: {exc}"}, status=500)
+    return web.json({"table": table.qualified, "key": to_json(schemas.decode(key_bytes)),
+                     "commit_lsn": lsn_text(lsn), "position": position, "row": to_json(row)})  # fmt: skip
+
+
+@app.page("/fanout/")
+async def fanout_stats(web: Any, request: Any) -> Any:
+    """This worker's fan-out counters (empty on workers not running the fan-out)."""
+    fan = runtime.fanout
+    counters = vars(fan.counters) if fan else {}
+    return web.json({"raw_topic": cfg.changes_topic, "dead_letter_topic": cfg.dlq_topic, **counters})

@@ -1,0 +1,217 @@
+"""The fan-out's Kafka side: topics, the librdkafka producer, tails and the checkpoint.
+
+Promise: ``ensure_topics`` creates each table topic compacted with the configured
+partitions (an existing one with another partition count is refused, naming it);
+records are written by an idempotent producer (acks=all, never timed out: a broker
+outage stalls, it does not lose), in the order given per partition; ``flush`` returns
+once Kafka acknowledged everything sent. ``tails`` reads the position of each
+partition's last record and ``checkpoint`` the fan-out's last saved progress — both by
+fetching to partition EOF, which is right on Tansu and on real Kafka.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import fastavro
+import httpx
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from headwater.errors import FatalError, RetryableError
+from streams import profile
+from streams.config import StreamsConfig
+from streams.errors import RegistryError, TopicLayoutError
+from streams.fanout import Output, Position, header_position
+
+log = logging.getLogger("headwater.streams")
+
+CHECKPOINT_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "FanoutCheckpoint",
+    "namespace": "headwater",
+    "doc": "Every raw-topic record below raw_offset is written to the table topics.",
+    "fields": [
+        {"name": "raw_offset", "type": "long"},
+        {"name": "commit_lsn", "type": "long", "doc": "watermark: highest streamed change seen below raw_offset"},
+        {"name": "position", "type": "int"},
+    ],
+}
+CHECKPOINT_PARSED = fastavro.parse_schema(CHECKPOINT_SCHEMA)
+Scanned = tuple[bytes | None, bytes | None, Position | None]
+
+
+class TableWriter:
+    """Writes fan-out records, dead letters and checkpoints; reads tails back."""
+
+    def __init__(self, cfg: StreamsConfig) -> None:
+        self.cfg = cfg
+        self.failed: list[KafkaError] = []
+        self.producer = Producer(
+            {**profile.producer_settings(cfg), "delivery.report.only.error": True, "on_delivery": self._failed}
+        )
+        self.admin = AdminClient(profile.kafka_client(cfg))
+        self.known: dict[str, int] = {}  # topic -> partitions, checked or created
+        self.checkpoint_frame: bytes | None = None
+
+    def _failed(self, error: KafkaError | None, _msg: Any) -> None:
+        if error is not None:
+            self.failed.append(error)
+
+    # ---- topics ---------------------------------------------------------------------
+    def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True) -> None:
+        want = partitions or self.cfg.partitions
+        todo = [t for t in topics if t not in self.known]
+        if not todo:
+            return
+        try:
+            existing = self.admin.list_topics(timeout=10).topics
+        except KafkaException as exc:
+            raise RetryableError(f"cannot reach Kafka at {self.cfg.bootstrap}: {exc}",
+                                 hint="start the broker or set [streams] bootstrap") from exc  # fmt: skip
+        create = []
+        for topic in todo:
+            meta = existing.get(topic)
+            if meta is not None and meta.error is None:
+                if len(meta.partitions) != want:
+                    raise TopicLayoutError(
+                        topic, f"has {len(meta.partitions)} partitions, the workers are set for {want}",
+                        hint="set [streams] partitions to match, or delete the topic so it is made again",
+                    )  # fmt: skip
+                self.known[topic] = want
+                continue
+            config = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config}
+            create.append(NewTopic(topic, want, self.cfg.replication_factor, config=config))
+        for topic, future in self.admin.create_topics(create).items() if create else ():
+            try:
+                future.result(timeout=30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise FatalError(f"cannot create topic {topic}: {exc}") from exc
+            self.known[topic] = want
+            log.info("created topic %s (%d partitions, %s)", topic, want, "compacted" if compact else "delete")
+
+    # ---- writing --------------------------------------------------------------------
+    def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]]) -> None:  # fmt: skip
+        while True:
+            try:
+                self.producer.produce(topic, value, key, partition=partition, headers=cast(Any, headers))
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # the queue is full: let deliveries drain it
+
+    def write(self, outputs: Iterable[Output]) -> None:
+        for o in outputs:
+            self.produce(o.topic, o.partition, o.key, o.value, o.headers)
+
+    def flush(self) -> None:
+        """Until Kafka acknowledged everything sent (logging while the broker is away)."""
+        started = time.monotonic()
+        while self.producer.flush(5.0) > 0:
+            log.warning("waiting %.0f s for Kafka to acknowledge %d records", time.monotonic() - started,
+                        len(self.producer))  # fmt: skip
+        if self.failed:
+            error, self.failed = self.failed[0], []
+            raise FatalError(f"Kafka refused a record: {error}", hint="check the broker log and the topic settings")
+
+    def save_checkpoint(self, raw_offset: int, watermark: tuple[int, int]) -> None:
+        if self.checkpoint_frame is None:
+            self.checkpoint_frame = register(self.cfg.registry_url, f"{self.cfg.progress_topic}-value",
+                                             CHECKPOINT_SCHEMA)  # fmt: skip
+        body = io.BytesIO()
+        fastavro.schemaless_writer(
+            body, CHECKPOINT_PARSED, {"raw_offset": raw_offset, "commit_lsn": watermark[0], "position": watermark[1]}
+        )
+        self.produce(self.cfg.progress_topic, 0, self.cfg.changes_topic.encode(),
+                     self.checkpoint_frame + body.getvalue(), [])  # fmt: skip
+
+    # ---- reading back ---------------------------------------------------------------
+    def _consumer(self) -> Consumer:
+        return Consumer({
+            **profile.kafka_client(self.cfg), "group.id": "headwater-fanout-reader", "enable.auto.commit": False,
+            "enable.partition.eof": True, "auto.offset.reset": "earliest",
+        })  # fmt: skip
+
+    def _read(self, assignments: list[TopicPartition], timeout: float = 60.0) -> Iterator[Any]:
+        """Messages of the assigned partitions from the given offsets to partition EOF."""
+        if not assignments:
+            return
+        consumer = self._consumer()
+        try:
+            consumer.assign(assignments)
+            waiting = {(a.topic, a.partition) for a in assignments}
+            deadline = time.monotonic() + timeout
+            while waiting:
+                if time.monotonic() > deadline:
+                    raise RetryableError(f"no end of {sorted(waiting)} within {timeout:.0f} s")
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    continue
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise RetryableError(f"reading {msg.topic()}: {error}")
+                    waiting.discard((msg.topic(), msg.partition()))
+                    continue
+                yield msg
+        finally:
+            consumer.close()
+
+    def _ends(self, topics: Iterable[str]) -> list[TopicPartition]:
+        """From each partition's reported end minus one (Tansu reports a batch's base + 1)."""
+        consumer = self._consumer()
+        try:
+            out = []
+            for topic in topics:
+                for partition in range(self.known.get(topic, 1)):
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                    if high > low:
+                        out.append(TopicPartition(topic, partition, max(low, high - 1)))
+            return out
+        finally:
+            consumer.close()
+
+    def tails(self, topics: Iterable[str]) -> dict[tuple[str, int], Position]:
+        """The position written in each partition's last record."""
+        found: dict[tuple[str, int], Position] = {}
+        for msg in self._read(self._ends(topics)):
+            at = header_position(msg.headers())
+            if at is not None:
+                found[(msg.topic(), msg.partition())] = at
+        return found
+
+    def checkpoint(self) -> tuple[int, tuple[int, int]] | None:
+        """(raw offset, watermark) of the last checkpoint, or None before the first."""
+        self.ensure_topics([self.cfg.progress_topic], partitions=1)
+        last = None
+        for msg in self._read(self._ends([self.cfg.progress_topic])):
+            last = msg.value()
+        if last is None:
+            return None
+        record: Any = fastavro.schemaless_reader(io.BytesIO(last[5:]), CHECKPOINT_PARSED, None)
+        return int(record["raw_offset"]), (int(record["commit_lsn"]), int(record["position"]))
+
+    def scan(self, topic: str) -> list[Scanned]:
+        """Every record of a table topic: key, value and the position it was written for."""
+        parts = [TopicPartition(topic, p, 0) for p in range(self.known.get(topic, self.cfg.partitions))]
+        return [(m.key(), m.value(), header_position(m.headers())) for m in self._read(parts)]
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+def register(url: str, subject: str, schema: dict[str, Any]) -> bytes:
+    """Register ``schema`` under ``subject``; the Confluent frame (magic byte and id)."""
+    try:
+        response = httpx.post(f"{url}/subjects/{subject}/versions", json={"schema": json.dumps(schema)}, timeout=10)
+    except httpx.HTTPError as exc:
+        raise RegistryError(url, f"unreachable ({exc})") from exc
+    if response.status_code != 200:
+        raise RegistryError(url, f"registering {subject} answered {response.status_code}: {response.text[:200]}")
+    return b"\0" + int(response.json()["id"]).to_bytes(4, "big")

@@ -1,0 +1,104 @@
+"""Stream workers for tests: the real ``faust -A streams worker`` as a process, per test.
+
+``worker_factory(prefix)`` starts a worker reading ``<prefix>.changes`` on the session's
+stack with a free web port, its own app id (consumer group and changelogs) unless one
+is given, and its own data directory; ``Worker`` waits for it, asks its endpoint, and
+kills it (``kill -9`` too). Every worker is stopped after the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from headwater.stack import StackConfig
+from tests.plugins.stack import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass
+class Worker:
+    env: dict[str, str]
+    port: int
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> Worker:
+        argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "info", "--web-port", str(self.port)]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.log.parent
+            )
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.tail()}")
+            if "Worker]: Ready" in self.log.read_text(errors="replace"):
+                try:
+                    if httpx.get(self.url + "/tables/", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.2)
+        raise AssertionError(f"worker not ready within {timeout:.0f} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10)
+
+    def counters(self) -> dict[str, Any]:
+        return dict(self.get("/fanout/").json())
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def worker_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    made: list[Worker] = []
+
+    def make(prefix: str, *, app_id: str | None = None, **settings: Any) -> Worker:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")},
+            "PYTHONPATH": str(REPO),
+            "HEADWATER_STACK_DATA_DIR": str(local_stack.data_dir),
+            "HEADWATER_STACK_KAFKA_PORT": str(local_stack.kafka_port),
+            "HEADWATER_STACK_REGISTRY_PORT": str(local_stack.registry_port),
+            "HEADWATER_STACK_POSTGRES_PORT": str(local_stack.postgres_port),
+            "HEADWATER_STACK_REDIS_PORT": str(local_stack.redis_port),
+            "HEADWATER_STREAMS_TOPIC_PREFIX": prefix,
+            "HEADWATER_STREAMS_APP_ID": app_id or f"{unique_name}-app",
+            "HEADWATER_STREAMS_STATE_DIR": str(tmp_path / f"streams{len(made)}"),
+        }
+        env.update({f"HEADWATER_STREAMS_{k.upper()}": str(v) for k, v in settings.items()})
+        worker = Worker(env, free_port(), tmp_path / f"worker{len(made)}.log")
+        made.append(worker)
+        return worker
+
+    yield make
+    for worker in made:
+        worker.kill(signal.SIGTERM)

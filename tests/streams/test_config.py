@@ -1,0 +1,85 @@
+"""Stream worker settings: validation naming the key, the broker profile in one place, secrets masked."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import faust
+import pytest
+
+from capture.encoder import AvroWriter
+from headwater.config import Settings, load
+from headwater.errors import ConfigError
+from streams import profile
+from streams.catalog import KeyCodec
+from streams.config import StreamsConfig, load_streams_config
+from streams.errors import KeyError400
+
+pytestmark = pytest.mark.unit
+
+
+def test_profile_follows_the_broker_and_only_tansu_gets_its_settings(tmp_path: Path) -> None:
+    local = load_streams_config({"HEADWATER_CONFIG": str(write(tmp_path, "[stack]\nkafka_port = 29092\n"))})
+    assert (local.bootstrap, local.broker_profile) == ("127.0.0.1:29092", "tansu")
+    assert profile.faust_settings(local)["producer_max_batch_size"] == 1
+    real = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "kafka1:9092,kafka2:9092"})
+    assert real.broker_profile == "kafka"
+    settings = profile.faust_settings(real)
+    assert not set(profile.TANSU_FAUST) & set(settings)
+    assert settings["broker"] == ["kafka://kafka1:9092", "kafka://kafka2:9092"]
+    forced = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "tansu"})
+    assert forced.tansu
+
+
+def test_web_endpoint_binds_to_localhost_by_default() -> None:
+    settings = profile.faust_settings(load_streams_config({}))
+    assert settings["web_bind"] == "127.0.0.1" and settings["web_host"] == "127.0.0.1"
+
+
+def test_sasl_settings_pass_through_and_stay_masked() -> None:
+    kafka = Settings({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+                      "sasl.username": "me", "sasl.password": "TopSecret9"})  # fmt: skip
+    cfg = StreamsConfig(kafka=kafka)
+    assert "TopSecret9" not in repr(cfg)
+    credentials = profile.faust_credentials(dict(cfg.kafka))
+    assert isinstance(credentials, faust.SASLCredentials) and credentials.username == "me"
+    assert profile.producer_settings(cfg)["sasl.password"] == "TopSecret9"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("partitions = 0", "partitions"),
+        ('broker_profile = "redpanda"', "broker_profile"),
+        ('app_id = "no spaces"', "app_id"),
+        ("web_port = 70000", "web_port"),
+        ('tables = "customers"', "tables"),
+        ("table_standby_replicas = -1", "table_standby_replicas"),
+    ],
+)
+def test_bad_settings_name_file_line_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, f"[streams]\n# comment\n{text}\n")
+    with pytest.raises(ConfigError) as caught:
+        load(StreamsConfig, "streams", path=path, environ={})
+    assert f"line 3, key '{key}'" in str(caught.value)
+
+
+KEY_SCHEMA = {"type": "record", "name": "k", "fields": [
+    {"name": "order_id", "type": "long"}, {"name": "code", "type": "string"},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}}]}  # fmt: skip
+
+
+def test_url_keys_encode_to_the_bytes_capture_writes() -> None:
+    codec = KeyCodec(42, KEY_SCHEMA)
+    expected = AvroWriter(KEY_SCHEMA, 42).encode([7, "a b", Decimal("1.50")])
+    assert codec.encode_text("7,a b,1.5") == expected
+    for bad in ("7,a", "x,a,1", "7,a,NaN"):
+        with pytest.raises(KeyError400):
+            codec.encode_text(bad)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "headwater.toml"
+    path.write_text(text)
+    return path
