@@ -123,6 +123,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo.wait_caught_up(capture, pid)
     print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {capture.registry_url})")
     demo.show_changes(capture)
+    print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
+    env = {"HEADWATER_CONFIG": args.config} if args.config else {}
+    env.update({f"HEADWATER_STACK_{k.upper()}": str(v) for k, v in flag_values(args, stack.StackConfig).items()})
+    from streams.config import load_streams_config
+
+    streams_cfg = load_streams_config({**os.environ, **env})
+    url = f"http://{streams_cfg.web_host}:{streams_cfg.web_port}"
+    worker = demo.start_worker(local, env, streams_cfg.web_port)
+    demo.show_streams(capture, worker, url)
     print("\n== headwater status")
     cmd_status(args)
     print(
@@ -132,7 +141,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"  registry    {local.registry_url}\n"
         f"  Redis       {local.redis_url}\n"
         f"  capture     pid {pid}\n"
-        "The Faust streams, views and analytics are not built yet: the pipeline ends at the raw topic for now.\n"
+        f"  streams     pid {worker}, query endpoint {url}/tables/\n"
+        "The views (joins into Redis) and the analytics are not built yet.\n"
         "Stop everything with: headwater stack down"
     )
     return 0

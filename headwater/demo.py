@@ -3,19 +3,25 @@
 Promise: ``run`` brings the stack up, seeds the sample shop, starts ``headwater
 capture`` in the background (stopped again by ``headwater stack down``), runs the
 shop workload, waits until capture confirmed everything, then shows the raw topic
-(counts, the last changes decoded) and reconciles it against PostgreSQL. Each later
-stage of the pipeline extends this same command.
+(counts, the last changes decoded) and reconciles it against PostgreSQL. Then a stream
+worker (``faust -A streams worker``, also in the background) fans the changes out:
+the demo shows a row from its query endpoint and reconciles every table topic and
+every row the endpoint answers against PostgreSQL. Each later stage of the pipeline
+extends this same command.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg2
 from confluent_kafka.admin import AdminClient
 
@@ -24,7 +30,7 @@ from capture.config import CaptureConfig
 from capture.decoder import lsn_text
 from headwater import process, shop
 from headwater.errors import FatalError
-from headwater.reconcile import apply_changes, compare
+from headwater.reconcile import apply_changes, compare, compare_endpoint, latest_rows
 from headwater.stack import StackConfig
 from headwater.topics import AvroDecoder, read_topic
 
@@ -101,3 +107,67 @@ def show_changes(capture: CaptureConfig) -> None:
             print(f"  {table:<12} {count:>6} rows in PostgreSQL: {verdict}")
     finally:
         conn.close()
+
+
+def start_worker(stack: StackConfig, env: dict[str, str], port: int) -> int:
+    """``faust -A streams worker`` in the background (after capture registered the tables); reused if running."""
+    pidfile = stack.data_dir.resolve() / "run" / "streams.pid"
+    pid = process.recorded_pid(pidfile)
+    if pid is not None:
+        print(f"stream worker already running (pid {pid})")
+        return pid
+    log = stack.data_dir.resolve() / "logs" / "streams.log"
+    argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "info", "--web-port", str(port)]
+    pid = process.spawn(argv, log=log, pidfile=pidfile, cwd=Path.cwd(), env={**os.environ, **env})
+    print(f"started faust -A streams worker (pid {pid}, log {log}, endpoint on port {port})")
+    return pid
+
+
+def show_streams(capture: CaptureConfig, pid: int, url: str, timeout: float = 120.0) -> None:
+    """Wait until the table topics and the endpoint equal PostgreSQL; show a row and the verdicts."""
+    decode = AvroDecoder(capture.registry_url)
+    conn = psycopg2.connect(capture.dsn.reveal())
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            verdicts = _stream_verdicts(conn, capture, decode, url)
+            done = all(not problems for _, _, problems in verdicts)
+            if done or time.monotonic() > deadline or not process.is_running(pid):
+                break
+            time.sleep(1.0)
+        with conn.cursor() as cur:
+            cur.execute("SELECT max(id) FROM orders")
+            order = cur.fetchone()
+        conn.commit()
+    finally:
+        conn.close()
+    if order and order[0] is not None:
+        print(f"  GET {url}/tables/orders/{order[0]}")
+        print("  " + httpx.get(f"{url}/tables/orders/{order[0]}", timeout=10).text[:600])
+    print("\n== reconciliation: each table topic (latest value per key) and the endpoint, against PostgreSQL")
+    for name, count, problems in verdicts:
+        verdict = "equal" if not problems else f"{len(problems)} differences, e.g. {problems[0]}"
+        print(f"  {name:<28} {count:>6} rows in PostgreSQL: {verdict}")
+    if not done:
+        raise FatalError("the stream worker did not catch up; see .headwater/logs/streams.log")
+
+
+def _stream_verdicts(
+    conn: Any, capture: CaptureConfig, decode: AvroDecoder, url: str
+) -> list[tuple[str, int, list[str]]]:
+    out = []
+    for table, key in shop.KEYS.items():
+        topic = f"{capture.topic_prefix}.{table}"
+        try:
+            rows = latest_rows(capture.bootstrap, topic, decode)
+        except Exception as exc:
+            out.append((topic, 0, [f"not readable yet: {exc}"]))
+            continue
+        count, problems = compare(conn, table, key, rows)
+        out.append((topic, count, problems))
+        try:
+            count, problems = compare_endpoint(conn, table, key, url, table)
+        except httpx.HTTPError as exc:
+            problems = [f"endpoint not answering yet: {exc}"]
+        out.append((f"endpoint /tables/{table}", count, problems))
+    return out

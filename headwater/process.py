@@ -19,7 +19,9 @@ from pathlib import Path
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def spawn(argv: list[str], *, log: Path, pidfile: Path, cwd: Path, user: str | None = None) -> int:
+def spawn(
+    argv: list[str], *, log: Path, pidfile: Path, cwd: Path, user: str | None = None, env: dict[str, str] | None = None
+) -> int:
     """Start ``argv`` detached, output appended to ``log``; record and return its pid."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
@@ -29,6 +31,7 @@ def spawn(argv: list[str], *, log: Path, pidfile: Path, cwd: Path, user: str | N
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env=env,
             start_new_session=True,
             user=user,
             group=user,

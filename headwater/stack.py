@@ -388,8 +388,9 @@ def up(cfg: StackConfig) -> list[str]:
 
 
 def down(cfg: StackConfig) -> list[str]:
-    """Stop capture (if the demo started it) and every service; returns the names that were running."""
-    stopped = ["capture"] if process.stop(cfg.data_dir.resolve() / "run" / "capture.pid") else []
+    """Stop the demo's capture and stream worker (if running) and every service; the names that were running."""
+    run = cfg.data_dir.resolve() / "run"
+    stopped = [name for name in ("streams", "capture") if process.stop(run / f"{name}.pid")]
     return stopped + [s.name for s in reversed(services(cfg)) if s.stop()]
 
 

@@ -7,6 +7,7 @@ behind: healthy services, or nothing at all.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -50,10 +51,11 @@ def processes_in(directory: Path) -> list[str]:
 def project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """A directory with a headwater.toml choosing free ports and a reachable data dir."""
     with stack_dir() as data:
-        pg, kafka, registry, redis = free_ports(4)
+        pg, kafka, registry, redis, web = free_ports(5)
         (tmp_path / "headwater.toml").write_text(
             f'[stack]\ndata_dir = "{data}"\npostgres_port = {pg}\nkafka_port = {kafka}\n'
-            f"registry_port = {registry}\nredis_port = {redis}\nstart_timeout = 30\n",
+            f"registry_port = {registry}\nredis_port = {redis}\nstart_timeout = 30\n"
+            f"[streams]\nweb_port = {web}\n",
             encoding="utf-8",
         )
         ports = {"postgres": str(pg), "kafka": str(kafka), "registry": str(registry), "redis": str(redis)}
@@ -153,5 +155,9 @@ def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, st
     for table in ("customers", "products", "orders", "order_items"):
         assert any(line.strip().startswith(table) and line.endswith(": equal") for line in out.splitlines()), table
     assert "snapshot: done" in out and "lag:" in out
+    for table in ("customers", "products", "orders", "order_items"):  # the table topics and the endpoint
+        assert re.search(rf"headwater\.{table} +\d+ rows in PostgreSQL: equal", out), table
+        assert re.search(rf"endpoint /tables/{table} +\d+ rows in PostgreSQL: equal", out), table
+    assert '"table":"public.orders"' in out
     down = headwater("stack", "down", cwd=cwd)
-    assert down.stdout.startswith("stopped: capture, registry")
+    assert down.stdout.startswith("stopped: streams, capture, registry")
