@@ -1,20 +1,23 @@
-"""``python -m bench [capture] [--changes N] [--rows N]`` (or ``./dev bench``): run the benchmarks."""
+"""``python -m bench [capture|fanout] [--changes N] [--rows N]`` (or ``./dev bench``): run the benchmarks."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import capture
+from bench import capture, fanout
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("which", nargs="?", default="capture", choices=["capture"])
+    parser.add_argument("which", nargs="?", default="all", choices=["all", "capture", "fanout"])
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
     args = parser.parse_args(argv)
-    capture.main(changes=args.changes, rows=args.rows)
+    if args.which in ("all", "capture"):
+        capture.main(changes=args.changes, rows=args.rows)
+    if args.which in ("all", "fanout"):
+        fanout.main(changes=args.changes)
     return 0
 
 

@@ -1,0 +1,141 @@
+"""Fan-out throughput against a plain aiokafka consume-and-produce loop, on one raw topic, in one run.
+
+A backlog of sample-shop transactions is captured into ``stream.changes`` (as in the
+capture benchmark). Then, on the same broker:
+
+1. baseline: one aiokafka consumer reads the raw topic, decodes each change with
+   fastavro and sends its row image to ``base.<table>`` (same partition count as the
+   table topics) with one aiokafka producer (acks=all, linger 5 ms; aiokafka's
+   idempotence is refused by Tansu), then waits for every acknowledgement;
+2. ours: ``faust -A streams worker`` (as users run it, table agent and endpoint
+   included) fans the same raw topic out into the table topics.
+
+Both rates are changes / seconds from the first change consumed to the last written
+and acknowledged (group joins and start-up left out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import fastavro
+import httpx
+import psycopg2
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench import capture
+from headwater import shop, stack
+
+PARTITIONS = 4
+
+
+async def plain_loop(cfg: stack.StackConfig, total: int) -> float:
+    schemas: dict[int, object] = {}
+
+    def schema(schema_id: int) -> object:
+        if schema_id not in schemas:
+            text = httpx.get(f"{cfg.registry_url}/schemas/ids/{schema_id}").json()["schema"]
+            schemas[schema_id] = fastavro.parse_schema(json.loads(text))
+        return schemas[schema_id]
+
+    consumer = AIOKafkaConsumer("stream.changes", bootstrap_servers=cfg.bootstrap, group_id="bench-plain",
+                                auto_offset_reset="earliest", enable_auto_commit=False)  # fmt: skip
+    producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all", linger_ms=5)
+    await consumer.start()
+    await producer.start()
+    seen, started, pending = 0, 0.0, []
+    try:
+        while seen < total:
+            batches = await consumer.getmany(timeout_ms=500, max_records=5000)
+            for records in batches.values():
+                if not started:
+                    started = time.monotonic()
+                for record in records:
+                    seen += 1
+                    value = record.value or b""
+                    writer = schema(int.from_bytes(value[1:5], "big"))
+                    change = fastavro.schemaless_reader(io.BytesIO(value[5:]), writer, None)
+                    if change["key"] is None:
+                        continue
+                    after = None if change["op"] == "DELETE" else change["after"]
+                    pending.append(await producer.send(f"base.{change['table']}", after, key=change["key"]))
+            if len(pending) > 20000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+        return time.monotonic() - started
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_") or k.startswith("HEADWATER_STREAMS_")}
+    env.update({
+        "HEADWATER_STACK_KAFKA_PORT": str(cfg.kafka_port), "HEADWATER_STACK_REGISTRY_PORT": str(cfg.registry_port),
+        "HEADWATER_STREAMS_TOPIC_PREFIX": "stream", "HEADWATER_STREAMS_APP_ID": "bench-fanout",
+        "HEADWATER_STREAMS_STATE_DIR": str(work / "streams"), "PYTHONPATH": str(Path.cwd()),
+    })  # fmt: skip
+    port = 26066
+    argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "info", "--web-port", str(port)]
+    log = (work / "worker.log").open("ab")
+    proc = subprocess.Popen(argv, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        started = 0.0
+        while True:
+            if proc.poll() is not None:
+                tail = (work / "worker.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"worker exited with {proc.returncode}:\n{tail}")
+            try:
+                done = int(httpx.get(f"http://127.0.0.1:{port}/fanout/", timeout=2).json().get("changes", 0))
+            except (httpx.HTTPError, ValueError):
+                done = 0
+            if done and not started:
+                started = time.monotonic()
+            if done >= total:
+                return time.monotonic() - started
+            time.sleep(0.02)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        for line in (work / "worker.log").read_text(errors="replace").splitlines():
+            if "fan-out at raw offset" in line:
+                print("  worker:", line.split("] ")[-1])
+
+
+def main(changes: int) -> None:
+    work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
+    work.chmod(0o755)
+    cfg = stack.StackConfig(data_dir=work / "stack", postgres_port=55432, kafka_port=29092, registry_port=28081,
+                            redis_port=26379)  # fmt: skip
+    try:
+        with stack.running(cfg):
+            dsn = cfg.dsn()
+            conn = psycopg2.connect(dsn)
+            shop.install(conn)
+            shop.seed(conn, shop.Scale(customers=200, products=50, orders=100))
+            conn.close()
+            _, _, produced = capture.streaming(cfg, dsn, changes, work)
+            admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
+            for future in admin.create_topics([NewTopic(f"base.{t}", PARTITIONS, 1) for t in shop.TABLES]).values():
+                future.result()
+            plain = asyncio.run(plain_loop(cfg, produced))
+            ours = faust_worker(cfg, work, produced)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nfan-out of {produced} raw changes into {PARTITIONS}-partition table topics")
+    print(f"  plain aiokafka loop (decode, send, acks=all):     {plain:7.1f} s  {produced / plain:9.0f} changes/s")
+    print(f"  faust -A streams worker (fan-out, dedupe, tables): {ours:7.1f} s  {produced / ours:9.0f} changes/s")
+    print(f"  ratio: {plain / ours:.0%} of the plain loop")
+    print("  producers: plain = aiokafka acks=all linger 5 ms; ours = librdkafka idempotent acks=all linger 5 ms,")
+    print("  Faust changelogs single-record batches (tansu profile)")
