@@ -1,9 +1,10 @@
 """The stream agents: the fan-out of the raw topic, and the table agent behind the Faust tables.
 
 Promise: ``fanout`` reads ``<prefix>.changes`` in order, in batches; each batch is
-routed (``streams.fanout``), written, and checkpointed, and only once Kafka acknowledged
-all of it are its offsets acknowledged to Faust — so a crash replays at most the
-unfinished batch, which the fan-out recognises and does not write twice. A message
+routed (``streams.fanout``) and written without waiting; the fan-out's own checkpoint
+(``<prefix>.changes.fanout``) moves only to where Kafka acknowledged every record, and
+a (re)started fan-out seeks back to it — so a crash replays what was unacknowledged,
+which the fan-out recognises (partition tails, watermark) and does not write twice. A message
 that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset and the reason,
 is counted and logged, and the stream goes on. ``table_rows`` applies each table
 topic's records to its Faust table (a tombstone deletes).
@@ -14,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import fastavro
+from faust.types import TP
 
 from streams.app import app, cfg
 from streams.catalog import Schemas
@@ -27,17 +30,26 @@ from streams.fanout import STREAMED, Change, FanOut, Truncate, header_lsn, heade
 from streams.rows import pack
 from streams.tables import rows
 from streams.topics import TABLES, changes, schemas, table_topics, writer
+from streams.writer import Pending
 
 log = logging.getLogger("headwater.streams")
 OPS = frozenset({*STREAMED, "READ", "SNAPSHOT_END"})
 
 
 class Runtime:
-    """The fan-out's state between batches; reloaded from Kafka after a rebalance."""
+    """The fan-out's state between batches; reloaded from Kafka after a rebalance.
+
+    Batches are written without waiting; a checkpoint is written for the newest batch
+    Kafka acknowledged with all before it. Faust may acknowledge raw offsets beyond
+    that, so on (re)start the fan-out seeks back to its own checkpoint.
+    """
 
     def __init__(self) -> None:
         self.fanout: FanOut | None = None
-        self.start = 0  # raw offsets below this are checkpointed: written already
+        self.next = 0  # the raw offset to handle next; everything below is handled
+        self.seeking: int | None = None  # a seek back to this offset was asked for
+        self.saved = -1  # raw offset of the last checkpoint written
+        self.lock = threading.Lock()  # handle() runs in an executor thread, tick() in the loop
         self.warned: set[str] = set()
         self.batches = 0
         self.busy = 0.0  # seconds spent handling batches since the last report
@@ -45,19 +57,36 @@ class Runtime:
 
     def load(self) -> FanOut:
         saved = writer.checkpoint()
-        self.start, watermark = saved if saved else (0, (-1, -1))
+        self.next, watermark = saved if saved else (0, (-1, -1))
+        self.saved, self.seeking = self.next, None
         topics = [t.topic for t in TABLES] + [cfg.dlq_topic]
         keys = KeyOfRow(schemas)
         self.fanout = FanOut(cfg.partitions, watermark, writer.tails(topics), keys)
-        log.info("fan-out resumes: raw offsets below %d done, watermark %s", self.start, watermark)
+        log.info("fan-out resumes: raw offsets below %d done, watermark %s", self.next, watermark)
         return self.fanout
 
-    def handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> None:
+    def handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> int | None:
+        """Route and write a batch; the raw offset to seek back to, if Faust skipped ahead."""
         started = time.monotonic()
-        self._handle(batch)
+        with self.lock:
+            seek = self._handle(batch)
+            self.checkpoint()
         self.busy += time.monotonic() - started
         self.batches += 1
         self.report(batch[-1][0])
+        return seek
+
+    def tick(self) -> None:
+        """Checkpoint what Kafka acknowledged since the last batch (called on a timer)."""
+        with self.lock:
+            if self.fanout is not None:
+                self.checkpoint()
+
+    def checkpoint(self) -> None:
+        done = writer.settle()
+        if done is not None and done.end > self.saved:
+            writer.save_checkpoint(done.end, done.watermark)
+            self.saved = done.end
 
     def report(self, offset: int, every: float = 10.0) -> None:
         """A progress line every ``every`` seconds: rate, batches, time busy, counters."""
@@ -71,29 +100,48 @@ class Runtime:
                  ", ".join(f"{k} {v}" for k, v in vars(c).items()))  # fmt: skip
         self.reported, self.batches, self.busy = (now, c.changes), 0, 0.0
 
-    def _handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> None:
+    def gap(self, offset: int) -> int | None:
+        """Faust delivered ``offset`` beyond ``self.next``: seek back, or accept what retention deleted."""
+        if self.seeking == self.next:
+            return None  # already asked: drop what was fetched before the seek
+        low = writer.low_watermark(cfg.changes_topic)
+        if low > self.next:
+            log.error("raw offsets %d..%d were deleted (retention) before the fan-out wrote them; going on at %d",
+                      self.next, low - 1, low)  # fmt: skip
+            self.next = low
+            return None if offset == low else self.gap(offset)
+        self.seeking = self.next
+        log.info("raw offset %d delivered, %d expected: seeking back to the checkpoint", offset, self.next)
+        return self.next
+
+    def _handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> int | None:
         fan = self.fanout or self.load()
+        pending = writer.open_batch()
+        seek = None
         for offset, key, value in batch:
-            if offset < self.start:
-                continue
+            if offset < self.next:
+                continue  # handled already
+            if offset > self.next:
+                seek = self.gap(offset) or seek
+                if offset > self.next:
+                    continue  # fetched before the seek back: it comes again in order
+            self.seeking, self.next = None, offset + 1
             try:
                 change = decode(value)
             except BadMessage as exc:
-                self.dead_letter(fan, offset, key, value, str(exc))
+                self.dead_letter(fan, offset, key, value, str(exc), pending)
                 continue
             routed = fan.route(change, offset)
             if isinstance(routed, Truncate):
-                self.truncate(fan, routed)
+                self.truncate(fan, routed, pending)
             elif routed:
                 self.ensure(routed[0].topic)
-                writer.write(routed)
+                writer.write(routed, pending)
         if fan.unkeyed - self.warned:
             log.warning("tables without key are not fanned out: %s", ", ".join(sorted(fan.unkeyed - self.warned)))
             self.warned |= fan.unkeyed
-        last = batch[-1][0]
-        if last >= self.start:
-            writer.save_checkpoint(last + 1, fan.watermark)
-        writer.flush()
+        pending.end, pending.watermark = self.next, fan.watermark
+        return seek
 
     def ensure(self, topic: str) -> None:
         if topic not in writer.known:
@@ -101,20 +149,22 @@ class Runtime:
             if topic not in {t.topic for t in TABLES}:
                 log.warning("new table topic %s: restart the workers to serve it over the endpoint", topic)
 
-    def truncate(self, fan: FanOut, truncate: Truncate) -> None:
+    def truncate(self, fan: FanOut, truncate: Truncate, pending: Pending) -> None:
         self.ensure(truncate.topic)
         writer.flush()  # everything before the truncate is on the topic
         keys = live_keys(writer.scan(truncate.topic), truncate.offset)
-        writer.write(truncate_outputs(fan, truncate, keys))
+        writer.write(truncate_outputs(fan, truncate, keys), pending)
 
-    def dead_letter(self, fan: FanOut, offset: int, key: bytes | None, value: bytes | None, reason: str) -> None:
+    def dead_letter(
+        self, fan: FanOut, offset: int, key: bytes | None, value: bytes | None, reason: str, pending: Pending
+    ) -> None:
         fan.counters.dead_letters += 1
         log.error("raw message at %s offset %d cannot be decoded (%s): sent to %s",
                   cfg.changes_topic, offset, reason, cfg.dlq_topic)  # fmt: skip
         if fan.fresh(cfg.dlq_topic, 0, (offset, 0)):
             meta = [("hw.source.topic", cfg.changes_topic.encode()), ("hw.source.partition", b"0"),
                     ("hw.source.offset", b"%d" % offset), ("hw.error", reason.encode()[:1000])]  # fmt: skip
-            writer.produce(cfg.dlq_topic, 0, key, value, headers("DEAD", offset, 0, 0, 0)[1:2] + meta)
+            writer.produce(cfg.dlq_topic, 0, key, value, headers("DEAD", offset, 0, 0, 0)[1:2] + meta, pending)
 
 
 class KeyOfRow:
@@ -157,7 +207,15 @@ async def fanout(stream: Any) -> None:
     loop = asyncio.get_running_loop()
     async for events in stream.take_events(cfg.batch_size, within=cfg.batch_wait):
         batch = [(e.message.offset, e.message.key, e.message.value) for e in events]
-        await loop.run_in_executor(None, runtime.handle, batch)
+        seek = await loop.run_in_executor(None, runtime.handle, batch)
+        if seek is not None:  # Faust re-delivers offsets above the one sought
+            await app.consumer.seek(TP(cfg.changes_topic, 0), max(seek - 1, 0))
+
+
+@app.timer(0.2)
+async def fanout_checkpoint() -> None:
+    """Checkpoint acknowledged progress while no batch comes to do it."""
+    await asyncio.get_running_loop().run_in_executor(None, runtime.tick)
 
 
 if table_topics is not None:

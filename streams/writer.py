@@ -3,8 +3,10 @@
 Promise: ``ensure_topics`` creates each table topic compacted with the configured
 partitions (an existing one with another partition count is refused, naming it);
 records are written by an idempotent producer (acks=all, never timed out: a broker
-outage stalls, it does not lose), in the order given per partition; ``flush`` returns
-once Kafka acknowledged everything sent. ``tails`` reads the position of each
+outage stalls, it does not lose), in the order given per partition, without waiting:
+each record belongs to a ``Pending`` batch, and ``settle`` says up to which raw offset
+every batch before it was acknowledged — the only progress a checkpoint may claim.
+``flush`` returns once Kafka acknowledged everything sent. ``tails`` reads the position of each
 partition's last record and ``checkpoint`` the fan-out's last saved progress — both by
 fetching to partition EOF, which is right on Tansu and on real Kafka.
 """
@@ -15,6 +17,7 @@ import io
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -46,22 +49,33 @@ CHECKPOINT_PARSED = fastavro.parse_schema(CHECKPOINT_SCHEMA)
 Scanned = tuple[bytes | None, bytes | None, Position | None]
 
 
+class Pending:
+    """The records written for a run of raw offsets, counted down as Kafka acknowledges them."""
+
+    __slots__ = ("end", "failed", "outstanding", "watermark")
+
+    def __init__(self) -> None:
+        self.end = -1  # raw offset after the last one handled; -1 while still being written
+        self.watermark = (-1, -1)
+        self.outstanding = 0
+        self.failed: KafkaError | None = None
+
+    def delivered(self, error: KafkaError | None, _msg: Any) -> None:
+        self.outstanding -= 1
+        if error is not None:
+            self.failed = error
+
+
 class TableWriter:
     """Writes fan-out records, dead letters and checkpoints; reads tails back."""
 
     def __init__(self, cfg: StreamsConfig) -> None:
         self.cfg = cfg
-        self.failed: list[KafkaError] = []
-        self.producer = Producer(
-            {**profile.producer_settings(cfg), "delivery.report.only.error": True, "on_delivery": self._failed}
-        )
+        self.producer = Producer(profile.producer_settings(cfg))
+        self.ledger: deque[Pending] = deque()
         self.admin = AdminClient(profile.kafka_client(cfg))
         self.known: dict[str, int] = {}  # topic -> partitions, checked or created
         self.checkpoint_frame: bytes | None = None
-
-    def _failed(self, error: KafkaError | None, _msg: Any) -> None:
-        if error is not None:
-            self.failed.append(error)
 
     # ---- topics ---------------------------------------------------------------------
     def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True) -> None:
@@ -97,18 +111,39 @@ class TableWriter:
             log.info("created topic %s (%d partitions, %s)", topic, want, "compacted" if compact else "delete")
 
     # ---- writing --------------------------------------------------------------------
+    def open_batch(self) -> Pending:
+        pending = Pending()
+        self.ledger.append(pending)
+        return pending
+
     def produce(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]]) -> None:  # fmt: skip
+                headers: list[tuple[str, bytes]], pending: Pending | None = None) -> None:  # fmt: skip
+        callback = None
+        if pending is not None:
+            pending.outstanding += 1
+            callback = pending.delivered
         while True:
             try:
-                self.producer.produce(topic, value, key, partition=partition, headers=cast(Any, headers))
+                self.producer.produce(topic, value, key, partition=partition, headers=cast(Any, headers),
+                                      on_delivery=callback)  # fmt: skip
                 return
             except BufferError:
                 self.producer.poll(0.05)  # the queue is full: let deliveries drain it
 
-    def write(self, outputs: Iterable[Output]) -> None:
+    def write(self, outputs: Iterable[Output], pending: Pending) -> None:
         for o in outputs:
-            self.produce(o.topic, o.partition, o.key, o.value, o.headers)
+            self.produce(o.topic, o.partition, o.key, o.value, o.headers, pending)
+
+    def settle(self) -> Pending | None:
+        """The newest batch that, with every batch before it, Kafka acknowledged (None if none)."""
+        self.producer.poll(0)
+        done = None
+        while self.ledger and self.ledger[0].end >= 0 and self.ledger[0].outstanding <= 0:
+            done = self.ledger.popleft()
+            if done.failed is not None:
+                raise FatalError(f"Kafka refused a record: {done.failed}",
+                                 hint="check the broker log and the topic settings")  # fmt: skip
+        return done
 
     def flush(self) -> None:
         """Until Kafka acknowledged everything sent (logging while the broker is away)."""
@@ -116,9 +151,6 @@ class TableWriter:
         while self.producer.flush(5.0) > 0:
             log.warning("waiting %.0f s for Kafka to acknowledge %d records", time.monotonic() - started,
                         len(self.producer))  # fmt: skip
-        if self.failed:
-            error, self.failed = self.failed[0], []
-            raise FatalError(f"Kafka refused a record: {error}", hint="check the broker log and the topic settings")
 
     def save_checkpoint(self, raw_offset: int, watermark: tuple[int, int]) -> None:
         if self.checkpoint_frame is None:
@@ -132,6 +164,14 @@ class TableWriter:
                      self.checkpoint_frame + body.getvalue(), [])  # fmt: skip
 
     # ---- reading back ---------------------------------------------------------------
+    def low_watermark(self, topic: str) -> int:
+        """The first offset partition 0 of ``topic`` still holds (retention deletes older ones)."""
+        consumer = self._consumer()
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0])
+        finally:
+            consumer.close()
+
     def _consumer(self) -> Consumer:
         return Consumer({
             **profile.kafka_client(self.cfg), "group.id": "headwater-fanout-reader", "enable.auto.commit": False,
