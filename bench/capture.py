@@ -12,12 +12,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
@@ -149,7 +151,9 @@ def snapshot(cfg: stack.StackConfig, dsn: str, rows: int, work: Path) -> tuple[f
     return copy_seconds, ours, total
 
 
-def main(changes: int, rows: int) -> None:
+@contextlib.contextmanager
+def seeded_stack() -> Iterator[tuple[stack.StackConfig, str, Path]]:
+    """The benchmarks' own stack (fixed ports) with a small sample shop; removed afterwards."""
     work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
     work.chmod(0o755)
     pg, kafka, registry, redis = 55432, 29092, 28081, 26379
@@ -162,10 +166,15 @@ def main(changes: int, rows: int) -> None:
             shop.install(conn)
             shop.seed(conn, shop.Scale(customers=200, products=50, orders=100))
             conn.close()
-            recv, ours, produced = streaming(cfg, dsn, changes, work)
-            copy, snap, total = snapshot(cfg, dsn, rows, work)
+            yield cfg, dsn, work
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main(changes: int, rows: int) -> None:
+    with seeded_stack() as (cfg, dsn, work):
+        recv, ours, produced = streaming(cfg, dsn, changes, work)
+        copy, snap, total = snapshot(cfg, dsn, rows, work)
     print("\nproducer settings: acks=all, enable.idempotence=true, linger.ms=20, batch.num.messages=10000")
     print(f"streaming backlog: {produced} changes on the raw topic")
     print(f"  pg_recvlogical (pgoutput -> /dev/null): {recv:7.1f} s  {produced / recv:9.0f} changes/s")

@@ -20,16 +20,13 @@ import asyncio
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import fastavro
 import httpx
-import psycopg2
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -114,25 +111,13 @@ def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> float:
 
 
 def main(changes: int) -> None:
-    work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
-    work.chmod(0o755)
-    cfg = stack.StackConfig(data_dir=work / "stack", postgres_port=55432, kafka_port=29092, registry_port=28081,
-                            redis_port=26379)  # fmt: skip
-    try:
-        with stack.running(cfg):
-            dsn = cfg.dsn()
-            conn = psycopg2.connect(dsn)
-            shop.install(conn)
-            shop.seed(conn, shop.Scale(customers=200, products=50, orders=100))
-            conn.close()
-            _, _, produced = capture.streaming(cfg, dsn, changes, work)
-            admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
-            for future in admin.create_topics([NewTopic(f"base.{t}", PARTITIONS, 1) for t in shop.TABLES]).values():
-                future.result()
-            plain = asyncio.run(plain_loop(cfg, produced))
-            ours = faust_worker(cfg, work, produced)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with capture.seeded_stack() as (cfg, dsn, work):
+        _, _, produced = capture.streaming(cfg, dsn, changes, work)
+        admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
+        for future in admin.create_topics([NewTopic(f"base.{t}", PARTITIONS, 1) for t in shop.TABLES]).values():
+            future.result()
+        plain = asyncio.run(plain_loop(cfg, produced))
+        ours = faust_worker(cfg, work, produced)
     print(f"\nfan-out of {produced} raw changes into {PARTITIONS}-partition table topics")
     print(f"  plain aiokafka loop (decode, send, acks=all):     {plain:7.1f} s  {produced / plain:9.0f} changes/s")
     print(f"  faust -A streams worker (fan-out, dedupe, tables): {ours:7.1f} s  {produced / ours:9.0f} changes/s")
