@@ -17,34 +17,25 @@ and acknowledged (group joins and start-up left out).
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import fastavro
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import capture
 from headwater import shop, stack
+from headwater.topics import AvroDecoder
 
 PARTITIONS = 4
 
 
 async def plain_loop(cfg: stack.StackConfig, total: int) -> float:
-    schemas: dict[int, object] = {}
-
-    def schema(schema_id: int) -> object:
-        if schema_id not in schemas:
-            text = httpx.get(f"{cfg.registry_url}/schemas/ids/{schema_id}").json()["schema"]
-            schemas[schema_id] = fastavro.parse_schema(json.loads(text))
-        return schemas[schema_id]
-
+    decoder = AvroDecoder(cfg.registry_url)  # writer schemas fetched once per id
     consumer = AIOKafkaConsumer("stream.changes", bootstrap_servers=cfg.bootstrap, group_id="bench-plain",
                                 auto_offset_reset="earliest", enable_auto_commit=False)  # fmt: skip
     producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all", linger_ms=5)
@@ -59,9 +50,7 @@ async def plain_loop(cfg: stack.StackConfig, total: int) -> float:
                     started = time.monotonic()
                 for record in records:
                     seen += 1
-                    value = record.value or b""
-                    writer = schema(int.from_bytes(value[1:5], "big"))
-                    change = fastavro.schemaless_reader(io.BytesIO(value[5:]), writer, None)
+                    change = decoder.decode(record.value)
                     if change["key"] is None:
                         continue
                     after = None if change["op"] == "DELETE" else change["after"]

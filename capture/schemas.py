@@ -20,8 +20,9 @@ from tables.catalog import TableSchema
 
 
 class Registrar:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, setting: str = "[capture] registry_url") -> None:
         self.url = url
+        self.setting = setting  # where the user sets the URL, for the hint
         self.client = SchemaRegistryClient({"url": url, "timeout": 10})
         self._ids: dict[tuple[str, str], int] = {}
 
@@ -43,7 +44,7 @@ class Registrar:
         except Exception as exc:  # httpx connection errors and the like
             raise RegistryUnavailableError(
                 f"schema registry at {self.url} is unreachable: {exc}",
-                hint="start it ('headwater stack up') or set [capture] registry_url",
+                hint=f"start it ('headwater stack up') or set {self.setting}",
             ) from exc
         self._ids[(subject, text)] = schema_id
         return schema_id

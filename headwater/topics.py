@@ -2,8 +2,9 @@
 
 Promise: ``read_topic`` returns every record of a topic, stopping at partition EOF as
 reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is wrong on
-multi-record batches while its fetch high watermark is right. ``AvroDecoder``
-decodes Confluent-framed Avro with schemas fetched once per id from the registry.
+multi-record batches while its fetch high watermark is right; ``read_to_end`` is that
+loop for any partitions from any offsets. ``AvroDecoder`` decodes Confluent-framed
+Avro with schemas fetched once per id from the registry.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import fastavro
 import httpx
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from headwater.errors import FatalError, RetryableError
+
+
+class UndecodableMessage(FatalError):
+    """A record that is not Confluent-framed Avro of a schema the registry holds."""
 
 
 @dataclass(frozen=True)
@@ -28,62 +34,101 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    topic: str = ""
+
+
+def reader(settings: Mapping[str, Any]) -> Consumer:
+    """A consumer that reports partition EOF and commits nothing (a group of its own)."""
+    return Consumer({
+        **settings, "group.id": f"headwater-reader-{time.monotonic_ns()}", "enable.auto.commit": False,
+        "enable.partition.eof": True, "auto.offset.reset": "earliest",
+    })  # fmt: skip
+
+
+def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeout: float) -> Iterator[Message]:
+    """Messages of the assigned partitions, each from its offset to the partition EOF fetches report."""
+    if not assignments:
+        return
+    consumer.assign(assignments)
+    waiting = {(a.topic, a.partition) for a in assignments}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        if time.monotonic() > deadline:
+            raise RetryableError(f"no end of {sorted(waiting)} within {timeout:.0f} s")
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        error = msg.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                raise RetryableError(f"reading {msg.topic()}: {error}")
+            waiting.discard((msg.topic(), msg.partition()))
+            continue
+        yield msg
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Record]:
     """Every record of ``topic`` (all partitions), in offset order per partition."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{topic}-{time.monotonic_ns()}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    consumer = reader({"bootstrap.servers": bootstrap})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        waiting = set(partitions)
-        out: list[Record] = []
-        deadline = time.monotonic() + timeout
-        while waiting and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            error = msg.error()
-            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    waiting.discard(partition)
-                    continue
-                raise RetryableError(f"reading {topic}: {error}")
-            raw_headers: list[tuple[str, Any]] = cast(Any, msg.headers()) or []  # librdkafka: (name, bytes) pairs
-            headers = tuple((k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in raw_headers)
-            out.append(Record(partition, offset, msg.key(), msg.value(), headers))
-        if waiting:
-            raise RetryableError(f"no end of {topic} partitions {sorted(waiting)} within {timeout:.0f} s")
-        return out
+        messages = read_to_end(consumer, [TopicPartition(topic, p, 0) for p in partitions], timeout=timeout)
+        return [record(msg) for msg in messages]
     finally:
         consumer.close()
 
 
+def record(msg: Message) -> Record:
+    """A fetched message as a ``Record`` (headers as name, bytes pairs)."""
+    raw_headers: list[tuple[str, Any]] = cast(Any, msg.headers()) or []  # librdkafka: (name, bytes) pairs
+    headers = tuple((k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in raw_headers)
+    return Record(int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), msg.value(), headers, msg.topic() or "")
+
+
 class AvroDecoder:
-    """Decodes Confluent-framed Avro with schemas fetched (once) from the registry."""
+    """Decodes Confluent-framed Avro with schemas fetched (once per id) from the registry.
+
+    A record that cannot be decoded is an ``UndecodableMessage``; a registry that does
+    not answer, a ``RetryableError`` naming it.
+    """
 
     def __init__(self, registry_url: str) -> None:
-        self.url = registry_url
+        self.url = registry_url.rstrip("/")
         self.schemas: dict[int, Any] = {}
 
-    def schema(self, schema_id: int) -> Any:
-        if schema_id not in self.schemas:
-            text = httpx.get(f"{self.url}/schemas/ids/{schema_id}", timeout=10).json()["schema"]
-            self.schemas[schema_id] = fastavro.parse_schema(json.loads(text))
-        return self.schemas[schema_id]
+    def get(self, path: str) -> Any:
+        """The registry's JSON answer to ``GET path`` (None for 404)."""
+        try:
+            response = httpx.get(self.url + path, timeout=10)
+        except httpx.HTTPError as exc:
+            raise RetryableError(f"schema registry {self.url} is unreachable ({exc})",
+                                 hint="start the registry or set registry_url in the config") from exc  # fmt: skip
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise RetryableError(f"schema registry {self.url}: GET {path} answered {response.status_code}: "
+                                 f"{response.text[:200]}")  # fmt: skip
+        return response.json()
 
-    def __call__(self, data: bytes | None) -> Any:
+    def schema(self, schema_id: int) -> Any:
+        found = self.schemas.get(schema_id)
+        if found is None:
+            body = self.get(f"/schemas/ids/{schema_id}")
+            if body is None:
+                raise UndecodableMessage(f"schema id {schema_id} is not in the registry")
+            found = self.schemas[schema_id] = fastavro.parse_schema(json.loads(body["schema"]))
+        return found
+
+    def decode(self, data: bytes | None) -> Any:
         if data is None:
             return None
-        if data[0] != 0:
-            raise FatalError(f"not the Confluent wire format (first byte {data[0]})")
-        return fastavro.schemaless_reader(io.BytesIO(data[5:]), self.schema(int.from_bytes(data[1:5], "big")), None)
+        if len(data) < 5 or data[0] != 0:
+            raise UndecodableMessage("not the Confluent wire format (magic byte 0 and a schema id)")
+        schema_id = int.from_bytes(data[1:5], "big")
+        schema = self.schema(schema_id)
+        try:
+            return fastavro.schemaless_reader(io.BytesIO(data[5:]), schema, None)
+        except (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError) as exc:
+            raise UndecodableMessage(f"Avro body does not match schema {schema_id}: {exc!r}") from exc
+
+    __call__ = decode

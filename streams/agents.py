@@ -23,9 +23,9 @@ from typing import Any
 import fastavro
 from faust.types import TP
 
+from headwater.topics import UndecodableMessage
 from streams.app import app, cfg
 from streams.catalog import Schemas
-from streams.errors import BadMessage
 from streams.fanout import STREAMED, Change, FanOut, Truncate, header_lsn, headers, live_keys, truncate_outputs
 from streams.rows import pack
 from streams.tables import rows
@@ -128,7 +128,7 @@ class Runtime:
             self.seeking, self.next = None, offset + 1
             try:
                 change = decode(value)
-            except BadMessage as exc:
+            except UndecodableMessage as exc:
                 self.dead_letter(fan, offset, key, value, str(exc), pending)
                 continue
             routed = fan.route(change, offset)
@@ -175,7 +175,7 @@ class KeyOfRow:
 
     def __call__(self, old_row: bytes, new_key: bytes) -> bytes:
         row = self.schemas.decode(old_row)
-        key_schema = self.schemas.by_id(int.from_bytes(new_key[1:5], "big"))
+        key_schema = self.schemas.schema(int.from_bytes(new_key[1:5], "big"))
         out = io.BytesIO()
         fastavro.schemaless_writer(out, key_schema, {f["name"]: row[f["name"]] for f in key_schema["fields"]})
         return new_key[:5] + out.getvalue()
@@ -183,14 +183,14 @@ class KeyOfRow:
 
 def decode(value: bytes | None) -> Change:
     if value is None:
-        raise BadMessage("empty value")
+        raise UndecodableMessage("empty value")
     record = schemas.decode(value)
     try:
         change = Change.from_record(record)
     except (KeyError, TypeError) as exc:
-        raise BadMessage(f"not a change record: missing {exc}") from exc
+        raise UndecodableMessage(f"not a change record: missing {exc}") from exc
     if change.op not in OPS:
-        raise BadMessage(f"unknown operation {change.op!r}")
+        raise UndecodableMessage(f"unknown operation {change.op!r}")
     return change
 
 

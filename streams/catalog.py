@@ -2,9 +2,9 @@
 
 Promise: ``discover`` lists the table topics capture registered under the topic prefix
 (``<topic>-value`` subjects whose schema names its ``pg.table``), or the tables named in
-``[streams] tables``; ``Schemas`` fetches writer schemas once per id; ``KeyCodec``
+``[streams] tables``; ``Schemas`` is the shared ``AvroDecoder`` with subject look-ups; ``KeyCodec``
 turns key columns given as text (a URL) into the exact key bytes capture wrote, and
-key bytes back into columns. Registry failures raise ``RegistryError``.
+key bytes back into columns. Registry failures raise ``RetryableError``.
 """
 
 from __future__ import annotations
@@ -18,56 +18,23 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import fastavro
-import httpx
 
+from capture.encoder import frame
 from headwater.errors import FatalError
+from headwater.topics import AvroDecoder
 from streams.config import StreamsConfig
-from streams.errors import BadMessage, KeyError400, RegistryError
+from streams.errors import KeyError400
 
 
-class Schemas:
-    """Parsed writer schemas by id, fetched once; the registry's subjects and latest versions."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self._by_id: dict[int, Any] = {}
-
-    def _get(self, path: str) -> Any:
-        try:
-            response = httpx.get(self.url + path, timeout=10)
-        except httpx.HTTPError as exc:
-            raise RegistryError(self.url, f"unreachable ({exc})") from exc
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise RegistryError(self.url, f"GET {path} answered {response.status_code}: {response.text[:200]}")
-        return response.json()
-
-    def by_id(self, schema_id: int) -> Any:
-        found = self._by_id.get(schema_id)
-        if found is None:
-            body = self._get(f"/schemas/ids/{schema_id}")
-            if body is None:
-                raise BadMessage(f"schema id {schema_id} is not in the registry")
-            found = self._by_id[schema_id] = fastavro.parse_schema(json.loads(body["schema"]))
-        return found
+class Schemas(AvroDecoder):
+    """Writer schemas by id (fetched once) and decoding, plus the registry's subjects and latest versions."""
 
     def subjects(self) -> list[str]:
-        return list(self._get("/subjects") or [])
+        return list(self.get("/subjects") or [])
 
     def latest(self, subject: str) -> tuple[int, dict[str, Any]] | None:
-        body = self._get(f"/subjects/{subject}/versions/latest")
+        body = self.get(f"/subjects/{subject}/versions/latest")
         return None if body is None else (int(body["id"]), json.loads(body["schema"]))
-
-    def decode(self, data: bytes) -> Any:
-        """A Confluent-framed Avro body decoded with its writer schema."""
-        if len(data) < 5 or data[0] != 0:
-            raise BadMessage("not the Confluent wire format (magic byte 0 and a schema id)")
-        schema = self.by_id(int.from_bytes(data[1:5], "big"))
-        try:
-            return fastavro.schemaless_reader(io.BytesIO(data[5:]), schema, None)
-        except (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError) as exc:
-            raise BadMessage(f"Avro body does not match schema {int.from_bytes(data[1:5], 'big')}: {exc!r}") from exc
 
 
 def _parse(text: str, avro: Any) -> Any:
@@ -125,7 +92,7 @@ class KeyCodec:
                 raise KeyError400(f"key column {f['name']}: {part!r} is not valid ({exc})") from exc
         out = io.BytesIO()
         fastavro.schemaless_writer(out, self.parsed, record)
-        return b"\0" + self.schema_id.to_bytes(4, "big") + out.getvalue()
+        return frame(self.schema_id) + out.getvalue()
 
 
 @dataclass

@@ -5,19 +5,7 @@ Promise: each carries the facts (topic, offset, table) as attributes and says wh
 
 from __future__ import annotations
 
-from headwater.errors import FatalError, RetryableError
-
-
-class BadMessage(ValueError):
-    """A raw-topic message that cannot be decoded; it goes to the dead-letter topic."""
-
-
-class RegistryError(RetryableError):
-    """The schema registry did not answer, or answered with an error."""
-
-    def __init__(self, url: str, detail: str) -> None:
-        super().__init__(f"schema registry {url}: {detail}", hint="start the registry or set [streams] registry_url")
-        self.url = url
+from headwater.errors import FatalError
 
 
 class TopicLayoutError(FatalError):

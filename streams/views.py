@@ -16,10 +16,11 @@ from urllib.parse import unquote
 from faust.exceptions import SameNode
 from faust.web.exceptions import ServiceUnavailable
 
+from headwater.topics import UndecodableMessage
 from streams.agents import runtime
 from streams.app import app, cfg
 from streams.catalog import TableTopic
-from streams.errors import BadMessage, KeyError400
+from streams.errors import KeyError400
 from streams.rows import lsn_text, to_json, unpack
 from streams.tables import rows
 from streams.topics import TABLES, find, schemas
@@ -69,7 +70,7 @@ async def get_row(web: Any, request: Any, name: str, key: str) -> Any:
     lsn, position, value = unpack(found)
     try:
         row = schemas.decode(value)
-    except BadMessage as exc:
+    except UndecodableMessage as exc:
         return web.json({"error": f"stored row cannot be decoded: {exc}"}, status=500)
     return web.json({"table": table.qualified, "key": to_json(schemas.decode(key_bytes)),
                      "commit_lsn": lsn_text(lsn), "position": position, "row": to_json(row)})  # fmt: skip

@@ -14,7 +14,6 @@ fetching to partition EOF, which is right on Tansu and on real Kafka.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import time
 from collections import deque
@@ -22,14 +21,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 import fastavro
-import httpx
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from capture.encoder import frame
+from capture.schemas import Registrar
 from headwater.errors import FatalError, RetryableError
+from headwater.topics import Record, read_to_end, reader, record
 from streams import profile
 from streams.config import StreamsConfig
-from streams.errors import RegistryError, TopicLayoutError
+from streams.errors import TopicLayoutError
 from streams.fanout import Output, Position, header_position
 
 log = logging.getLogger("headwater.streams")
@@ -154,8 +155,8 @@ class TableWriter:
 
     def save_checkpoint(self, raw_offset: int, watermark: tuple[int, int]) -> None:
         if self.checkpoint_frame is None:
-            self.checkpoint_frame = register(self.cfg.registry_url, f"{self.cfg.progress_topic}-value",
-                                             CHECKPOINT_SCHEMA)  # fmt: skip
+            registrar = Registrar(self.cfg.registry_url, setting="[streams] registry_url")
+            self.checkpoint_frame = frame(registrar.register(f"{self.cfg.progress_topic}-value", CHECKPOINT_SCHEMA))
         body = io.BytesIO()
         fastavro.schemaless_writer(
             body, CHECKPOINT_PARSED, {"raw_offset": raw_offset, "commit_lsn": watermark[0], "position": watermark[1]}
@@ -173,33 +174,12 @@ class TableWriter:
             consumer.close()
 
     def _consumer(self) -> Consumer:
-        return Consumer({
-            **profile.kafka_client(self.cfg), "group.id": "headwater-fanout-reader", "enable.auto.commit": False,
-            "enable.partition.eof": True, "auto.offset.reset": "earliest",
-        })  # fmt: skip
+        return reader(profile.kafka_client(self.cfg))
 
-    def _read(self, assignments: list[TopicPartition], timeout: float = 60.0) -> Iterator[Any]:
-        """Messages of the assigned partitions from the given offsets to partition EOF."""
-        if not assignments:
-            return
+    def _read(self, assignments: list[TopicPartition], timeout: float = 60.0) -> Iterator[Record]:
         consumer = self._consumer()
         try:
-            consumer.assign(assignments)
-            waiting = {(a.topic, a.partition) for a in assignments}
-            deadline = time.monotonic() + timeout
-            while waiting:
-                if time.monotonic() > deadline:
-                    raise RetryableError(f"no end of {sorted(waiting)} within {timeout:.0f} s")
-                msg = consumer.poll(0.5)
-                if msg is None:
-                    continue
-                error = msg.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        raise RetryableError(f"reading {msg.topic()}: {error}")
-                    waiting.discard((msg.topic(), msg.partition()))
-                    continue
-                yield msg
+            yield from map(record, read_to_end(consumer, assignments, timeout=timeout))
         finally:
             consumer.close()
 
@@ -221,9 +201,9 @@ class TableWriter:
         """The position written in each partition's last record."""
         found: dict[tuple[str, int], Position] = {}
         for msg in self._read(self._ends(topics)):
-            at = header_position(msg.headers())
+            at = header_position(msg.headers)
             if at is not None:
-                found[(msg.topic(), msg.partition())] = at
+                found[(msg.topic, msg.partition)] = at
         return found
 
     def checkpoint(self) -> tuple[int, tuple[int, int]] | None:
@@ -231,27 +211,13 @@ class TableWriter:
         self.ensure_topics([self.cfg.progress_topic], partitions=1)
         last = None
         for msg in self._read(self._ends([self.cfg.progress_topic])):
-            last = msg.value()
+            last = msg.value
         if last is None:
             return None
-        record: Any = fastavro.schemaless_reader(io.BytesIO(last[5:]), CHECKPOINT_PARSED, None)
-        return int(record["raw_offset"]), (int(record["commit_lsn"]), int(record["position"]))
+        saved: Any = fastavro.schemaless_reader(io.BytesIO(last[5:]), CHECKPOINT_PARSED, None)
+        return int(saved["raw_offset"]), (int(saved["commit_lsn"]), int(saved["position"]))
 
     def scan(self, topic: str) -> list[Scanned]:
         """Every record of a table topic: key, value and the position it was written for."""
         parts = [TopicPartition(topic, p, 0) for p in range(self.known.get(topic, self.cfg.partitions))]
-        return [(m.key(), m.value(), header_position(m.headers())) for m in self._read(parts)]
-
-    def close(self) -> None:
-        self.producer.flush(10)
-
-
-def register(url: str, subject: str, schema: dict[str, Any]) -> bytes:
-    """Register ``schema`` under ``subject``; the Confluent frame (magic byte and id)."""
-    try:
-        response = httpx.post(f"{url}/subjects/{subject}/versions", json={"schema": json.dumps(schema)}, timeout=10)
-    except httpx.HTTPError as exc:
-        raise RegistryError(url, f"unreachable ({exc})") from exc
-    if response.status_code != 200:
-        raise RegistryError(url, f"registering {subject} answered {response.status_code}: {response.text[:200]}")
-    return b"\0" + int(response.json()["id"]).to_bytes(4, "big")
+        return [(m.key, m.value, header_position(m.headers)) for m in self._read(parts)]
