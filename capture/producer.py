@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from capture.config import CaptureConfig
 from capture.errors import BrokerError
 from headwater.errors import FatalError
+from headwater.topics import create_topics, partition_counts
 
 log = logging.getLogger("headwater.capture")
 
@@ -48,26 +49,23 @@ def ensure_changes_topic(cfg: CaptureConfig) -> None:
     settings: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": log}
     admin = AdminClient(settings)
     try:
-        topics = admin.list_topics(timeout=10).topics
+        existing = partition_counts(admin).get(cfg.changes_topic)
     except KafkaException as exc:
         raise BrokerError(
             f"cannot reach Kafka at {cfg.bootstrap}: {exc}", hint="start the broker or set [capture] bootstrap"
         ) from exc
-    existing = topics.get(cfg.changes_topic)
-    if existing is not None and existing.error is None:
-        if len(existing.partitions) != 1:
+    if existing is not None:
+        if existing != 1:
             raise FatalError(
-                f"topic {cfg.changes_topic} has {len(existing.partitions)} partitions; the raw change topic needs 1",
+                f"topic {cfg.changes_topic} has {existing} partitions; the raw change topic needs 1",
                 hint="delete it or choose another topic_prefix: total commit order needs a single partition",
             )
         return
     config = {"cleanup.policy": "delete", **cfg.topic_config}
-    futures = admin.create_topics([NewTopic(cfg.changes_topic, 1, cfg.replication_factor, config=config)])
     try:
-        futures[cfg.changes_topic].result(timeout=30)
+        create_topics(admin, [NewTopic(cfg.changes_topic, 1, cfg.replication_factor, config=config)])
     except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise BrokerError(f"cannot create topic {cfg.changes_topic}: {exc}") from exc
+        raise BrokerError(f"cannot create topic {cfg.changes_topic}: {exc}") from exc
 
 
 class ChangeProducer:

@@ -3,7 +3,8 @@
 Promise: ``read_topic`` returns every record of a topic, stopping at partition EOF as
 reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is wrong on
 multi-record batches while its fetch high watermark is right; ``read_to_end`` is that
-loop for any partitions from any offsets. ``AvroDecoder`` decodes Confluent-framed
+loop for any partitions from any offsets. ``partition_counts`` and ``create_topics``
+are the two steps of making sure a topic exists. ``AvroDecoder`` decodes Confluent-framed
 Avro with schemas fetched once per id from the registry.
 """
 
@@ -18,7 +19,8 @@ from typing import Any, cast
 
 import fastavro
 import httpx
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.errors import FatalError, RetryableError
 
@@ -35,6 +37,22 @@ class Record:
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
     topic: str = ""
+
+
+def partition_counts(admin: AdminClient) -> dict[str, int]:
+    """The partition count of every topic Kafka lists (``KafkaException`` if it does not answer)."""
+    topics = admin.list_topics(timeout=10).topics
+    return {name: len(meta.partitions) for name, meta in topics.items() if meta.error is None}
+
+
+def create_topics(admin: AdminClient, topics: list[NewTopic]) -> None:
+    """Create ``topics``; one that exists by now (made meanwhile elsewhere) is fine; else ``KafkaException``."""
+    for future in admin.create_topics(topics).values() if topics else ():
+        try:
+            future.result(timeout=30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
 
 def reader(settings: Mapping[str, Any]) -> Consumer:

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from capture.encoder import frame
 from capture.schemas import Registrar
 from headwater.errors import FatalError, RetryableError
-from headwater.topics import Record, read_to_end, reader, record
+from headwater.topics import Record, create_topics, partition_counts, read_to_end, reader, record
 from streams import profile
 from streams.config import StreamsConfig
 from streams.errors import TopicLayoutError
@@ -85,31 +85,26 @@ class TableWriter:
         if not todo:
             return
         try:
-            existing = self.admin.list_topics(timeout=10).topics
+            existing = partition_counts(self.admin)
         except KafkaException as exc:
             raise RetryableError(f"cannot reach Kafka at {self.cfg.bootstrap}: {exc}",
                                  hint="start the broker or set [streams] bootstrap") from exc  # fmt: skip
-        create = []
         for topic in todo:
-            meta = existing.get(topic)
-            if meta is not None and meta.error is None:
-                if len(meta.partitions) != want:
-                    raise TopicLayoutError(
-                        topic, f"has {len(meta.partitions)} partitions, the workers are set for {want}",
-                        hint="set [streams] partitions to match, or delete the topic so it is made again",
-                    )  # fmt: skip
-                self.known[topic] = want
-                continue
-            config = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config}
-            create.append(NewTopic(topic, want, self.cfg.replication_factor, config=config))
-        for topic, future in self.admin.create_topics(create).items() if create else ():
-            try:
-                future.result(timeout=30)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise FatalError(f"cannot create topic {topic}: {exc}") from exc
+            if existing.get(topic, want) != want:
+                raise TopicLayoutError(
+                    topic, f"has {existing[topic]} partitions, the workers are set for {want}",
+                    hint="set [streams] partitions to match, or delete the topic so it is made again",
+                )  # fmt: skip
+        config = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config}
+        create = [NewTopic(t, want, self.cfg.replication_factor, config=config) for t in todo if t not in existing]
+        try:
+            create_topics(self.admin, create)
+        except KafkaException as exc:
+            raise FatalError(f"cannot create topics {[t.topic for t in create]}: {exc}") from exc
+        for topic in todo:
             self.known[topic] = want
-            log.info("created topic %s (%d partitions, %s)", topic, want, "compacted" if compact else "delete")
+        for new in create:
+            log.info("created topic %s (%d partitions, %s)", new.topic, want, "compacted" if compact else "delete")
 
     # ---- writing --------------------------------------------------------------------
     def open_batch(self) -> Pending:
