@@ -6,7 +6,10 @@ those rows and the table in PostgreSQL (missing, extra, or differing values), wi
 values compared by meaning (instants in UTC, JSON parsed, decimals exact). For the
 stream workers, ``latest_rows`` is a table topic's latest value per key (tombstones
 drop the key) and ``compare_endpoint`` asks the query endpoint for every row of a
-table and compares the JSON it answers. Tests and the demo both use it.
+table and compares the JSON it answers. For the views, ``view_docs_sql`` runs a view's
+own SQL (``ViewSpec.sql``) in PostgreSQL, and ``latest_view_docs`` / ``redis_view_docs``
+/ ``endpoint_view_docs`` read the view back from its topic, Redis and the endpoint, all
+rendered as JSON; ``compare_docs`` lists the differences. Tests and the demo both use it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,14 @@ from urllib.parse import quote
 
 import httpx
 import psycopg2.extensions
+import psycopg2.extras
+import redis
 
 from headwater.topics import AvroDecoder, read_topic
+from streams.rows import to_json
+from tables.views import LSN_FIELD
+
+Docs = dict[tuple[str, ...], Any]  # key column values as text -> the view row as JSON
 
 
 def apply_changes(changes: list[dict[str, Any]], decode: AvroDecoder) -> dict[str, dict[bytes, dict[str, Any]]]:
@@ -138,3 +147,92 @@ def compare_endpoint(
                 if not same_json(value, shown.get(column))
             ]
     return len(expected), problems
+
+
+def view_docs_sql(conn: psycopg2.extensions.connection, sql: str) -> Docs:
+    """A view computed by PostgreSQL (``ViewSpec.sql``): key values -> document (numbers exact)."""
+    with conn.cursor() as cur:
+        psycopg2.extras.register_default_jsonb(cur, loads=lambda text: json.loads(text, parse_float=Decimal))
+        cur.execute("SET LOCAL TIME ZONE 'UTC'")
+        cur.execute(sql)
+        rows = cur.fetchall()
+    conn.commit()
+    return {tuple(str(v) for v in row[:-1]): row[-1] for row in rows}
+
+
+def same_doc(pg: Any, shown: Any) -> bool:
+    """PostgreSQL's jsonb of a view row against the JSON rendering of ours (json columns are text in ours)."""
+    if isinstance(pg, dict | list) and isinstance(shown, str):
+        return bool(pg == json.loads(shown, parse_float=Decimal))
+    if isinstance(pg, dict):
+        return isinstance(shown, dict) and pg.keys() == shown.keys() and all(same_doc(pg[k], shown[k]) for k in pg)
+    if isinstance(pg, list):
+        return isinstance(shown, list) and len(pg) == len(shown) and all(map(same_doc, pg, shown))
+    if pg is None or shown is None:
+        return pg is shown
+    if isinstance(pg, Decimal):
+        return pg == Decimal(str(shown))
+    if isinstance(pg, str) and isinstance(shown, str) and pg != shown:
+        try:
+            return datetime.fromisoformat(pg) == datetime.fromisoformat(shown)
+        except ValueError:
+            return False
+    return bool(pg == shown)
+
+
+def compare_docs(expected: Docs, got: Docs, where: str) -> list[str]:
+    """Every view row missing, extra or different in ``got`` (read from ``where``)."""
+    problems = [f"{where} {k}: in PostgreSQL's join, missing" for k in sorted(set(expected) - set(got))]
+    problems += [f"{where} {k}: not in PostgreSQL's join" for k in sorted(set(got) - set(expected))]
+    for k in sorted(set(expected) & set(got)):
+        if not same_doc(expected[k], got[k]):
+            problems.append(f"{where} {k}: postgres {json.dumps(expected[k], default=str)[:300]} != "
+                            f"{json.dumps(got[k], default=str)[:300]}")  # fmt: skip
+    return problems
+
+
+def _doc(decoded: dict[str, Any]) -> Any:
+    decoded.pop(LSN_FIELD, None)
+    return to_json(decoded)
+
+
+def latest_view_docs(bootstrap: str, topic: str, decode: AvroDecoder) -> Docs:
+    """A view topic's latest row per key (tombstones drop it), as JSON."""
+    latest: dict[bytes, bytes | None] = {}
+    for record in read_topic(bootstrap, topic):
+        if record.key is not None:
+            latest[record.key] = record.value
+    out = {}
+    for key, value in latest.items():
+        if value is not None:
+            out[tuple(str(to_json(v)) for v in decode(key).values())] = _doc(decode(value))
+    return out
+
+
+def redis_view_docs(url: str, prefix: str, view: str) -> tuple[Docs, int | None]:
+    """The rows Redis holds for a view, and the cut (commit LSN) it shows."""
+    client = redis.Redis.from_url(url)
+    try:
+        out: Docs = {}
+        head = f"{prefix}:{view}:"
+        for name in client.scan_iter(match=head + "*", count=1000):
+            doc = client.hget(name, "doc")
+            if doc is not None:
+                out[tuple(name.decode()[len(head) :].split(","))] = json.loads(doc)
+        cut = client.hget(f"{prefix}:{view}", "cut_lsn")
+        return out, None if cut is None else int(cut)
+    finally:
+        client.close()
+
+
+def endpoint_view_docs(url: str, view: str, keys: list[tuple[str, ...]]) -> Docs:
+    """The rows the query endpoint answers for ``keys`` (absent ones left out)."""
+    out: Docs = {}
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for key in keys:
+            response = client.get(f"/views/{view}/" + quote(",".join(key)))
+            if response.status_code == 200:
+                out[key] = response.json()["row"]
+            elif response.status_code != 404:
+                raise AssertionError(f"/views/{view}/{key}: {response.status_code} {response.text[:200]}")
+    return out

@@ -26,10 +26,13 @@ from faust.types import TP
 from headwater.topics import UndecodableMessage
 from streams.app import app, cfg
 from streams.catalog import Schemas
+from streams.cursor import Cursor
 from streams.fanout import STREAMED, Change, FanOut, Truncate, header_lsn, headers, live_keys, truncate_outputs
+from streams.materializer import Materializer
+from streams.mirror import RedisMirror
 from streams.rows import pack
-from streams.tables import rows
-from streams.topics import TABLES, changes, schemas, table_topics, writer
+from streams.tables import rows, view_state
+from streams.topics import SHAPES, TABLES, VIEWS, changes, schemas, table_topics, writer
 from streams.writer import Pending
 
 log = logging.getLogger("headwater.streams")
@@ -46,8 +49,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.fanout: FanOut | None = None
-        self.next = 0  # the raw offset to handle next; everything below is handled
-        self.seeking: int | None = None  # a seek back to this offset was asked for
+        self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
         self.lock = threading.Lock()  # handle() runs in an executor thread, tick() in the loop
         self.warned: set[str] = set()
@@ -57,12 +59,13 @@ class Runtime:
 
     def load(self) -> FanOut:
         saved = writer.checkpoint()
-        self.next, watermark = saved if saved else (0, (-1, -1))
-        self.saved, self.seeking = self.next, None
+        start, watermark = saved if saved else (0, (-1, -1))
+        self.cursor.reset(start)
+        self.saved = start
         topics = [t.topic for t in TABLES] + [cfg.dlq_topic]
         keys = KeyOfRow(schemas)
         self.fanout = FanOut(cfg.partitions, watermark, writer.tails(topics), keys)
-        log.info("fan-out resumes: raw offsets below %d done, watermark %s", self.next, watermark)
+        log.info("fan-out resumes: raw offsets below %d done, watermark %s", start, watermark)
         return self.fanout
 
     def handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> int | None:
@@ -100,32 +103,15 @@ class Runtime:
                  ", ".join(f"{k} {v}" for k, v in vars(c).items()))  # fmt: skip
         self.reported, self.batches, self.busy = (now, c.changes), 0, 0.0
 
-    def gap(self, offset: int) -> int | None:
-        """Faust delivered ``offset`` beyond ``self.next``: seek back, or accept what retention deleted."""
-        if self.seeking == self.next:
-            return None  # already asked: drop what was fetched before the seek
-        low = writer.low_watermark(cfg.changes_topic)
-        if low > self.next:
-            log.error("raw offsets %d..%d were deleted (retention) before the fan-out wrote them; going on at %d",
-                      self.next, low - 1, low)  # fmt: skip
-            self.next = low
-            return None if offset == low else self.gap(offset)
-        self.seeking = self.next
-        log.info("raw offset %d delivered, %d expected: seeking back to the checkpoint", offset, self.next)
-        return self.next
-
     def _handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> int | None:
         fan = self.fanout or self.load()
         pending = writer.open_batch()
         seek = None
         for offset, key, value in batch:
-            if offset < self.next:
-                continue  # handled already
-            if offset > self.next:
-                seek = self.gap(offset) or seek
-                if offset > self.next:
-                    continue  # fetched before the seek back: it comes again in order
-            self.seeking, self.next = None, offset + 1
+            admitted, asked = self.cursor.admit(offset)
+            seek = asked or seek
+            if not admitted:
+                continue
             try:
                 change = decode(value)
             except UndecodableMessage as exc:
@@ -140,7 +126,7 @@ class Runtime:
         if fan.unkeyed - self.warned:
             log.warning("tables without key are not fanned out: %s", ", ".join(sorted(fan.unkeyed - self.warned)))
             self.warned |= fan.unkeyed
-        pending.end, pending.watermark = self.next, fan.watermark
+        pending.end, pending.watermark = self.cursor.next, fan.watermark
         return seek
 
     def ensure(self, topic: str) -> None:
@@ -200,6 +186,8 @@ runtime = Runtime()
 @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode types the handler too narrowly
 async def _revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
     runtime.fanout = None  # another worker may write meanwhile: reload tails and checkpoint
+    if materializer is not None:
+        materializer.joiner = None  # reload the join state as recovered
 
 
 @app.agent(changes, name="fanout")
@@ -231,3 +219,20 @@ if table_topics is not None:
                 else:
                     lsn, position = header_lsn(message.headers)
                     table[message.key] = pack(lsn, position, message.value)
+
+
+materializer = Materializer(cfg, VIEWS, SHAPES, view_state, writer, schemas) if VIEWS else None
+mirror = RedisMirror(cfg, VIEWS, schemas) if VIEWS and cfg.redis_url != "none" else None
+
+if materializer is not None:
+
+    @app.agent(changes, name="views")
+    async def view_rows(stream: Any) -> None:
+        """Keeps the views: raw changes in commit order, published at consistent points."""
+        assert materializer is not None
+        if mirror is not None and not mirror.is_alive():
+            mirror.start()
+        async for events in stream.take_events(cfg.batch_size, within=cfg.batch_wait):
+            seek = await materializer.handle([(e.message.offset, e.message.value) for e in events])
+            if seek is not None:  # Faust re-delivers offsets above the one sought
+                await app.consumer.seek(TP(cfg.changes_topic, 0), max(seek - 1, 0))

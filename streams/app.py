@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import logging
 
-import faust
-
 from streams import profile
 from streams.config import load_streams_config
 
 cfg = load_streams_config()
-app = faust.App(cfg.app_id, **profile.faust_settings(cfg))
+app = profile.app_class(cfg)(cfg.app_id, **profile.faust_settings(cfg))
 logging.getLogger("headwater.streams").info(
     "streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
     cfg.registry_url,

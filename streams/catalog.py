@@ -110,7 +110,7 @@ class TableTopic:
 
 def discover(cfg: StreamsConfig, schemas: Schemas) -> list[TableTopic]:
     """The table topics capture registered (keyed ones only), in name order."""
-    internal = {cfg.changes_topic, cfg.dlq_topic, cfg.progress_topic}
+    internal = {cfg.changes_topic, cfg.dlq_topic, cfg.progress_topic, cfg.cuts_topic}
     prefix = f"{cfg.topic_prefix}." if cfg.topic_prefix else ""
     found: dict[str, TableTopic] = {}
     for subject in sorted(schemas.subjects()):
@@ -122,7 +122,7 @@ def discover(cfg: StreamsConfig, schemas: Schemas) -> list[TableTopic]:
         value = schemas.latest(subject)
         key = schemas.latest(f"{topic}-key")
         qualified = value[1].get("pg.table") if value and isinstance(value[1], dict) else None
-        if qualified is None or key is None:
+        if qualified is None or key is None or "hw.view" in value[1]:  # type: ignore[index]
             continue  # not a captured table, or one without key (not served)
         found[qualified] = TableTopic(qualified, topic, KeyCodec(key[0], key[1]))
     wanted = cfg.table_names

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.config import InvalidSetting, Settings, check_port, config_path, load, setting
+from headwater.config import InvalidSetting, Settings, check_port, config_path, load, read_file, setting
 from headwater.stack import StackConfig
+from tables.views import ViewSpec, parse_views
 
 APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 PROFILES = ("auto", "tansu", "kafka")
@@ -44,6 +45,7 @@ class StreamsConfig:
     batch_size: int = setting(2000, "raw changes the fan-out handles per batch")
     batch_wait: float = setting(0.02, "seconds the fan-out waits to fill a batch")
     state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory")
+    redis_url: str = setting("", "Redis the views are mirrored into (default: the local stack's; 'none' turns it off)")
 
     def __post_init__(self) -> None:
         if not APP_ID.match(self.app_id):
@@ -77,6 +79,14 @@ class StreamsConfig:
         return f"{self.changes_topic}.fanout"
 
     @property
+    def cuts_topic(self) -> str:
+        """Where the workers publish how far each view is complete (a commit LSN and the view topic's ends)."""
+        return f"{self.topic_prefix}.views.cuts" if self.topic_prefix else "views.cuts"
+
+    def view_topic(self, view: str) -> str:
+        return f"{self.topic_prefix}.views.{view}" if self.topic_prefix else f"views.{view}"
+
+    @property
     def table_names(self) -> list[str]:
         return [t.strip() for t in self.tables.split(",") if t.strip()]
 
@@ -98,5 +108,15 @@ def load_streams_config(environ: dict[str, str] | None = None) -> StreamsConfig:
         cfg,
         bootstrap=cfg.bootstrap or local.bootstrap,
         registry_url=cfg.registry_url or local.registry_url,
+        redis_url=cfg.redis_url or local.redis_url,
         broker_profile=profile,
     )
+
+
+def load_views(environ: dict[str, str] | None = None) -> list[ViewSpec]:
+    """The ``[views.<name>]`` specs of the config file (syntax checked; tables are checked at start-up)."""
+    path = config_path(None, dict(os.environ if environ is None else environ))
+    if path is None:
+        return []
+    data, text = read_file(path)
+    return parse_views(data, text, path)

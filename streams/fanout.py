@@ -39,11 +39,18 @@ class Change(NamedTuple):
     key: bytes | None
     before: bytes | None
     after: bytes | None
+    tx_size: int = 0
+
+    @property
+    def ends_transaction(self) -> bool:
+        """The last change of a streamed transaction, or the end of the snapshot: a consistent point."""
+        return self.op == "SNAPSHOT_END" or (self.op in STREAMED and self.position == self.tx_size - 1)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Change:
         return cls(record["op"], record["schema"], record["table"], record["topic"], record["commit_lsn"],
-                   record["position"], record["key"], record["before"], record["after"])  # fmt: skip
+                   record["position"], record["key"], record["before"], record["after"],
+                   record.get("tx_size", 0))  # fmt: skip
 
 
 class Output(NamedTuple):

@@ -3,9 +3,12 @@
 Promise: ``faust_settings(cfg)`` and ``producer_settings(cfg)`` are the whole of what the
 workers ask of their Kafka clients. The ``tansu`` profile adds what the local broker
 needs and nothing else: single-record producer batches for Faust (table recovery reads
-changelog end offsets, which Tansu answers wrongly after multi-record batches) and short
-group timeouts (a join takes 30 s with Faust's defaults). Against real Kafka (``kafka``)
-none of it applies. SASL/TLS settings in librdkafka names map onto Faust's credentials.
+changelog end offsets, which Tansu answers wrongly after multi-record batches), short
+group timeouts (a join takes 30 s with Faust's defaults) and short fetch waits: Tansu
+holds a fetch for its whole ``max wait`` even when records arrive meanwhile, and Faust
+hard-codes 1500 ms — every hop would add up to 1.5 s (``app_class`` gives the Faust app
+a consumer that waits 20 ms; ``reader_settings`` does the same for librdkafka readers).
+Against real Kafka (``kafka``) none of it applies. SASL/TLS settings in librdkafka names map onto Faust's credentials.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import ssl
 from typing import Any
 
 import faust
+from faust.transport.drivers import aiokafka as faust_kafka
 
 from headwater.errors import FatalError
 from streams.config import StreamsConfig
@@ -34,6 +38,41 @@ TABLE_PRODUCER: dict[str, Any] = {
     "partitioner": "murmur2_random",  # Java-compatible; the fan-out names partitions itself anyway
     "message.timeout.ms": 0,  # never give a record up: a broker outage stalls, it does not lose
 }
+
+
+TANSU_FETCH_WAIT_MS = 20
+
+
+class _ShortFetchThread(faust_kafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: faust_kafka.Transport) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = TANSU_FETCH_WAIT_MS  # read when the fetcher starts
+        return consumer
+
+
+class _ShortFetchConsumer(faust_kafka.Consumer):
+    def _new_consumer_thread(self) -> faust_kafka.AIOKafkaConsumerThread:
+        return _ShortFetchThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _ShortFetchTransport(faust_kafka.Transport):
+    Consumer = _ShortFetchConsumer
+
+
+class TansuApp(faust.App):
+    """A Faust app whose consumer fetches with a short wait (see the module promise)."""
+
+    def _new_transport(self) -> Any:
+        return _ShortFetchTransport(self.conf.broker_consumer, self)
+
+
+def app_class(cfg: StreamsConfig) -> type[faust.App]:
+    return TansuApp if cfg.tansu else faust.App
+
+
+def reader_settings(cfg: StreamsConfig) -> dict[str, Any]:
+    """librdkafka settings for the workers' own readers (tails, ends, the Redis mirror)."""
+    return {**kafka_client(cfg), **({"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {})}
 
 
 def kafka_client(cfg: StreamsConfig) -> dict[str, Any]:

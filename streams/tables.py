@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from streams.app import app, cfg
-from streams.topics import TABLES
+from streams.topics import TABLES, VIEWS
 
 rows: dict[str, Any] = {
     t.topic: app.Table(
@@ -28,3 +28,10 @@ rows: dict[str, Any] = {
     )
     for t in TABLES
 }
+
+# The views' join state (rows of the joined tables, dirty marks, published rows, progress):
+# one partition, like the raw topic it is built from, so its changelog keeps the order of writes.
+view_state: Any = None
+if VIEWS:
+    view_state = app.Table("views.state", key_type=bytes, value_type=bytes, partitions=1, use_partitioner=True,
+                           help="join state and published rows of the views")  # fmt: skip

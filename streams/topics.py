@@ -1,15 +1,18 @@
 """The topics the workers read: the raw change topic and the per-table topics.
 
-Promise: at import the captured tables are discovered through the registry, and their
-topics exist — compacted, with ``[streams] partitions`` partitions — before any agent
-subscribes (Faust would otherwise subscribe to a topic the broker makes up). Values
-and keys stay bytes: row images are forwarded as capture encoded them.
+Promise: at import the captured tables are discovered through the registry, the view
+specs are validated against them (their schemas registered), and every topic exists —
+compacted, with ``[streams] partitions`` partitions — before any agent subscribes
+(Faust would otherwise subscribe to a topic the broker makes up). Values and keys
+stay bytes: row images are forwarded as capture encoded them.
 """
 
 from __future__ import annotations
 
 from streams.app import app, cfg
 from streams.catalog import Schemas, TableTopic, discover
+from streams.config import load_views
+from streams.materializer import ViewTopic, setup_views
 from streams.writer import TableWriter
 
 schemas = Schemas(cfg.registry_url)
@@ -17,6 +20,8 @@ TABLES: list[TableTopic] = discover(cfg, schemas)
 writer = TableWriter(cfg)
 writer.ensure_topics([t.topic for t in TABLES])
 writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
+VIEWS: dict[str, ViewTopic]
+VIEWS, SHAPES = setup_views(cfg, load_views(), TABLES, schemas, writer)
 
 changes = app.topic(cfg.changes_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                     value_serializer="raw")  # fmt: skip

@@ -6,6 +6,9 @@ that wrote it, from whichever worker owns the key's partition (the request is ro
 there). 404 for an unknown table or key, 400 for a key that does not fit the key
 columns, 503 with ``Retry-After`` while a rebalance or table recovery is under way.
 Composite keys are the key columns in order, comma-separated (``/tables/order_items/7,2``).
+``GET /views/`` lists the views with the cut they are published to; ``GET
+/views/<view>/<key>`` answers a view row (by its base row's key) the same way, with the
+commit LSN it reflects.
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from faust.exceptions import SameNode
 from faust.web.exceptions import ServiceUnavailable
 
 from headwater.topics import UndecodableMessage
-from streams.agents import runtime
+from streams.agents import materializer, runtime
 from streams.app import app, cfg
 from streams.catalog import TableTopic
 from streams.errors import KeyError400
+from streams.materializer import view_key
 from streams.rows import lsn_text, to_json, unpack
-from streams.tables import rows
-from streams.topics import TABLES, find, schemas
+from streams.tables import rows, view_state
+from streams.topics import TABLES, VIEWS, find, schemas
 from tables.partition import partition_for
+from tables.views import LSN_FIELD
 
 RETRY = {"Retry-After": "2"}
 
@@ -82,3 +87,35 @@ async def fanout_stats(web: Any, request: Any) -> Any:
     fan = runtime.fanout
     counters = vars(fan.counters) if fan else {}
     return web.json({"raw_topic": cfg.changes_topic, "dead_letter_topic": cfg.dlq_topic, **counters})
+
+
+@app.page("/views/")
+async def list_views(web: Any, request: Any) -> Any:
+    return web.json(materializer.describe() if materializer else {"views": []})
+
+
+@app.page("/views/{name}/{key}")
+async def get_view_row(web: Any, request: Any, name: str, key: str) -> Any:
+    view = VIEWS.get(unquote(name))
+    base = find(view.spec.base) if view else None
+    if view is None or base is None or materializer is None:
+        return web.json({"error": f"unknown view {name!r}", "views": sorted(VIEWS)}, status=404)
+    try:
+        key_bytes = base.key.encode_text(unquote(key))
+    except KeyError400 as exc:
+        return web.json({"error": str(exc), "key": view.key_columns}, status=400)
+    if app.rebalancing or app.in_recovery:
+        return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
+    try:
+        return await app.router.route_req(view_state.name, key_bytes, web, request)
+    except SameNode:
+        pass
+    except ServiceUnavailable:
+        return web.json({"error": "the owner of the views is not known yet"}, status=503, headers=RETRY)
+    found = materializer.row(view.spec.name, view_key(view, key_bytes))
+    if found is None:
+        return web.json({"error": f"no row of view {view.spec.name} with key {unquote(key)}"}, status=404)
+    lsn, doc = found
+    doc.pop(LSN_FIELD, None)
+    return web.json({"view": view.spec.name, "key": to_json(schemas.decode(key_bytes)), "commit_lsn": lsn_text(lsn),
+                     "row": to_json(doc)})  # fmt: skip

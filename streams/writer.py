@@ -169,7 +169,7 @@ class TableWriter:
             consumer.close()
 
     def _consumer(self) -> Consumer:
-        return reader(profile.kafka_client(self.cfg))
+        return reader(profile.reader_settings(self.cfg))
 
     def _read(self, assignments: list[TopicPartition], timeout: float = 60.0) -> Iterator[Record]:
         consumer = self._consumer()
@@ -200,6 +200,10 @@ class TableWriter:
             if at is not None:
                 found[(msg.topic, msg.partition)] = at
         return found
+
+    def ends(self, topics: Iterable[str]) -> dict[tuple[str, int], int]:
+        """The offset after each partition's last record (partitions never written are left out)."""
+        return {(m.topic, m.partition): m.offset + 1 for m in self._read(self._ends(topics))}
 
     def checkpoint(self) -> tuple[int, tuple[int, int]] | None:
         """(raw offset, watermark) of the last checkpoint, or None before the first."""

@@ -2,7 +2,7 @@
 
 ``worker_factory(prefix)`` starts a worker reading ``<prefix>.changes`` on the session's
 stack with a free web port, its own app id (consumer group and changelogs) unless one
-is given, and its own data directory; ``Worker`` waits for it, asks its endpoint, and
+is given, its own data directory, and the view specs given as config-file text; ``Worker`` waits for it, asks its endpoint, and
 kills it (``kill -9`` too). Every worker is stopped after the test.
 """
 
@@ -81,7 +81,7 @@ class Worker:
 def worker_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     made: list[Worker] = []
 
-    def make(prefix: str, *, app_id: str | None = None, **settings: Any) -> Worker:
+    def make(prefix: str, *, app_id: str | None = None, views: str = "", **settings: Any) -> Worker:
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")},
             "PYTHONPATH": str(REPO),
@@ -95,6 +95,10 @@ def worker_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) -
             "HEADWATER_STREAMS_STATE_DIR": str(tmp_path / f"streams{len(made)}"),
         }
         env.update({f"HEADWATER_STREAMS_{k.upper()}": str(v) for k, v in settings.items()})
+        if views:  # view specs live in the config file
+            config = tmp_path / f"worker{len(made)}.toml"
+            config.write_text(views)
+            env["HEADWATER_CONFIG"] = str(config)
         worker = Worker(env, free_port(), tmp_path / f"worker{len(made)}.log")
         made.append(worker)
         return worker

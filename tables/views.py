@@ -1,0 +1,256 @@
+"""Declarative view specs: which tables join to which, on which columns — validated, no I/O.
+
+Promise: a view is written in the config file as ``[views.<name>]`` with a ``base``
+table and a list of ``joins``, one string per join::
+
+    [views.orders_enriched]
+    base = "orders"
+    joins = [
+        "customer: customers on customer_id",            # many-to-one: orders.customer_id -> customers' key
+        "items[]: order_items on order_id",              # one-to-many: order_items.order_id -> orders' key
+        "items[].product: inner products on product_id", # a lookup inside each item
+    ]
+
+``<path>: [left|inner] <table> on <column>``. A path ending in ``[]`` collects the
+rows of ``<table>`` whose ``<column>`` holds the parent's key, as a list; otherwise the
+parent's ``<column>`` holds the key of one ``<table>`` row. Paths nest under joins
+declared before them. ``parse_views`` reads the specs (frozen dataclasses that check
+their own syntax); ``ViewSpec.check`` validates them against the captured tables —
+unknown tables and columns, joins on a column that is not a key (the view keeps an
+index only for the join column of a collect), composite keys where one column is
+joined, a table joined back into its own path (a cycle), names clashing with columns.
+Every error is a ``ConfigError`` naming the file and the spec's line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headwater.errors import ConfigError
+
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+JOIN = re.compile(
+    r"^\s*(?P<path>[A-Za-z0-9_.\[\]]+)\s*:\s*(?:(?P<kind>left|inner)\s+)?(?P<table>[A-Za-z0-9_.]+)\s+on\s+"
+    r"(?P<column>[A-Za-z_][A-Za-z0-9_]*)(?:\s*=\s*(?P<target>[A-Za-z_][A-Za-z0-9_]*))?\s*$",
+    re.IGNORECASE,
+)
+LSN_FIELD = "hw_commit_lsn"  # every view row carries the commit LSN it reflects
+SPEC_KEYS = ("base", "joins", "doc")
+
+
+def qualify(table: str) -> str:
+    """``customers`` -> ``public.customers``; ``shop.items`` stays."""
+    return table if "." in table else f"public.{table}"
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What a view needs to know of a captured table: its columns and key columns."""
+
+    qualified: str
+    columns: tuple[str, ...]
+    key: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Join:
+    """One join of a view: ``path`` names where its rows go in the document."""
+
+    path: str
+    table: str  # schema.table
+    column: str  # lookup: the parent's column; collect: this table's column
+    many: bool  # collect (one-to-many, a list) or lookup (many-to-one, a record or null)
+    inner: bool
+    target: str | None = None  # the other side's column when written out (must be the key)
+    line: int | None = field(default=None, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1].removesuffix("[]")
+
+    @property
+    def parent(self) -> str:
+        """The parent's path ('' for the base row)."""
+        return self.path.rsplit(".", 1)[0] if "." in self.path else ""
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    """A view: one document per ``base`` row, keyed by the base row's key."""
+
+    name: str
+    base: str
+    joins: tuple[Join, ...] = ()
+    path: str | None = field(default=None, compare=False)
+    line: int | None = field(default=None, compare=False)
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not NAME.match(self.name):
+            self.fail("view names are letters, digits and '_'", self.line)
+        seen = {""}
+        for join in self.joins:
+            segments = join.path.split(".")
+            if not all(NAME.match(s.removesuffix("[]")) for s in segments):
+                self.fail(f"join path {join.path!r}: each part is a name, a list ends in []", join.line)
+            if join.path in seen:
+                self.fail(f"join path {join.path!r} is declared twice", join.line)
+            if join.parent not in seen:
+                self.fail(f"join path {join.path!r}: its parent {join.parent!r} must be declared before it", join.line)
+            seen.add(join.path)
+
+    def fail(self, message: str, line: int | None) -> None:
+        raise ConfigError(f"view {self.name}: {message}", path=self.path, line=line or self.line,
+                          hint="see the views section of the README for the join syntax")  # fmt: skip
+
+    def table_of(self, path: str) -> str:
+        return self.base if path == "" else next(j.table for j in self.joins if j.path == path)
+
+    def children(self, path: str) -> list[Join]:
+        return [j for j in self.joins if j.parent == path]
+
+    @property
+    def tables(self) -> set[str]:
+        return {self.base, *(j.table for j in self.joins)}
+
+    def check(self, shapes: Mapping[str, TableShape]) -> None:
+        """Validate against the captured (keyed) tables; a ``ConfigError`` with the line if wrong."""
+        known = ", ".join(sorted(shapes)) or "none"
+        if self.base not in shapes:
+            self.fail(f"base table {self.base} is not captured with a key (captured: {known})", self.line)
+        for join in self.joins:
+            if join.table not in shapes:
+                self.fail(f"{join.path}: table {join.table} is not captured with a key (captured: {known})", join.line)
+            self._check_join(join, shapes)
+
+    def _check_join(self, join: Join, shapes: Mapping[str, TableShape]) -> None:
+        parent_table = self.table_of(join.parent)
+        parent, child = shapes[parent_table], shapes[join.table]
+        chain = self._ancestors(join)
+        if join.table in chain:
+            self.fail(f"{join.path}: joins {join.table} back into its own path ({' -> '.join(chain)}): a cycle",
+                      join.line)  # fmt: skip
+        if join.name in parent.columns or join.name == LSN_FIELD:
+            self.fail(f"{join.path}: the name {join.name!r} is already a column of {parent_table}", join.line)
+        holder, keyed = (child, parent) if join.many else (parent, child)
+        if join.column not in holder.columns:
+            self.fail(f"{join.path}: {holder.qualified} has no column {join.column!r}", join.line)
+        if len(keyed.key) != 1:
+            self.fail(f"{join.path}: {keyed.qualified} has a composite key ({', '.join(keyed.key)}); a join matches "
+                      f"one column to a one-column key", join.line)  # fmt: skip
+        if join.target is not None and join.target != keyed.key[0]:
+            where = "collect" if join.many else "lookup"
+            self.fail(
+                f"{join.path}: joins on {keyed.qualified}.{join.target}, which is not its key ({keyed.key[0]}) and "
+                f"has no index of its own; a {where} matches {holder.qualified}.{join.column} to the key of "
+                f"{keyed.qualified} — join on the key, or turn the join around (a list: 'name[]: ...')",
+                join.line,
+            )
+
+    def sql(self, shapes: Mapping[str, TableShape]) -> str:
+        """The same view as one PostgreSQL query: ``(key columns..., doc jsonb)`` per view row.
+
+        Identifiers are quoted; there are no values in it. Lookups are correlated subqueries
+        (a left join), collects ``jsonb_agg`` ordered by key; an unmet inner join makes the
+        document NULL, and NULL documents are left out.
+        """
+        key = shapes[self.base].key
+        doc = self._sql_doc("", self.base, "t0", shapes, [0])
+        keys = ", ".join(f"t0.{quote(k)}" for k in key)
+        base = quote_table(self.base)
+        return f"SELECT * FROM (SELECT {keys}, {doc} AS doc FROM {base} t0) v WHERE doc IS NOT NULL"  # noqa: S608
+
+    def _sql_doc(self, path: str, table: str, alias: str, shapes: Mapping[str, TableShape], n: list[int]) -> str:
+        parts, required = [], []
+        for join in self.children(path):
+            n[0] += 1
+            inner_alias = f"t{n[0]}"
+            child = self._sql_doc(join.path, join.table, inner_alias, shapes, n)
+            source = f"{quote_table(join.table)} {inner_alias}"
+            if join.many:
+                order = ", ".join(f"k{i}" for i in range(len(shapes[join.table].key)))
+                keys = ", ".join(f"{inner_alias}.{quote(k)} AS k{i}" for i, k in enumerate(shapes[join.table].key))
+                match = f"{inner_alias}.{quote(join.column)} = {alias}.{quote(shapes[table].key[0])}"
+                rows = f"(SELECT {child} AS d, {keys} FROM {source} WHERE {match}) s"  # noqa: S608
+                sub = f"(SELECT coalesce(jsonb_agg(d ORDER BY {order}), '[]'::jsonb) FROM {rows} WHERE d IS NOT NULL)"  # noqa: S608
+                if join.inner:
+                    required.append(f"{sub} = '[]'::jsonb")
+            else:
+                match = f"{inner_alias}.{quote(shapes[join.table].key[0])} = {alias}.{quote(join.column)}"
+                sub = f"(SELECT {child} FROM {source} WHERE {match})"  # noqa: S608 - quoted identifiers
+                if join.inner:
+                    required.append(f"{sub} IS NULL")
+            parts.append(f"'{join.name}', {sub}")
+        doc = f"to_jsonb({alias})" + (f" || jsonb_build_object({', '.join(parts)})" if parts else "")
+        return f"(CASE WHEN {' OR '.join(required)} THEN NULL ELSE {doc} END)" if required else doc
+
+    def _ancestors(self, join: Join) -> list[str]:
+        chain: list[str] = []
+        path = join.parent
+        while True:
+            chain.insert(0, self.table_of(path))
+            if path == "":
+                return chain
+            path = next(j for j in self.joins if j.path == path).parent
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_table(qualified: str) -> str:
+    schema, _, table = qualified.partition(".")
+    return f"{quote(schema)}.{quote(table)}"
+
+
+def _line_of(text: str, needle: str, start: int = 0) -> int | None:
+    """The 1-based line where ``needle`` first appears at or after line ``start``."""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if number >= start and needle in raw:
+            return number
+    return None
+
+
+def parse_join(spec: str, line: int | None, view: str, path: str | None) -> Join:
+    found = JOIN.match(spec)
+    if not found:
+        raise ConfigError(
+            f"view {view}: cannot read the join {spec!r}",
+            path=path,
+            line=line,
+            hint="write '<path>: [left|inner] <table> on <column>', e.g. 'customer: customers on customer_id' or "
+            "'items[]: order_items on order_id'",
+        )
+    kind = (found.group("kind") or "left").lower()
+    return Join(path=found.group("path"), table=qualify(found.group("table")), column=found.group("column"),
+                many=found.group("path").endswith("[]"), inner=kind == "inner", target=found.group("target"),
+                line=line)  # fmt: skip
+
+
+def parse_view(name: str, body: Any, text: str, path: str | None) -> ViewSpec:
+    header = _line_of(text, f"[views.{name}]") or _line_of(text, name)
+    if not isinstance(body, dict):
+        raise ConfigError(f"views.{name} must be a table with base and joins", path=path, line=header)
+    unknown = sorted(set(body) - set(SPEC_KEYS))
+    if unknown or not isinstance(body.get("base"), str):
+        what = f"unknown key {unknown[0]!r}" if unknown else 'needs base = "<table>"'
+        raise ConfigError(f"view {name}: {what}", path=path, line=header, hint=f"a view has {', '.join(SPEC_KEYS)}")
+    joins = body.get("joins", [])
+    if not isinstance(joins, list) or not all(isinstance(j, str) for j in joins):
+        raise ConfigError(f"view {name}: joins must be a list of strings", path=path, line=header)
+    parsed = tuple(parse_join(j, _line_of(text, j, header or 0), name, path) for j in joins)
+    return ViewSpec(name=name, base=qualify(body["base"]), joins=parsed, path=path, line=header,
+                    doc=str(body.get("doc", "")))  # fmt: skip
+
+
+def parse_views(data: Mapping[str, Any], text: str = "", path: Path | None = None) -> list[ViewSpec]:
+    """The ``[views]`` section of a parsed config file (``text`` gives the lines)."""
+    section = data.get("views", {})
+    where = str(path) if path else None
+    if not isinstance(section, dict):
+        raise ConfigError("views must be a table of [views.<name>] tables", path=where, line=_line_of(text, "views"))
+    return [parse_view(name, body, text, where) for name, body in section.items()]

@@ -1,0 +1,265 @@
+"""The views on the real stack: joins kept right under every change, published at consistent cuts, in Redis."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg2
+import pytest
+import redis
+
+from headwater import shop
+from headwater.reconcile import (
+    compare_docs,
+    endpoint_view_docs,
+    latest_view_docs,
+    redis_view_docs,
+    view_docs_sql,
+)
+from headwater.stack import StackConfig
+from headwater.topics import AvroDecoder, read_topic
+from streams.materializer import decode_cut
+from streams.rows import to_json
+from tables.views import TableShape, parse_views
+from tests.plugins.capture import Capture, ShopWriter
+from tests.plugins.stack import free_port
+from tests.plugins.streams import Worker
+from tests.streams.test_workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+VIEWS = """\
+[views.orders_enriched]
+base = "orders"
+joins = [
+    "customer: customers on customer_id",
+    "items[]: order_items on order_id",
+    "items[].product: products on product_id",
+]
+"""
+SHAPES = {
+    f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()
+}
+SQL = parse_views({"views": {"orders_enriched": {"base": "orders", "joins": [
+    "customer: customers on customer_id", "items[]: order_items on order_id",
+    "items[].product: products on product_id"]}}})[0].sql(SHAPES)  # fmt: skip
+
+
+def view_problems(conn: Any, capture: Capture, worker: Worker, redis_url: str | None) -> list[str]:
+    """The SQL join in PostgreSQL against the view topic, the endpoint and Redis."""
+    expected = view_docs_sql(conn, SQL)
+    prefix = capture.cfg.topic_prefix
+    topic = latest_view_docs(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched",
+                             AvroDecoder(capture.cfg.registry_url))  # fmt: skip
+    found = compare_docs(expected, topic, "topic")
+    if found:
+        return found
+    keys = sorted(expected)[:: max(1, len(expected) // 40)]  # a sample: every row is checked on the topic and in Redis
+    found += compare_docs({k: expected[k] for k in keys}, endpoint_view_docs(worker.url, "orders_enriched", keys),
+                          "endpoint")  # fmt: skip
+    if redis_url is not None:
+        found += compare_docs(expected, redis_view_docs(redis_url, prefix, "orders_enriched")[0], "redis")
+    return found
+
+
+def views_reconciled(conn: Any, capture: Capture, worker: Worker, redis_url: str | None, timeout: float = 90) -> None:
+    last: list[str] = []
+
+    def check() -> bool:
+        nonlocal last
+        last = view_problems(conn, capture, worker, redis_url)
+        return not last
+
+    assert wait_for(check, timeout, every=1.0), "\n".join(last[:20]) + "\n" + worker.tail()
+
+
+def unruly(dsn: str, transactions: int, seed: int) -> None:
+    """Late parents and parent deletes: orders of customers that do not exist yet, customers deleted under orders."""
+    conn = psycopg2.connect(dsn)
+    rng = random.Random(seed)
+    with conn, conn.cursor() as cur:
+        cur.execute("ALTER TABLE orders DROP CONSTRAINT IF EXISTS orders_customer_id_fkey")
+        cur.execute("ALTER TABLE order_items DROP CONSTRAINT IF EXISTS order_items_product_id_fkey")
+    for n in range(transactions):
+        with conn, conn.cursor() as cur:
+            late = 900000 + rng.randint(0, 30)
+            if rng.random() < 0.5:
+                cur.execute("INSERT INTO orders (customer_id, note) VALUES (%s, 'late parent')", (late,))
+            else:
+                cur.execute("INSERT INTO customers (id, email, name, region) VALUES (%s, %s, 'late', 'north') "
+                            "ON CONFLICT (id) DO UPDATE SET name = 'late again ' || %s",
+                            (late, f"{late}@x", n))  # fmt: skip
+            if rng.random() < 0.2:
+                cur.execute("DELETE FROM customers WHERE id = (SELECT min(customer_id) FROM orders WHERE customer_id "
+                            "IN (SELECT id FROM customers))")  # fmt: skip
+            if rng.random() < 0.2:
+                cur.execute("INSERT INTO order_items SELECT id, 9, 800000 + %s, 1, 1 FROM orders ORDER BY random() "
+                            "LIMIT 1 ON CONFLICT DO NOTHING", (n % 5,))  # fmt: skip
+            if rng.random() < 0.2:
+                cur.execute("INSERT INTO products (id, sku, name, category, price, description) VALUES "
+                            "(800000 + %s, %s, 'late', 'toys', 1, 'd') ON CONFLICT DO NOTHING",
+                            (n % 5, f"late{n}"))  # fmt: skip
+    conn.close()
+
+
+def start(shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture],
+          worker_factory: Callable[..., Worker], **settings: Any) -> tuple[Capture, Worker]:  # fmt: skip
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    return capture, worker_factory(capture.cfg.topic_prefix, views=VIEWS, **settings).start()
+
+
+def test_randomized_workload_view_equals_the_sql_join_on_topic_endpoint_and_redis(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    writer = ShopWriter(pg_database, rate=150).start()
+    unruly(pg_database, 300, seed=1)
+    time.sleep(3)
+    committed = writer.stop()
+    assert committed > 300
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    expected = view_docs_sql(shop_db, SQL)
+    assert sum(1 for d in expected.values() if d["customer"] is None) > 10  # late and deleted parents were seen
+    assert sum(1 for d in expected.values() if d["customer"] and d["customer"]["name"].startswith("late")) > 3
+    assert sum(len(d["items"]) for d in expected.values()) > 50
+
+
+def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
+    app_id = worker.env["HEADWATER_STREAMS_APP_ID"]
+    writer = ShopWriter(pg_database, rate=100).start()
+    rng = random.Random()
+    for _ in range(2):
+        time.sleep(rng.uniform(2, 5))
+        worker.kill()  # kill -9 mid-stream
+        unruly(pg_database, 40, seed=rng.randint(0, 1000))
+        worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()
+    writer.stop()
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    topic = f"{capture.cfg.topic_prefix}.views.orders_enriched"
+    before = len(read_topic(capture.cfg.bootstrap, topic))
+    worker.kill()  # at rest: the restarted worker replays from its progress and must write nothing new
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()
+    time.sleep(5)
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    assert len(read_topic(capture.cfg.bootstrap, topic)) == before
+
+
+def test_a_transaction_is_never_half_visible_at_a_published_cut(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("INSERT INTO customers (email, name, region) VALUES ('cut@x', 'gen-0', 'north') RETURNING id")
+        customer = cur.fetchone()[0]
+        cur.execute("INSERT INTO orders (customer_id, note) VALUES (%s, 'gen-0'), (%s, 'gen-0') RETURNING id",
+                    (customer, customer))  # fmt: skip
+        orders = [row[0] for row in cur.fetchall()]
+    capture, _ = start(shop_db, pg_database, capture_factory, worker_factory)
+    prefix = capture.cfg.topic_prefix
+    client = redis.Redis.from_url(local_stack.redis_url)
+    seen: list[tuple[int, list[str]]] = []
+    stop = threading.Event()
+
+    def sample() -> None:  # read Redis atomically, as the README tells readers to
+        while not stop.is_set():
+            pipe = client.pipeline(transaction=True)
+            pipe.hget(f"{prefix}:orders_enriched", "cut_lsn")
+            for order in orders:
+                pipe.hget(f"{prefix}:orders_enriched:{order}", "doc")
+            cut, *docs = pipe.execute()
+            if cut is not None and all(docs):
+                seen.append((int(cut), [generations(json.loads(d)) for d in docs]))
+
+    reader = threading.Thread(target=sample)
+    reader.start()
+    conn = psycopg2.connect(pg_database)
+    try:
+        for n in range(1, 151):  # one transaction: the customer and both orders move to generation n
+            with conn, conn.cursor() as cur:
+                cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", orders[0]))
+                cur.execute("UPDATE customers SET name = %s WHERE id = %s", (f"gen-{n}", customer))
+                cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", orders[1]))
+            time.sleep(0.01)
+        assert wait_for(lambda: seen and seen[-1][1] == [["gen-150", "gen-150"]] * 2, 60), seen[-3:]
+    finally:
+        stop.set()
+        reader.join()
+        conn.close()
+    assert len({tuple(map(tuple, g)) for _, g in seen}) > 10, "too few generations seen to mean anything"
+    mixed = [(cut, g) for cut, g in seen if len({x for pair in g for x in pair}) != 1]
+    assert not mixed, mixed[:5]
+    # the topic: read to each published cut's ends, both rows show one generation
+    records = read_topic(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched")
+    decode = AvroDecoder(capture.cfg.registry_url)
+    cuts = [decode_cut(r.value) for r in read_topic(capture.cfg.bootstrap, f"{prefix}.views.cuts") if r.value]
+    assert len(cuts) > 10
+    for cut in cuts:
+        ends = {e["partition"]: e["offset"] for e in cut["ends"]}
+        latest: dict[int, Any] = {}
+        for r in records:
+            if r.offset < ends.get(r.partition, 0) and r.value is not None:
+                doc = decode(r.value)
+                if doc["id"] in orders:
+                    assert doc["hw_commit_lsn"] <= cut["commit_lsn"]
+                    latest[doc["id"]] = generations(to_json(doc))
+        gens = {x for pair in latest.values() for x in pair}
+        assert len(latest) == 2 and len(gens) == 1, (cut, latest)
+
+
+def generations(doc: dict[str, Any]) -> list[str]:
+    return [doc["note"], doc["customer"]["name"]]
+
+
+def test_redis_away_the_view_topic_flows_and_redis_catches_up_when_it_returns(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    tmp_path: Any,
+) -> None:  # fmt: skip
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory, redis_url=url)
+    writer = ShopWriter(pg_database, rate=100).start()
+    time.sleep(2)
+    writer.stop()
+    views_reconciled(shop_db, capture, worker, None)  # the topic and the endpoint, without Redis
+    assert "is unavailable" in worker.log.read_text()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        views_reconciled(shop_db, capture, worker, url)
+        cut = redis_view_docs(url, capture.cfg.topic_prefix, "orders_enriched")[1]
+        with shop_db.cursor() as cur:
+            cur.execute("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
+                        (capture.cfg.slot,))  # fmt: skip
+            confirmed = int(cur.fetchone()[0])
+        shop_db.commit()
+        assert cut is not None and cut > 0 and cut <= confirmed
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_an_invalid_view_spec_stops_the_worker_at_start_naming_the_line(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+) -> None:  # fmt: skip
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    bad = VIEWS.replace("customers on customer_id", "customers on client_id")
+    worker = worker_factory(capture.cfg.topic_prefix, views=bad)
+    with pytest.raises(AssertionError, match="worker exited with 2") as failed:
+        worker.start()
+    assert "line 4: view orders_enriched: customer: public.orders has no column 'client_id'" in str(failed.value)
+    assert "Traceback" not in worker.log.read_text()

@@ -1,0 +1,92 @@
+"""View specs: the join syntax, and every spec error names the file, the line and the fix."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from headwater.errors import ConfigError
+from tables.views import TableShape, ViewSpec, parse_views
+
+pytestmark = pytest.mark.unit
+
+SHOP = {
+    "public.customers": TableShape("public.customers", ("id", "email", "name", "region"), ("id",)),
+    "public.products": TableShape("public.products", ("id", "name", "category", "price"), ("id",)),
+    "public.orders": TableShape("public.orders", ("id", "customer_id", "status", "total"), ("id",)),
+    "public.order_items": TableShape(
+        "public.order_items", ("order_id", "line_no", "product_id", "quantity"), ("order_id", "line_no")
+    ),
+}
+GOOD = """\
+[views.orders_enriched]
+base = "orders"
+joins = [
+    "customer: customers on customer_id",
+    "items[]: order_items on order_id",
+    "items[].product: inner products on product_id",
+]
+"""
+
+
+def specs(text: str, path: Path | None = None) -> list[ViewSpec]:
+    return parse_views(tomllib.loads(text), text, path)
+
+
+def error(text: str, tmp_path: Path) -> ConfigError:
+    path = tmp_path / "headwater.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        for spec in specs(text, path):
+            spec.check(SHOP)
+    assert str(path) in str(caught.value)
+    return caught.value
+
+
+def test_the_shop_view_reads_as_a_tree_of_joins() -> None:
+    (spec,) = specs(GOOD)
+    spec.check(SHOP)
+    assert spec.base == "public.orders"
+    customer, items, product = spec.joins
+    assert (customer.name, customer.many, customer.inner, customer.parent) == ("customer", False, False, "")
+    assert (items.name, items.many, items.table, items.column) == ("items", True, "public.order_items", "order_id")
+    assert (product.name, product.parent, product.inner, product.line) == ("product", "items[]", True, 6)
+    assert spec.tables == set(SHOP)
+
+
+@pytest.mark.parametrize(
+    ("join", "words"),
+    [
+        ("customer: clients on customer_id", ["public.clients is not captured", "captured: public.customers"]),
+        ("customer: customers on client_id", ["public.orders has no column 'client_id'"]),
+        ("lines[]: order_items on item_order", ["public.order_items has no column 'item_order'"]),
+        ("customer: customers on customer_id = email", ["not its key (id)", "index of its own"]),
+        ("line: order_items on id", ["composite key (order_id, line_no)"]),
+        ("status: customers on customer_id", ["'status' is already a column of public.orders"]),
+        ("customer: customers on customer_id\",\n    \"customer.again: orders on id",
+         ["joins public.orders back into its own path", "a cycle"]),
+        ("customer customers on customer_id", ["cannot read the join", "<path>: [left|inner] <table> on <column>"]),
+        ("items[].product: products on product_id", ["its parent 'items[]' must be declared before it"]),
+    ],
+)  # fmt: skip
+def test_a_bad_join_fails_naming_its_line(join: str, words: list[str], tmp_path: Path) -> None:
+    text = f'# the shop\n[views.v]\nbase = "orders"\njoins = [\n    "{join}",\n]\n'
+    exc = error(text, tmp_path)
+    for word in words:
+        assert word in str(exc), str(exc)
+    assert exc.line is not None and exc.line >= 5, str(exc)
+
+
+def test_unknown_base_table_key_and_view_name_fail_with_the_header_line(tmp_path: Path) -> None:
+    assert error('[views.v]\nbase = "nothing"\n', tmp_path).line == 1
+    exc = error('\n[views.v]\nbase = "orders"\nfilter = "x"\n', tmp_path)
+    assert "unknown key 'filter'" in str(exc) and exc.line == 2
+    assert "needs base" in str(error('[views.v]\njoins = []\n', tmp_path))
+    assert "view names are letters" in str(error('[views."my view"]\nbase = "orders"\n', tmp_path))
+
+
+def test_duplicate_paths_are_refused(tmp_path: Path) -> None:
+    text = '[views.v]\nbase = "orders"\njoins = ["c: customers on customer_id", "c: customers on customer_id"]\n'
+    assert "declared twice" in str(error(text, tmp_path))
