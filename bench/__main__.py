@@ -1,23 +1,26 @@
-"""``python -m bench [capture|fanout] [--changes N] [--rows N]`` (or ``./dev bench``): run the benchmarks."""
+"""``python -m bench [capture|fanout|views] [--changes N] [--rows N] [--seconds S]`` (or ``./dev bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import capture, fanout
+from bench import capture, fanout, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("which", nargs="?", default="all", choices=["all", "capture", "fanout"])
+    parser.add_argument("which", nargs="?", default="all", choices=["all", "capture", "fanout", "views"])
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
+    parser.add_argument("--seconds", type=float, default=20.0, help="steady load of the views latency benchmark")
     args = parser.parse_args(argv)
     if args.which in ("all", "capture"):
         capture.main(changes=args.changes, rows=args.rows)
     if args.which in ("all", "fanout"):
         fanout.main(changes=args.changes)
+    if args.which in ("all", "views"):
+        views.main(seconds=args.seconds)
     return 0
 
 

@@ -175,7 +175,7 @@ def main(changes: int, rows: int) -> None:
     with seeded_stack() as (cfg, dsn, work):
         recv, ours, produced = streaming(cfg, dsn, changes, work)
         copy, snap, total = snapshot(cfg, dsn, rows, work)
-    print("\nproducer settings: acks=all, enable.idempotence=true, linger.ms=20, batch.num.messages=10000")
+    print("\nproducer settings: acks=all, enable.idempotence=true, linger.ms=5, batch.num.messages=10000")
     print(f"streaming backlog: {produced} changes on the raw topic")
     print(f"  pg_recvlogical (pgoutput -> /dev/null): {recv:7.1f} s  {produced / recv:9.0f} changes/s")
     print(f"  headwater capture (-> Kafka, Avro):     {ours:7.1f} s  {produced / ours:9.0f} changes/s")

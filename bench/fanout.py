@@ -65,17 +65,24 @@ async def plain_loop(cfg: stack.StackConfig, total: int) -> float:
         await consumer.stop()
 
 
-def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> float:
+def spawn_worker(cfg: stack.StackConfig, work: Path, prefix: str, port: int, config: Path | None = None,
+                 ) -> subprocess.Popen[bytes]:  # fmt: skip
+    """``faust -A streams worker`` on the bench stack, as users run it (log in ``work/worker.log``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_") or k.startswith("HEADWATER_STREAMS_")}
     env.update({
         "HEADWATER_STACK_KAFKA_PORT": str(cfg.kafka_port), "HEADWATER_STACK_REGISTRY_PORT": str(cfg.registry_port),
-        "HEADWATER_STREAMS_TOPIC_PREFIX": "stream", "HEADWATER_STREAMS_APP_ID": "bench-fanout",
-        "HEADWATER_STREAMS_STATE_DIR": str(work / "streams"), "PYTHONPATH": str(Path.cwd()),
+        "HEADWATER_STACK_REDIS_PORT": str(cfg.redis_port), "HEADWATER_STREAMS_TOPIC_PREFIX": prefix,
+        "HEADWATER_STREAMS_APP_ID": f"bench-{prefix}", "HEADWATER_STREAMS_STATE_DIR": str(work / f"streams-{prefix}"),
+        "PYTHONPATH": str(Path.cwd()), **({"HEADWATER_CONFIG": str(config)} if config else {}),
     })  # fmt: skip
-    port = 26066
     argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "info", "--web-port", str(port)]
     log = (work / "worker.log").open("ab")
-    proc = subprocess.Popen(argv, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(argv, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT)
+
+
+def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> float:
+    port = 26066
+    proc = spawn_worker(cfg, work, "stream", port)
     try:
         started = 0.0
         while True:

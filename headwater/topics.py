@@ -3,9 +3,9 @@
 Promise: ``read_topic`` returns every record of a topic, stopping at partition EOF as
 reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is wrong on
 multi-record batches while its fetch high watermark is right; ``read_to_end`` is that
-loop for any partitions from any offsets. ``partition_counts`` and ``create_topics``
-are the two steps of making sure a topic exists. ``AvroDecoder`` decodes Confluent-framed
-Avro with schemas fetched once per id from the registry.
+loop for any partitions from any offsets.
+``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists.
+``AvroDecoder`` decodes Confluent-framed Avro with schemas fetched once per id from the registry.
 """
 
 from __future__ import annotations
@@ -87,11 +87,16 @@ def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeou
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Record]:
     """Every record of ``topic`` (all partitions), in offset order per partition."""
-    consumer = reader({"bootstrap.servers": bootstrap})
+    return list(read_topic_from({"bootstrap.servers": bootstrap}, topic, timeout=timeout))
+
+
+def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float = 30.0) -> Iterator[Record]:
+    """``read_topic`` with any librdkafka client settings (security, fetch waits), record by record."""
+    consumer = reader(settings)
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        messages = read_to_end(consumer, [TopicPartition(topic, p, 0) for p in partitions], timeout=timeout)
-        return [record(msg) for msg in messages]
+        for msg in read_to_end(consumer, [TopicPartition(topic, p, 0) for p in partitions], timeout=timeout):
+            yield record(msg)
     finally:
         consumer.close()
 

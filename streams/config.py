@@ -43,7 +43,7 @@ class StreamsConfig:
     web_port: int = setting(6066, "port of the query endpoint (faust worker --web-port overrides it)")
     canonical_url: str = setting("", "URL other workers use to reach this one (default http://web_host:web_port)")
     batch_size: int = setting(2000, "raw changes the fan-out handles per batch")
-    batch_wait: float = setting(0.02, "seconds the fan-out waits to fill a batch")
+    batch_wait: float = setting(0.005, "seconds an agent waits to fill a batch (latency against per-batch work)")
     state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory")
     redis_url: str = setting("", "Redis the views are mirrored into (default: the local stack's; 'none' turns it off)")
 

@@ -7,8 +7,8 @@ takes one raw change (snapshot read, insert, update — a key change deletes the
 key — delete, truncate) and marks every view row it can affect *dirty*, in the old
 state and in the new (a foreign key that moves dirties both parents), writing the
 marks to the store *before* the row itself. Re-applying a change, or a run of changes
-whose writes partly reached the store before a crash, leaves the same rows, indexes
-and marks (rows are set to the change's image, indexes follow the rows). ``document``
+whose writes partly reached the store before a crash, leaves the same rows and
+indexes (rows are set to the change's image, indexes follow the rows). ``document``
 builds a view row from the current rows: lookups as a record or null (inner: no view
 row), collects as a list sorted by key (inner: no view row when empty).
 ``view_schema`` is the Avro schema of a view's documents, composed from the tables'
@@ -96,15 +96,12 @@ class Joiner:
         return set(self.nodes)
 
     def _load(self) -> None:
-        """Rows and dirty marks from the store (after a restart); indexes rebuilt from the rows."""
+        """Rows from the store (after a restart); indexes rebuilt from the rows."""
         for entry, value in list(self.store.items()):
-            if not entry.startswith((b"r", b"d")) or SEP not in entry:
-                continue
-            kind, name, key = split_key(entry)
-            if kind == b"r" and name in self.rows:
-                self._remember(name, key, self.decode(value))
-            elif kind == b"d" and name in self.dirty:
-                self.dirty[name].add(key)
+            if entry.startswith(b"r" + SEP):
+                _, name, key = split_key(entry)
+                if name in self.rows:
+                    self._remember(name, key, self.decode(value))
 
     # ---- changes ------------------------------------------------------------------------
     def key_of(self, table: str, record: Row) -> bytes:
@@ -137,10 +134,8 @@ class Joiner:
         if row is not None:
             self._remember(table, key, row)
         affected |= self._affected(table, key, row)
-        for view, root in sorted(affected):
-            if root not in self.dirty[view]:
-                self.store[store_key(b"d", view, root)] = b""  # before the row: a crash keeps the mark
-                self.dirty[view].add(root)
+        for view, root in affected:
+            self.dirty[view].add(root)
         if image is None:
             self.store.pop(store_key(b"r", table, key), None)
         else:
@@ -214,11 +209,9 @@ class Joiner:
                 doc[join.name] = sub
         return doc
 
-    def clear(self, view: str, keys: Sequence[bytes]) -> None:
-        """Forget the dirty marks of view rows whose documents were written."""
-        for key in keys:
-            self.dirty[view].discard(key)
-            self.store.pop(store_key(b"d", view, key), None)
+    def base_keys(self, view: str) -> list[bytes]:
+        """The keys of every base row of ``view`` (each may have a view row)."""
+        return list(self.rows[self.roots[view].table])
 
 
 # ---- schemas ----------------------------------------------------------------------------

@@ -4,42 +4,50 @@ Promise: ``Materializer.handle`` applies a batch of raw changes to the join stat
 one-partition, changelog-backed Faust table), in order, dropping changes capture sent
 twice (the ``(commit_lsn, position)`` watermark of streamed changes). At the last
 *consistent point* of the batch — the end of a transaction or of the snapshot — it
-builds every dirty view row, writes those that changed to the view topics (compacted,
-Avro, keyed by the base row's key, every row carrying that commit LSN), waits until
-Kafka acknowledged them, then publishes a *cut* per view on ``<prefix>.views.cuts``:
-the commit LSN and each view-topic partition's end, so a reader who reads the view
-topic to those ends sees every transaction up to the LSN whole and none after it.
-Only then are the dirty marks cleared and the progress saved.
+builds every dirty view row and writes those that changed (against what was sent
+before) to the view topics — compacted, Avro, keyed by the base row's key, every row
+carrying that commit LSN — and to the table the endpoint reads, without waiting. Once
+Kafka acknowledged a point's rows (and every earlier point's), a *cut* per view goes
+to ``<prefix>.views.cuts``: the commit LSN and each view-topic partition's end, so a
+reader who reads the view topic to those ends sees every transaction up to the LSN
+whole and none after it. Cuts are published in order by a poller thread.
 
-After a crash the state holds a prefix of what was written (one partition keeps order);
-replay starts at the saved progress, re-applies changes (idempotent), and publishes
-nothing until it is past the last raw offset whose writes the state may hold
-(``@high``, written before each batch), so no half-replayed state is ever published.
-A view row that did not change is not written again: a replay adds nothing to the
-view topics' latest state.
+After a crash the state holds a prefix of what was written (one partition keeps order).
+The view topics are the record of what was published: on (re)start they are read back,
+and every view row whose document, built from the recovered rows, differs from its
+latest record is dirty. Replay starts at the saved progress, re-applies changes
+(idempotent), and publishes nothing until it is past the last raw offset whose writes
+the state may hold (``@high``, written before each batch), so no half-replayed state is
+ever published. A row that did not change is not written again: a replay adds nothing
+to the view topics' latest state.
 """
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import io
+import json
 import logging
 import struct
+import threading
+import time
+from collections import deque
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import fastavro
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Producer
 
 from capture.encoder import frame
 from capture.schemas import Registrar
 from headwater.errors import FatalError
-from headwater.topics import UndecodableMessage
+from headwater.topics import UndecodableMessage, read_topic_from
+from streams import profile
 from streams.catalog import Schemas, TableTopic
 from streams.config import StreamsConfig
 from streams.cursor import Cursor
-from streams.fanout import STREAMED, Change
+from streams.fanout import STREAMED, Change, header_lsn
 from streams.joins import Joiner, canon, store_key, view_schema
 from streams.rows import lsn_text, pack, unpack
 from streams.writer import Pending, TableWriter
@@ -150,14 +158,27 @@ def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[
     if out:
         writer.ensure_topics([v.topic for v in out.values()])
         writer.ensure_topics([cfg.cuts_topic], partitions=1)
-        found = writer.ends([v.topic for v in out.values()])
-        for v in out.values():
-            v.ends = {p: found.get((v.topic, p), 0) for p in range(cfg.partitions)}
     return out, shapes
 
 
+Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the value written; b"" = tombstone)
+
+
+def digest(value: bytes | None) -> bytes:
+    return b"" if value is None else hashlib.blake2b(value, digest_size=16).digest()
+
+
+@dataclass
+class PendingCut:
+    """A consistent point whose rows are on their way to Kafka."""
+
+    lsn: int
+    offset: int  # raw offset of the point
+    delivered: Delivered
+
+
 class Materializer:
-    """Keeps the views: join state, dirty rows, emission at consistent points, cuts."""
+    """Keeps the views: join state, dirty rows, publication at consistent points, cuts."""
 
     def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], shapes: dict[str, TableShape],
                  store: MutableMapping[bytes, bytes], writer: TableWriter, schemas: Schemas) -> None:  # fmt: skip
@@ -165,34 +186,72 @@ class Materializer:
         self.views = views
         self.shapes = shapes
         self.store = store
-        self.writer = writer
+        self.writer = writer  # for topics and reading back
         self.schemas = schemas
+        # its own producer: its deliveries drive the cuts; a short linger, rows wait for nothing else
+        self.producer = Producer({**profile.producer_settings(cfg), "linger.ms": 1})
         self.joiner: Joiner | None = None
+        self.sent: dict[str, Sent] = {}
         self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic))
         self.watermark = (-1, -1)
         self.quiet_until = -1  # replaying: publish nothing at points below this raw offset
-        self.cut: int | None = None  # commit LSN of the last published cut
-        self.cut_frame: bytes | None = None
-        self.key_frame: bytes | None = None
+        self.cut: int | None = None  # commit LSN of the last cut published
+        self.pending: deque[PendingCut] = deque()
+        self.failed: KafkaError | None = None
+        self.poller: threading.Thread | None = None
+        self.frames: tuple[bytes, bytes] | None = None  # cut value and key frames
         self.published = 0  # view rows written (changed) since start
+        self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
+        self.reported = time.monotonic()
 
+    # ---- start-up -----------------------------------------------------------------------
     def load(self) -> Joiner:
-        """(Re)build the join state from the recovered table; replay starts at the saved progress."""
-        self.joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store, self.schemas.decode)
+        """(Re)build the join state from the recovered table and the view topics; replay from the progress."""
         saved = self.store.get(PROGRESS)
         start, lsn, position = PROGRESS_FORMAT.unpack(saved) if saved else (0, -1, -1)
+        self.joiner = joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store,
+                                      self.schemas.decode)  # fmt: skip
         self.cursor.reset(start)
         self.watermark = (lsn, position)
         high = self.store.get(HIGH)
         self.quiet_until = int.from_bytes(high, "big", signed=True) if high else -1
-        dirty = sum(len(d) for d in self.joiner.dirty.values())
-        log.info("views %s resume at raw offset %d (quiet until %d, %d rows dirty)", ", ".join(self.views), start,
-                 self.quiet_until, dirty)  # fmt: skip
-        return self.joiner
+        for name, view in self.views.items():
+            self.sent[name] = self._read_back(view)
+            joiner.dirty[name] = {k for k in {*joiner.base_keys(name), *self.sent[name]} if self._differs(view, k)}
+        dirty = sum(len(d) for d in joiner.dirty.values())
+        log.info("views %s resume at raw offset %d (quiet until %d, %d rows to publish again)",
+                 ", ".join(self.views), start, self.quiet_until, dirty)  # fmt: skip
+        if self.poller is None:
+            self.poller = threading.Thread(target=self._poll, name="headwater-view-cuts", daemon=True)
+            self.poller.start()
+        return joiner
 
+    def _read_back(self, view: ViewTopic) -> Sent:
+        """What the view topic holds: its latest record per key, and each partition's end."""
+        sent: Sent = {}
+        ends: dict[int, int] = {}
+        for record in read_topic_from(profile.reader_settings(self.cfg), view.topic, timeout=600):
+            ends[record.partition] = record.offset + 1
+            if record.key is not None:
+                lsn = header_lsn(record.headers)[0]
+                sent[view_key(view, record.key)] = (lsn, digest(record.value))
+        view.ends = {p: max(view.ends.get(p, 0), ends.get(p, 0)) for p in range(self.cfg.partitions)}
+        return sent
+
+    def _differs(self, view: ViewTopic, key: bytes) -> bool:
+        assert self.joiner is not None
+        doc = self.joiner.document(view.spec.name, key)
+        lsn, held = self.sent[view.spec.name].get(key, (0, b""))
+        return digest(None if doc is None else view.encode(doc, lsn)) != held
+
+    # ---- changes ------------------------------------------------------------------------
     async def handle(self, batch: Sequence[tuple[int, bytes | None]]) -> int | None:
         """Apply a batch of (raw offset, value); publish at its last consistent point. A seek, if needed."""
+        if self.failed is not None:
+            raise FatalError(f"Kafka refused a view row: {self.failed}",
+                             hint="check the broker log and the view topics' settings")  # fmt: skip
         joiner = self.joiner or self.load()
+        started = time.monotonic()
         changes, seek = self._admit(batch)
         if not changes:
             return seek
@@ -202,9 +261,13 @@ class Materializer:
         for _, change in changes[: last + 1]:
             joiner.apply(change)
         if last >= 0:
-            await self.publish(changes[last][0], changes[last][1].commit_lsn)
+            self.publish(changes[last][0], changes[last][1].commit_lsn)
         for _, change in changes[last + 1 :]:
             joiner.apply(change)
+        self.stats["changes"] += len(changes)
+        self.stats["batches"] += 1
+        self.stats["busy_s"] += time.monotonic() - started
+        self.report(batch[-1][0])
         return seek
 
     def _admit(self, batch: Sequence[tuple[int, bytes | None]]) -> tuple[list[tuple[int, Change]], int | None]:
@@ -227,68 +290,99 @@ class Materializer:
             out.append((offset, change))
         return out, seek
 
-    async def publish(self, offset: int, lsn: int) -> None:
-        """Write the changed view rows as of ``lsn``, then the cuts, then forget the dirty marks."""
+    # ---- publication --------------------------------------------------------------------
+    def publish(self, offset: int, lsn: int) -> None:
+        """Write the changed view rows as of ``lsn`` (not waiting); their cut follows once Kafka has them."""
         assert self.joiner is not None
-        delivered = Delivered()  # its own: the fan-out's ledger orders the fan-out's checkpoints
-        written = {name: self._write(view, lsn, delivered) for name, view in self.views.items()}
-        await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
-        if delivered.failed is not None:
-            raise FatalError(f"Kafka refused a view row: {delivered.failed}",
-                             hint="check the broker log and the view topics' settings")  # fmt: skip
-        for view in self.views.values():
-            for partition in range(self.cfg.partitions):
-                end = delivered.ends.get((view.topic, partition))
-                if end is not None:
-                    view.ends[partition] = max(view.ends.get(partition, 0), end)
-            self._write_cut(view, lsn)
-        for name, docs in written.items():
-            for key, value in docs.items():
-                doc_key = store_key(b"v", name, key)
-                if value is None:
-                    self.store.pop(doc_key, None)
-                else:
-                    self.store[doc_key] = pack(lsn, 0, value)
-            self.joiner.clear(name, list(docs))
-        for name in self.views:
-            self.joiner.clear(name, sorted(self.joiner.dirty[name]))
+        delivered = Delivered()
+        for name, view in self.views.items():
+            for key in sorted(self.joiner.dirty[name]):
+                self._write(view, key, lsn, delivered)
+            self.joiner.dirty[name].clear()
+        self.pending.append(PendingCut(lsn, offset, delivered))
         self.store[PROGRESS] = PROGRESS_FORMAT.pack(offset + 1, *self.watermark)
-        self.cut = lsn
+        self.stats["points"] += 1
 
-    def _write(self, view: ViewTopic, lsn: int, delivered: Delivered) -> dict[bytes, bytes | None]:
-        """Write each dirty row of ``view`` that changed; its new stored value (None: gone) by key."""
+    def _write(self, view: ViewTopic, key: bytes, lsn: int, delivered: Delivered) -> None:
+        """Write one dirty view row if it changed: to the view topic and to the endpoint's table."""
         assert self.joiner is not None
-        out: dict[bytes, bytes | None] = {}
-        for key in sorted(self.joiner.dirty[view.spec.name]):
-            doc = self.joiner.document(view.spec.name, key)
-            stored = self.store.get(store_key(b"v", view.spec.name, key))
-            if doc is None:
-                if stored is None:
-                    continue
-                key_bytes, value = view.key(view.decode(unpack(stored)[2])), None
-            else:
-                if stored is not None:
-                    old_lsn, _, old = unpack(stored)
-                    if view.encode(doc, old_lsn) == old:
-                        continue  # unchanged: nothing to write
-                key_bytes, value = view.key(doc), view.encode(doc, lsn)
-            partition = partition_for(key_bytes, self.cfg.partitions)
-            headers = [("hw.lsn", b"%d" % lsn), ("hw.view", view.spec.name.encode())]
-            self.writer.produce(view.topic, partition, key_bytes, value, headers, delivered)
-            out[key] = value
-            self.published += 1
-        return out
+        doc = self.joiner.document(view.spec.name, key)
+        held_lsn, held = self.sent[view.spec.name].get(key, (0, b""))
+        if digest(None if doc is None else view.encode(doc, held_lsn)) == held:
+            return  # unchanged
+        doc_key = store_key(b"v", view.spec.name, key)
+        if doc is None:
+            stored = self.store.get(doc_key)
+            key_bytes = view.key(view.decode(unpack(stored)[2])) if stored else self._key_bytes(view, key)
+            value = None
+            self.store.pop(doc_key, None)
+        else:
+            key_bytes, value = view.key(doc), view.encode(doc, lsn)
+            self.store[doc_key] = pack(lsn, 0, value)
+        headers = [("hw.lsn", b"%d" % lsn), ("hw.view", view.spec.name.encode())]
+        delivered.outstanding += 1
+        self._produce(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers,
+                      delivered.delivered)  # fmt: skip
+        self.sent[view.spec.name][key] = (lsn, digest(value))
+        self.published += 1
+        self.stats["rows"] += 1
+
+    def _key_bytes(self, view: ViewTopic, key: bytes) -> bytes:
+        """Key bytes of a view row from its store key (the key columns' values)."""
+        values = json.loads(key)
+        row = dict(zip(view.key_columns, values, strict=True))
+        return view.key(row)
+
+    def _produce(self, topic: str, partition: int, key: bytes, value: bytes | None,
+                 headers: list[tuple[str, bytes]], callback: Any = None) -> None:  # fmt: skip
+        while True:
+            try:
+                self.producer.produce(topic, value, key, partition=partition, headers=cast(Any, headers),
+                                      on_delivery=callback)  # fmt: skip
+                return
+            except BufferError:
+                self.producer.poll(0.01)
+
+    def _poll(self) -> None:
+        """Serve deliveries; publish each point's cuts once its rows (and all before) are acknowledged."""
+        while True:
+            self.producer.poll(0.005)
+            while self.pending and self.pending[0].delivered.outstanding <= 0:
+                point = self.pending.popleft()
+                if point.delivered.failed is not None:
+                    self.failed = point.delivered.failed
+                    log.error("Kafka refused a view row (%s): no more cuts are published", self.failed)
+                    return
+                for view in self.views.values():
+                    for (topic, partition), end in point.delivered.ends.items():
+                        if topic == view.topic:
+                            view.ends[partition] = max(view.ends.get(partition, 0), end)
+                    self._write_cut(view, point.lsn)
+                self.cut = point.lsn
 
     def _write_cut(self, view: ViewTopic, lsn: int) -> None:
-        if self.cut_frame is None or self.key_frame is None:
+        if self.frames is None:
             registrar = Registrar(self.cfg.registry_url, setting="[streams] registry_url")
-            self.cut_frame = frame(registrar.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA))
-            self.key_frame = frame(registrar.register(f"{self.cfg.cuts_topic}-key", {"type": "string"}))
+            self.frames = (frame(registrar.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA)),
+                           frame(registrar.register(f"{self.cfg.cuts_topic}-key", {"type": "string"})))  # fmt: skip
         ends = [{"partition": p, "offset": o} for p, o in sorted(view.ends.items())]
-        value = self.cut_frame + avro_bytes(CUT_PARSED, {"view": view.spec.name, "commit_lsn": lsn,
+        value = self.frames[0] + avro_bytes(CUT_PARSED, {"view": view.spec.name, "commit_lsn": lsn,
                                                          "topic": view.topic, "ends": ends})  # fmt: skip
-        key = self.key_frame + avro_bytes(KEY_STRING, view.spec.name)
-        self.writer.produce(self.cfg.cuts_topic, 0, key, value, [("hw.lsn", b"%d" % lsn)])
+        key = self.frames[1] + avro_bytes(KEY_STRING, view.spec.name)
+        self._produce(self.cfg.cuts_topic, 0, key, value, [("hw.lsn", b"%d" % lsn)])
+
+    # ---- reading ------------------------------------------------------------------------
+    def report(self, offset: int, every: float = 10.0) -> None:
+        """A progress line every ``every`` seconds: changes, batches, points published, rows written."""
+        now = time.monotonic()
+        if now - self.reported < every:
+            return
+        s, span = self.stats, now - self.reported
+        log.info("views at raw offset %d: %.0f changes/s in %d batches, %d points published, %d rows written "
+                 "(%.0f%% busy); last cut %s", offset, s["changes"] / span, s["batches"], s["points"], s["rows"],
+                 100 * s["busy_s"] / span, "none" if self.cut is None else lsn_text(self.cut))  # fmt: skip
+        self.stats = dict.fromkeys(self.stats, 0)
+        self.reported = now
 
     def row(self, view: str, key: bytes) -> tuple[int, dict[str, Any]] | None:
         """(commit LSN, document) of a view row as last published, or None."""

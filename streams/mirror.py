@@ -25,7 +25,7 @@ from typing import Any
 import redis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from headwater.topics import AvroDecoder, read_to_end, reader, record
+from headwater.topics import AvroDecoder, reader, record
 from streams import profile
 from streams.config import StreamsConfig
 from streams.fanout import header_lsn
@@ -63,15 +63,20 @@ def meta_key(prefix: str, view: str) -> str:
 
 
 class RedisMirror(threading.Thread):
-    """Follows the cuts topic and applies each view up to its newest cut."""
+    """Follows the cuts topic and the view topics with one consumer; applies each view up to its newest cut."""
 
     def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], decoder: AvroDecoder) -> None:
         super().__init__(name="headwater-redis-mirror", daemon=True)
         self.cfg = cfg
         self.views = views
+        self.topics = {v.topic: name for name, v in views.items()}
         self.decoder = decoder
         self.prefix = cfg.topic_prefix or "headwater"
         self.cuts: dict[str, dict[str, Any]] = {}
+        self.held: dict[str, str] = {}  # view -> the offsets JSON Redis holds (compared in the script)
+        self.read: dict[str, dict[int, int]] = {}  # view -> partition -> next offset the consumer gives
+        self.buffer: dict[str, list[tuple[int, int, bytes, int, bytes | None]]] = {}
+        self.assigned = False
         self.stopping = threading.Event()
         self.client = redis.Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.apply = self.client.register_script(APPLY)
@@ -81,19 +86,23 @@ class RedisMirror(threading.Thread):
         self.stopping.set()
 
     def run(self) -> None:
-        consumer = self._follow()
+        consumer = reader(profile.reader_settings(self.cfg))
         try:
             while not self.stopping.is_set():
-                self._poll_cuts(consumer)
                 try:
-                    if not any([self.sync(name) for name in self.views]):
-                        self.stopping.wait(0.05)
+                    if not self.assigned:
+                        self._assign(consumer)
+                    self._consume(consumer)
+                    for name in self.views:
+                        self.sync(name)
                 except redis.RedisError as exc:
                     self._warn(f"Redis at {self.cfg.redis_url} is unavailable ({exc}); the views keep flowing "
                                "to their topics and Redis catches up when it is back")  # fmt: skip
+                    self._unassign(consumer)
                     self.stopping.wait(1.0)
                 except Exception:
                     log.exception("the Redis mirror failed; retrying in 1 s")
+                    self._unassign(consumer)
                     self.stopping.wait(1.0)
         finally:
             consumer.close()
@@ -103,67 +112,84 @@ class RedisMirror(threading.Thread):
             log.warning(message)
             self.warned = time.monotonic()
 
-    def _follow(self) -> Consumer:
-        """A consumer on the cuts topic from its last few records (older cuts are superseded)."""
-        consumer = reader(profile.reader_settings(self.cfg))
-        low, high = consumer.get_watermark_offsets(TopicPartition(self.cfg.cuts_topic, 0), timeout=10)
-        start = max(low, high - 1 - 4 * len(self.views))  # Tansu may report a batch's base + 1 as the end
-        consumer.assign([TopicPartition(self.cfg.cuts_topic, 0, start)])
-        return consumer
+    def _unassign(self, consumer: Consumer) -> None:
+        """Stop reading while Redis is away (nothing piles up in memory); start again from Redis's offsets."""
+        if self.assigned:
+            consumer.unassign()
+        self.assigned = False
+        self.buffer.clear()
 
-    def _poll_cuts(self, consumer: Consumer) -> None:
-        for msg in consumer.consume(500, timeout=0.05):
+    def _assign(self, consumer: Consumer) -> None:
+        """Read the cuts topic from its last records and each view topic from the offsets Redis holds."""
+        low, high = consumer.get_watermark_offsets(TopicPartition(self.cfg.cuts_topic, 0), timeout=10)
+        todo = [TopicPartition(self.cfg.cuts_topic, 0, max(low, high - 1 - 4 * len(self.views)))]
+        for name, view in self.views.items():
+            held = self.client.hget(meta_key(self.prefix, name), "offsets")
+            self.held[name] = held.decode() if isinstance(held, bytes) else "{}"
+            offsets = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
+            self.read[name] = {p: offsets.get(p, 0) for p in range(self.cfg.partitions)}
+            self.buffer[name] = []
+            todo += [TopicPartition(view.topic, p, o) for p, o in self.read[name].items()]
+        consumer.assign(todo)
+        self.assigned = True
+
+    def _consume(self, consumer: Consumer) -> None:
+        for msg in consumer.consume(1000, timeout=0.02):
+            topic, partition, offset = msg.topic() or "", int(msg.partition() or 0), int(msg.offset() or 0)
             error = msg.error()
+            name = self.topics.get(topic)
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("reading %s: %s", self.cfg.cuts_topic, error)
+                    log.warning("reading %s: %s", topic, error)
+                elif name is not None:
+                    self.read[name][partition] = max(self.read[name][partition], offset)
                 continue
-            value = msg.value()
-            if value is None:
-                continue
-            cut = decode_cut(value)
-            held = self.cuts.get(cut["view"])
-            if held is None or cut["commit_lsn"] >= held["commit_lsn"]:
-                self.cuts[cut["view"]] = cut
+            if name is not None:
+                key = msg.key()
+                if key is not None:
+                    lsn = header_lsn(record(msg).headers)[0]
+                    self.buffer[name].append((partition, offset, key, lsn, msg.value()))
+                self.read[name][partition] = offset + 1
+            elif msg.value() is not None:
+                cut = decode_cut(msg.value())  # type: ignore[arg-type]
+                held = self.cuts.get(cut["view"])
+                if held is None or cut["commit_lsn"] >= held["commit_lsn"]:
+                    self.cuts[cut["view"]] = cut
 
     def sync(self, name: str) -> bool:
-        """Apply ``name`` up to its newest cut; False if Redis shows it already."""
+        """Apply ``name`` up to its newest cut once the consumer read that far; False if nothing to do."""
         cut = self.cuts.get(name)
         if cut is None:
             return False
-        meta = meta_key(self.prefix, name)
-        held_text: Any = self.client.hget(meta, "offsets")
-        held = {int(p): int(o) for p, o in json.loads(held_text or "{}").items()}
         ends = {e["partition"]: e["offset"] for e in cut["ends"]}
-        cut_lsn = self.client.hget(meta, "cut_lsn")
-        if all(held.get(p, 0) >= o for p, o in ends.items()) and cut_lsn is not None and \
-                int(cut_lsn) >= cut["commit_lsn"]:  # fmt: skip
+        held = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
+        if all(held.get(p, 0) >= o for p, o in ends.items()) and cut.get("applied"):
             return False
-        args = self._rows(self.views[name], held, ends)
-        offsets = {str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())}
-        self.apply(keys=[meta], args=[held_text.decode() if held_text else "{}", json.dumps(offsets),
-                                      cut["commit_lsn"], lsn_text(cut["commit_lsn"]), *args])  # fmt: skip
+        if any(self.read[name].get(p, 0) < o for p, o in ends.items()):
+            return False  # not read that far yet
+        ready = [r for r in self.buffer[name] if r[1] < ends.get(r[0], 0)]
+        self.buffer[name] = [r for r in self.buffer[name] if r[1] >= ends.get(r[0], 0)]
+        offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
+        args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"]), *self._rows(name, ready)]
+        if not self.apply(keys=[meta_key(self.prefix, name)], args=args):
+            log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
+            self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
+            return False
+        self.held[name] = offsets
+        cut["applied"] = True
         return True
 
-    def _rows(self, view: ViewTopic, held: dict[int, int], ends: dict[int, int]) -> list[Any]:
-        """(redis key, lsn, JSON or '') for the newest record per key between the held offsets and the ends."""
-        todo = [TopicPartition(view.topic, p, held.get(p, 0)) for p, end in ends.items() if held.get(p, 0) < end]
-        latest: dict[bytes, tuple[int, bytes | None]] = {}  # key -> (commit LSN, value)
-        consumer = reader(profile.reader_settings(self.cfg))
-        try:
-            for msg in read_to_end(consumer, todo, timeout=60):
-                partition, offset, key = int(msg.partition() or 0), int(msg.offset() or 0), msg.key()
-                if key is not None and offset < ends[partition]:
-                    latest[key] = (header_lsn(record(msg).headers)[0], msg.value())
-        finally:
-            consumer.close()
+    def _rows(self, name: str, ready: list[tuple[int, int, bytes, int, bytes | None]]) -> list[Any]:
+        """(redis key, lsn, JSON or '') for the newest record per key among ``ready``."""
+        view = self.views[name]
+        latest = {key: (lsn, value) for _, _, key, lsn, value in ready}  # in offset order per key
         out: list[Any] = []
         for key, (lsn, value) in latest.items():
-            name = row_key(self.prefix, view.spec.name, self.decoder.decode(key), view.key_columns)
+            row = row_key(self.prefix, name, self.decoder.decode(key), view.key_columns)
             if value is None:
-                out += [name, lsn, ""]
+                out += [row, lsn, ""]
                 continue
             doc = self.decoder.decode(value)
             doc.pop(LSN_FIELD, None)
-            out += [name, lsn, json.dumps(to_json(doc), separators=(",", ":"))]
+            out += [row, lsn, json.dumps(to_json(doc), separators=(",", ":"))]
         return out

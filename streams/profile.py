@@ -2,29 +2,33 @@
 
 Promise: ``faust_settings(cfg)`` and ``producer_settings(cfg)`` are the whole of what the
 workers ask of their Kafka clients. The ``tansu`` profile adds what the local broker
-needs and nothing else: single-record producer batches for Faust (table recovery reads
-changelog end offsets, which Tansu answers wrongly after multi-record batches), short
+needs and nothing else: changelog end offsets found by fetching (table recovery reads
+up to them, and Tansu's ListOffsets answers a multi-record batch's base offset + 1), short
 group timeouts (a join takes 30 s with Faust's defaults) and short fetch waits: Tansu
 holds a fetch for its whole ``max wait`` even when records arrive meanwhile, and Faust
 hard-codes 1500 ms — every hop would add up to 1.5 s (``app_class`` gives the Faust app
-a consumer that waits 20 ms; ``reader_settings`` does the same for librdkafka readers).
+a consumer that waits 10 ms; ``reader_settings`` does the same for librdkafka readers).
 Against real Kafka (``kafka``) none of it applies. SASL/TLS settings in librdkafka names map onto Faust's credentials.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
+from collections.abc import Mapping
 from typing import Any
 
 import faust
+from confluent_kafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_kafka
+from faust.types import TP
 
 from headwater.errors import FatalError
+from headwater.topics import read_to_end, reader
 from streams.config import StreamsConfig
 
 TANSU_FAUST: dict[str, Any] = {
-    "producer_max_batch_size": 1,  # one record per batch: changelog end offsets stay right
     "broker_session_timeout": 6.0,
     "broker_rebalance_timeout": 6.0,
     "broker_heartbeat_interval": 1.0,
@@ -40,7 +44,7 @@ TABLE_PRODUCER: dict[str, Any] = {
 }
 
 
-TANSU_FETCH_WAIT_MS = 20
+TANSU_FETCH_WAIT_MS = 10
 
 
 class _ShortFetchThread(faust_kafka.AIOKafkaConsumerThread):
@@ -48,6 +52,28 @@ class _ShortFetchThread(faust_kafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = TANSU_FETCH_WAIT_MS  # read when the fetcher starts
         return consumer
+
+    async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
+        """End offsets as fetches find them: Tansu's ListOffsets answers a multi-record batch's base + 1."""
+        reported = await super()._highwaters(partitions)
+        servers = ",".join(f"{url.host}:{url.port}" for url in self.app.conf.broker)
+        return await asyncio.to_thread(true_ends, servers, reported)
+
+
+def true_ends(servers: str, reported: Mapping[TP, int]) -> dict[TP, int]:
+    """Each partition's end found by fetching from the reported end minus one to partition EOF."""
+    ends = dict(reported)
+    todo = [TopicPartition(tp.topic, tp.partition, end - 1) for tp, end in reported.items() if end > 0]
+    if not todo:
+        return ends
+    consumer = reader({"bootstrap.servers": servers, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS})
+    try:
+        for msg in read_to_end(consumer, todo, timeout=60):
+            tp = TP(str(msg.topic()), int(msg.partition() or 0))
+            ends[tp] = max(ends[tp], int(msg.offset() or 0) + 1)
+    finally:
+        consumer.close()
+    return ends
 
 
 class _ShortFetchConsumer(faust_kafka.Consumer):

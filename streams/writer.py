@@ -201,10 +201,6 @@ class TableWriter:
                 found[(msg.topic, msg.partition)] = at
         return found
 
-    def ends(self, topics: Iterable[str]) -> dict[tuple[str, int], int]:
-        """The offset after each partition's last record (partitions never written are left out)."""
-        return {(m.topic, m.partition): m.offset + 1 for m in self._read(self._ends(topics))}
-
     def checkpoint(self) -> tuple[int, tuple[int, int]] | None:
         """(raw offset, watermark) of the last checkpoint, or None before the first."""
         self.ensure_topics([self.cfg.progress_topic], partitions=1)

@@ -22,11 +22,13 @@ pytestmark = pytest.mark.unit
 def test_profile_follows_the_broker_and_only_tansu_gets_its_settings(tmp_path: Path) -> None:
     local = load_streams_config({"HEADWATER_CONFIG": str(write(tmp_path, "[stack]\nkafka_port = 29092\n"))})
     assert (local.bootstrap, local.broker_profile) == ("127.0.0.1:29092", "tansu")
-    assert profile.faust_settings(local)["producer_max_batch_size"] == 1
+    assert profile.faust_settings(local)["broker_session_timeout"] == 6.0
+    assert profile.app_class(local) is profile.TansuApp
     real = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "kafka1:9092,kafka2:9092"})
     assert real.broker_profile == "kafka"
     settings = profile.faust_settings(real)
     assert not set(profile.TANSU_FAUST) & set(settings)
+    assert profile.app_class(real) is faust.App
     assert settings["broker"] == ["kafka://kafka1:9092", "kafka://kafka2:9092"]
     forced = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "tansu"})
     assert forced.tansu

@@ -43,7 +43,7 @@ def shop(j: Joiner) -> None:
 
 def dirty(j: Joiner) -> set[bytes]:
     found = set(j.dirty["orders_enriched"])
-    j.clear("orders_enriched", sorted(found))
+    j.dirty["orders_enriched"].clear()
     return found
 
 
@@ -147,12 +147,9 @@ def test_restart_and_replay_of_a_partly_written_run_give_the_same_state() -> Non
         again = joiner(partial)
         for c in history[300:]:
             again.apply(c)
-        assert {k: v for k, v in partial.items() if not k.startswith(b"d")} == {
-            k: v for k, v in whole.items() if not k.startswith(b"d")
-        }
+        assert partial == whole
         for key in set(reference.rows["public.orders"]) | set(again.rows["public.orders"]):
             assert again.document("orders_enriched", key) == reference.document("orders_enriched", key)
-        assert again.dirty["orders_enriched"] >= {k for k in reference.dirty["orders_enriched"]}
 
 
 class LoggingStore(dict[bytes, bytes]):
