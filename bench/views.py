@@ -35,18 +35,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench import capture
 from bench.fanout import spawn_worker
-from headwater import stack
+from headwater import shop, stack
 from headwater.topics import AvroDecoder
 
-VIEWS = """\
-[views.orders_enriched]
-base = "orders"
-joins = [
-    "customer: customers on customer_id",
-    "items[]: order_items on order_id",
-    "items[].product: products on product_id",
-]
-"""
 PORT = 26067
 TOPIC = "views.views.orders_enriched"
 RAW = "views.changes"
@@ -170,7 +161,7 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[None]:
         cur.execute("CREATE PUBLICATION bench FOR TABLE customers, products, orders, order_items")
     conn.close()
     config = work / "views.toml"
-    config.write_text(VIEWS)
+    config.write_text(shop.VIEWS_TOML)
     log = (work / "capture-views.log").open("ab")
     argv = capture.capture_argv(cfg, "views", "bench_views", work / "state-views")
     capture_proc = subprocess.Popen(argv, env={**capture.os.environ, "HEADWATER_CAPTURE_DSN": dsn}, stdout=log,

@@ -124,7 +124,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {capture.registry_url})")
     demo.show_changes(capture)
     print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
-    env = {"HEADWATER_CONFIG": args.config} if args.config else {}
+    env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local)}
     env.update({f"HEADWATER_STACK_{k.upper()}": str(v) for k, v in flag_values(args, stack.StackConfig).items()})
     from streams.config import load_streams_config
 
@@ -132,6 +132,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     url = f"http://{streams_cfg.web_host}:{streams_cfg.web_port}"
     worker = demo.start_worker(local, env, streams_cfg.web_port)
     demo.show_streams(capture, worker, url)
+    print("\n== views: orders joined with their customer, items and products, kept in Redis")
+    demo.show_views(streams_cfg, env, capture, url)
     print("\n== headwater status")
     cmd_status(args)
     print(
@@ -141,8 +143,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"  registry    {local.registry_url}\n"
         f"  Redis       {local.redis_url}\n"
         f"  capture     pid {pid}\n"
-        f"  streams     pid {worker}, query endpoint {url}/tables/\n"
-        "The views (joins into Redis) and the analytics are not built yet.\n"
+        f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/\n"
+        "The analytics (PySpark) are not built yet.\n"
         "Stop everything with: headwater stack down"
     )
     return 0

@@ -6,8 +6,10 @@ shop workload, waits until capture confirmed everything, then shows the raw topi
 (counts, the last changes decoded) and reconciles it against PostgreSQL. Then a stream
 worker (``faust -A streams worker``, also in the background) fans the changes out:
 the demo shows a row from its query endpoint and reconciles every table topic and
-every row the endpoint answers against PostgreSQL. Each later stage of the pipeline
-extends this same command.
+every row the endpoint answers against PostgreSQL. The worker also keeps the views (the
+user's ``[views]``, or the shop's ``orders_enriched``): the demo shows a view row from Redis
+and the endpoint and reconciles each view's topic, endpoint and Redis against the view's own
+SQL in PostgreSQL. Each later stage of the pipeline extends this same command.
 """
 
 from __future__ import annotations
@@ -23,16 +25,29 @@ from typing import Any
 
 import httpx
 import psycopg2
+import redis
 from confluent_kafka.admin import AdminClient
 
 from capture import slot
 from capture.config import CaptureConfig
 from capture.decoder import lsn_text
 from headwater import process, shop
+from headwater.config import config_path, read_file
 from headwater.errors import FatalError
-from headwater.reconcile import apply_changes, compare, compare_endpoint, latest_rows
+from headwater.reconcile import (
+    apply_changes,
+    compare,
+    compare_docs,
+    compare_endpoint,
+    endpoint_view_docs,
+    latest_rows,
+    latest_view_docs,
+    redis_view_docs,
+    view_docs_sql,
+)
 from headwater.stack import StackConfig
 from headwater.topics import AvroDecoder, read_topic
+from streams.config import StreamsConfig
 
 
 def capture_pidfile(cfg: StackConfig) -> Path:
@@ -171,3 +186,83 @@ def _stream_verdicts(
             problems = [f"endpoint not answering yet: {exc}"]
         out.append((f"endpoint /tables/{table}", count, problems))
     return out
+
+
+def worker_config(explicit: str | None, stack: StackConfig) -> str:
+    """The config file for the demo's worker: the user's, plus the shop's view when it declares none."""
+    path = config_path(explicit, os.environ)
+    data, text = read_file(path) if path else ({}, "")
+    if data.get("views"):
+        return str(path)
+    out = stack.data_dir.resolve() / "demo.toml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n" + shop.VIEWS_TOML)
+    return str(out)
+
+
+def show_views(streams: StreamsConfig, env: dict[str, str], capture: CaptureConfig, url: str,
+               timeout: float = 120.0) -> None:  # fmt: skip
+    """Wait until each view's topic, endpoint and Redis equal the view's SQL in PostgreSQL; show a row."""
+    from streams.catalog import Schemas, discover
+    from streams.config import load_views
+    from streams.materializer import shapes_of
+
+    schemas = Schemas(streams.registry_url)
+    shapes, _ = shapes_of(discover(streams, schemas), schemas)
+    conn = psycopg2.connect(capture.dsn.reveal())
+    try:
+        for spec in load_views({**os.environ, **env}):
+            sql = spec.sql(shapes)
+            deadline = time.monotonic() + timeout
+            while True:
+                verdicts = _view_verdicts(conn, streams, spec.name, sql, url)
+                done = all(not problems for _, _, problems in verdicts)
+                if done or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+            _show_view_row(streams, spec.name, url, verdicts)
+            if not done:
+                raise FatalError(f"view {spec.name} did not catch up; see .headwater/logs/streams.log")
+    finally:
+        conn.close()
+
+
+Verdicts = list[tuple[str, int, list[str]]]
+
+
+def _view_verdicts(conn: Any, streams: StreamsConfig, view: str, sql: str, url: str) -> Verdicts:
+    expected = view_docs_sql(conn, sql)
+    try:
+        topic = latest_view_docs(streams.bootstrap, streams.view_topic(view), AvroDecoder(streams.registry_url))
+        redis_rows, _ = redis_view_docs(streams.redis_url, streams.topic_prefix, view)
+        endpoint = endpoint_view_docs(url, view, sorted(expected))
+    except Exception as exc:  # not made or not answering yet
+        return [(view, len(expected), [f"not readable yet: {exc}"])]
+    return [
+        (streams.view_topic(view), len(expected), compare_docs(expected, topic, "topic")),
+        (f"endpoint /views/{view}", len(expected), compare_docs(expected, endpoint, "endpoint")),
+        (f"Redis {streams.topic_prefix}:{view}:*", len(expected), compare_docs(expected, redis_rows, "redis")),
+    ]
+
+
+def _show_view_row(streams: StreamsConfig, view: str, url: str, verdicts: Verdicts) -> None:
+    listing = httpx.get(f"{url}/views/", timeout=10).json()
+    print(f"  published up to commit LSN {listing.get('cut_lsn')} (the last cut on {streams.cuts_topic})")
+    _, cut = redis_view_docs(streams.redis_url, streams.topic_prefix, view)
+    client = redis.Redis.from_url(streams.redis_url)
+    try:
+        names = sorted(client.scan_iter(match=f"{streams.topic_prefix}:{view}:*", count=1000))
+        if names:
+            name = names[-1].decode()
+            print(f"  Redis HGETALL {name}  (Redis shows the view at cut {lsn_text(cut or 0)})")
+            fields: dict[Any, Any] = client.hgetall(name)
+            print("  " + json.dumps({k.decode(): v.decode() for k, v in fields.items()})[:600])
+            key = name.rsplit(":", 1)[1]
+            print(f"  GET {url}/views/{view}/{key}")
+            print("  " + httpx.get(f"{url}/views/{view}/{key}", timeout=10).text[:600])
+    finally:
+        client.close()
+    print(f"\n== reconciliation: view {view} (topic latest per key, endpoint, Redis) against its SQL in PostgreSQL")
+    for name, count, problems in verdicts:
+        verdict = "equal" if not problems else f"{len(problems)} differences, e.g. {problems[0]}"
+        print(f"  {name:<40} {count:>6} rows in PostgreSQL: {verdict}")

@@ -23,6 +23,16 @@ import psycopg2
 import psycopg2.extensions
 
 Connection = psycopg2.extensions.connection
+# The shop's view (README "Views"): an order with its customer, and its items each with their product.
+VIEWS_TOML = """\
+[views.orders_enriched]
+base = "orders"
+joins = [
+    "customer: customers on customer_id",
+    "items[]: order_items on order_id",
+    "items[].product: products on product_id",
+]
+"""
 TABLES = ("customers", "products", "orders", "order_items")
 KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
 REGIONS = ("north", "south", "east", "west", "central")

@@ -2,8 +2,8 @@
 
 ``worker_factory(prefix)`` starts a worker reading ``<prefix>.changes`` on the session's
 stack with a free web port, its own app id (consumer group and changelogs) unless one
-is given, its own data directory, and the view specs given as config-file text; ``Worker`` waits for it, asks its endpoint, and
-kills it (``kill -9`` too). Every worker is stopped after the test.
+is given, its own data directory, and the view specs given as config-file text;
+``Worker`` waits for it, asks its endpoint, and kills it (``kill -9`` too). Every worker is stopped after the test.
 """
 
 from __future__ import annotations

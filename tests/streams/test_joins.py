@@ -198,7 +198,8 @@ def test_view_schema_nests_records_defines_named_types_once_and_round_trips() ->
     parsed = fastavro.parse_schema(schema)
     doc = {"id": 1, "customer_id": 2, "status": "a", "total": Decimal("3.10"), "hw_commit_lsn": 77,
            "customer": {"id": 2, "name": "x", "last_status": "b"},
-           "items": [{"order_id": 1, "line_no": 1, "product_id": 5, "product": {"id": 5, "price": Decimal("1.00")}}]}  # fmt: skip
+           "items": [{"order_id": 1, "line_no": 1, "product_id": 5,
+                      "product": {"id": 5, "price": Decimal("1.00")}}]}  # fmt: skip
     out = io.BytesIO()
     fastavro.schemaless_writer(out, parsed, doc)
     back = fastavro.schemaless_reader(io.BytesIO(out.getvalue()), parsed, None)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
@@ -35,21 +36,9 @@ from tests.streams.test_workers import wait_for
 
 pytestmark = pytest.mark.slow
 
-VIEWS = """\
-[views.orders_enriched]
-base = "orders"
-joins = [
-    "customer: customers on customer_id",
-    "items[]: order_items on order_id",
-    "items[].product: products on product_id",
-]
-"""
-SHAPES = {
-    f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()
-}
-SQL = parse_views({"views": {"orders_enriched": {"base": "orders", "joins": [
-    "customer: customers on customer_id", "items[]: order_items on order_id",
-    "items[].product: products on product_id"]}}})[0].sql(SHAPES)  # fmt: skip
+VIEWS = shop.VIEWS_TOML
+SHAPES = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()}
+SQL = parse_views(tomllib.loads(VIEWS), VIEWS)[0].sql(SHAPES)
 
 
 def view_problems(conn: Any, capture: Capture, worker: Worker, redis_url: str | None) -> list[str]:

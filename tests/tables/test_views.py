@@ -83,7 +83,7 @@ def test_unknown_base_table_key_and_view_name_fail_with_the_header_line(tmp_path
     assert error('[views.v]\nbase = "nothing"\n', tmp_path).line == 1
     exc = error('\n[views.v]\nbase = "orders"\nfilter = "x"\n', tmp_path)
     assert "unknown key 'filter'" in str(exc) and exc.line == 2
-    assert "needs base" in str(error('[views.v]\njoins = []\n', tmp_path))
+    assert "needs base" in str(error("[views.v]\njoins = []\n", tmp_path))
     assert "view names are letters" in str(error('[views."my view"]\nbase = "orders"\n', tmp_path))
 
 
