@@ -175,7 +175,7 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[None]:
             proc.terminate()
             proc.wait(timeout=60)
         for line in (work / "worker.log").read_text(errors="replace").splitlines():
-            if "views at raw offset" in line or "fan-out at raw offset" in line or "DEBUGLAG" in line:
+            if "views at raw offset" in line or "fan-out at raw offset" in line:
                 print("  worker:", line.split("] ")[-1])
 
 

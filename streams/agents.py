@@ -3,7 +3,8 @@
 Promise: ``fanout`` reads ``<prefix>.changes`` in order, in batches; each batch is
 routed (``streams.fanout``) and written without waiting; the fan-out's own checkpoint
 (``<prefix>.changes.fanout``) moves only to where Kafka acknowledged every record, and
-a (re)started fan-out seeks back to it — so a crash replays what was unacknowledged,
+a (re)started fan-out resumes from it (reading directly what Faust skipped, see
+``streams.cursor``) — so a crash replays what was unacknowledged,
 which the fan-out recognises (partition tails, watermark) and does not write twice. A message
 that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset and the reason,
 is counted and logged, and the stream goes on. ``table_rows`` applies each table
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import fastavro
-from faust.types import TP
 
 from headwater.topics import UndecodableMessage
 from streams.app import app, cfg
@@ -44,12 +44,13 @@ class Runtime:
 
     Batches are written without waiting; a checkpoint is written for the newest batch
     Kafka acknowledged with all before it. Faust may acknowledge raw offsets beyond
-    that, so on (re)start the fan-out seeks back to its own checkpoint.
+    that, so on (re)start the fan-out reads from its own checkpoint (``Cursor``).
     """
 
     def __init__(self) -> None:
         self.fanout: FanOut | None = None
-        self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
+        self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic),
+                             writer.read_raw)  # fmt: skip
         self.saved = -1  # raw offset of the last checkpoint written
         self.lock = threading.Lock()  # handle() runs in an executor thread, tick() in the loop
         self.warned: set[str] = set()
@@ -68,16 +69,15 @@ class Runtime:
         log.info("fan-out resumes: raw offsets below %d done, watermark %s", start, watermark)
         return self.fanout
 
-    def handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> int | None:
-        """Route and write a batch; the raw offset to seek back to, if Faust skipped ahead."""
+    def handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> None:
+        """Route and write a batch (and what Faust skipped before it, read directly)."""
         started = time.monotonic()
         with self.lock:
-            seek = self._handle(batch)
+            self._handle(batch)
             self.checkpoint()
         self.busy += time.monotonic() - started
         self.batches += 1
         self.report(batch[-1][0])
-        return seek
 
     def tick(self) -> None:
         """Checkpoint what Kafka acknowledged since the last batch (called on a timer)."""
@@ -103,15 +103,10 @@ class Runtime:
                  ", ".join(f"{k} {v}" for k, v in vars(c).items()))  # fmt: skip
         self.reported, self.batches, self.busy = (now, c.changes), 0, 0.0
 
-    def _handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> int | None:
+    def _handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> None:
         fan = self.fanout or self.load()
         pending = writer.open_batch()
-        seek = None
-        for offset, key, value in batch:
-            admitted, asked = self.cursor.admit(offset)
-            seek = asked or seek
-            if not admitted:
-                continue
+        for offset, key, value in self.cursor.admit(batch):
             try:
                 change = decode(value)
             except UndecodableMessage as exc:
@@ -127,7 +122,6 @@ class Runtime:
             log.warning("tables without key are not fanned out: %s", ", ".join(sorted(fan.unkeyed - self.warned)))
             self.warned |= fan.unkeyed
         pending.end, pending.watermark = self.cursor.next, fan.watermark
-        return seek
 
     def ensure(self, topic: str) -> None:
         if topic not in writer.known:
@@ -195,9 +189,7 @@ async def fanout(stream: Any) -> None:
     loop = asyncio.get_running_loop()
     async for events in stream.take_events(cfg.batch_size, within=cfg.batch_wait):
         batch = [(e.message.offset, e.message.key, e.message.value) for e in events]
-        seek = await loop.run_in_executor(None, runtime.handle, batch)
-        if seek is not None:  # Faust re-delivers offsets above the one sought
-            await app.consumer.seek(TP(cfg.changes_topic, 0), max(seek - 1, 0))
+        await loop.run_in_executor(None, runtime.handle, batch)
 
 
 @app.timer(0.2)
@@ -233,6 +225,4 @@ if materializer is not None:
         if mirror is not None and not mirror.is_alive():
             mirror.start()
         async for events in stream.take_events(cfg.batch_size, within=cfg.batch_wait):
-            seek = await materializer.handle([(e.message.offset, e.message.value) for e in events])
-            if seek is not None:  # Faust re-delivers offsets above the one sought
-                await app.consumer.seek(TP(cfg.changes_topic, 0), max(seek - 1, 0))
+            await materializer.handle([(e.message.offset, e.message.key, e.message.value) for e in events])

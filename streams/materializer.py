@@ -46,7 +46,7 @@ from headwater.topics import UndecodableMessage, read_topic_from
 from streams import profile
 from streams.catalog import Schemas, TableTopic
 from streams.config import StreamsConfig
-from streams.cursor import Cursor
+from streams.cursor import Cursor, Raw
 from streams.fanout import STREAMED, Change, header_lsn
 from streams.joins import Joiner, canon, store_key, view_schema
 from streams.rows import lsn_text, pack, unpack
@@ -58,6 +58,7 @@ log = logging.getLogger("headwater.streams")
 HIGH = b"@high"  # no state write comes from a raw offset above this one
 PROGRESS = b"@progress"  # replay starts here: (raw offset, watermark) after the last published cut
 PROGRESS_FORMAT = struct.Struct(">qqi")
+TABLES_KEY = b"@tables"  # the tables whose rows the state keeps (a view on a new table replays from the start)
 CUT_SCHEMA: dict[str, Any] = {
     "type": "record",
     "name": "ViewCut",
@@ -192,7 +193,8 @@ class Materializer:
         self.producer = Producer({**profile.producer_settings(cfg), "linger.ms": 1})
         self.joiner: Joiner | None = None
         self.sent: dict[str, Sent] = {}
-        self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic))
+        self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic),
+                             writer.read_raw)  # fmt: skip
         self.watermark = (-1, -1)
         self.quiet_until = -1  # replaying: publish nothing at points below this raw offset
         self.cut: int | None = None  # commit LSN of the last cut published
@@ -211,10 +213,14 @@ class Materializer:
         start, lsn, position = PROGRESS_FORMAT.unpack(saved) if saved else (0, -1, -1)
         self.joiner = joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store,
                                       self.schemas.decode)  # fmt: skip
-        self.cursor.reset(start)
-        self.watermark = (lsn, position)
         high = self.store.get(HIGH)
         self.quiet_until = int.from_bytes(high, "big", signed=True) if high else -1
+        kept = set(json.loads(self.store.get(TABLES_KEY, b"[]")))
+        if saved and not joiner.tables <= kept:
+            start, lsn, position = self._from_the_start(joiner.tables - kept)
+        self.store[TABLES_KEY] = json.dumps(sorted(joiner.tables | kept)).encode()
+        self.cursor.reset(start)
+        self.watermark = (lsn, position)
         for name, view in self.views.items():
             self.sent[name] = self._read_back(view)
             joiner.dirty[name] = {k for k in {*joiner.base_keys(name), *self.sent[name]} if self._differs(view, k)}
@@ -225,6 +231,17 @@ class Materializer:
             self.poller = threading.Thread(target=self._poll, name="headwater-view-cuts", daemon=True)
             self.poller.start()
         return joiner
+
+    def _from_the_start(self, new: set[str]) -> tuple[int, int, int]:
+        """A view uses tables whose rows were not kept: replay the raw topic from its first offset."""
+        low = self.writer.low_watermark(self.cfg.changes_topic)
+        log.warning("the views now use %s, whose rows were not kept: replaying %s from offset %d",
+                    ", ".join(sorted(new)), self.cfg.changes_topic, low)  # fmt: skip
+        if low > 0:
+            log.error("%s starts at offset %d (retention): rows of %s changed before it are missing until they "
+                      "change again; re-snapshot with a new capture slot to rebuild them", self.cfg.changes_topic,
+                      low, ", ".join(sorted(new)))  # fmt: skip
+        return low, -1, -1
 
     def _read_back(self, view: ViewTopic) -> Sent:
         """What the view topic holds: its latest record per key, and each partition's end."""
@@ -245,16 +262,16 @@ class Materializer:
         return digest(None if doc is None else view.encode(doc, lsn)) != held
 
     # ---- changes ------------------------------------------------------------------------
-    async def handle(self, batch: Sequence[tuple[int, bytes | None]]) -> int | None:
-        """Apply a batch of (raw offset, value); publish at its last consistent point. A seek, if needed."""
+    async def handle(self, batch: Sequence[Raw]) -> None:
+        """Apply a batch of (raw offset, key, value); publish at its last consistent point."""
         if self.failed is not None:
             raise FatalError(f"Kafka refused a view row: {self.failed}",
                              hint="check the broker log and the view topics' settings")  # fmt: skip
         joiner = self.joiner or self.load()
         started = time.monotonic()
-        changes, seek = self._admit(batch)
+        changes = self._admit(batch)
         if not changes:
-            return seek
+            return
         self.store[HIGH] = changes[-1][0].to_bytes(8, "big", signed=True)  # before any write of the batch
         points = [i for i, (offset, c) in enumerate(changes) if c.ends_transaction and offset >= self.quiet_until]
         last = points[-1] if points else -1
@@ -268,15 +285,12 @@ class Materializer:
         self.stats["batches"] += 1
         self.stats["busy_s"] += time.monotonic() - started
         self.report(batch[-1][0])
-        return seek
 
-    def _admit(self, batch: Sequence[tuple[int, bytes | None]]) -> tuple[list[tuple[int, Change]], int | None]:
+    def _admit(self, batch: Sequence[Raw]) -> list[tuple[int, Change]]:
         """The batch's new, decodable, not-yet-seen changes (the fan-out dead-letters the rest)."""
-        out, seek = [], None
-        for offset, value in batch:
-            admitted, asked = self.cursor.admit(offset)
-            seek = asked or seek
-            if not admitted or value is None:
+        out = []
+        for offset, _, value in self.cursor.admit(batch):
+            if value is None:
                 continue
             try:
                 change = Change.from_record(self.schemas.decode(value))
@@ -288,7 +302,7 @@ class Materializer:
                     continue  # capture sent it twice
                 self.watermark = ident
             out.append((offset, change))
-        return out, seek
+        return out
 
     # ---- publication --------------------------------------------------------------------
     def publish(self, offset: int, lsn: int) -> None:

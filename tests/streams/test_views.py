@@ -111,11 +111,11 @@ def test_randomized_workload_view_equals_the_sql_join_on_topic_endpoint_and_redi
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
-    writer = ShopWriter(pg_database, rate=150).start()
-    unruly(pg_database, 300, seed=1)
-    time.sleep(3)
+    writer = ShopWriter(pg_database, rate=300).start()
+    wait_for(lambda: writer.work.committed >= 1400, 60)
     committed = writer.stop()
-    assert committed > 300
+    unruly(pg_database, 600, seed=1)  # after the shop workload, whose random deletes would pick the late ids
+    assert committed + 600 >= 2000, committed  # thousands of transactions, on every table
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
     expected = view_docs_sql(shop_db, SQL)
     assert sum(1 for d in expected.values() if d["customer"] is None) > 10  # late and deleted parents were seen
@@ -252,3 +252,21 @@ def test_an_invalid_view_spec_stops_the_worker_at_start_naming_the_line(
         worker.start()
     assert "line 4: view orders_enriched: customer: public.orders has no column 'client_id'" in str(failed.value)
     assert "Traceback" not in worker.log.read_text()
+
+
+def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_topic(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    first = '[views.orders_only]\nbase = "orders"\njoins = ["customer: customers on customer_id"]\n'
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    worker = worker_factory(capture.cfg.topic_prefix, views=first).start()
+    app_id = worker.env["HEADWATER_STREAMS_APP_ID"]
+    writer = ShopWriter(pg_database, rate=100).start()
+    time.sleep(2)
+    writer.stop()
+    worker.kill(signal.SIGTERM)
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=first + "\n" + VIEWS).start()
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)  # items and products came from offset 0
+    assert "whose rows were not kept: replaying" in worker.log.read_text()
