@@ -149,6 +149,11 @@ def faust_settings(cfg: StreamsConfig) -> dict[str, Any]:
         "topic_disable_leader": True,
         "table_standby_replicas": cfg.table_standby_replicas,
         "consumer_auto_offset_reset": "earliest",
+        # Faust waits for every delivered event to be acked before a rebalance or a stop, but events
+        # sitting in a take_events buffer when the agents stop are never acked: the worker would hang
+        # (seen at SIGTERM). The agents keep their own checkpoints, and unacked events are not
+        # committed, so they come again to whoever owns the partition next.
+        "stream_wait_empty": False,
         "producer_acks": -1,
         "web_enabled": True,
         "web_bind": cfg.web_host,
