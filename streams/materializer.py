@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import fastavro
 from confluent_kafka import KafkaError, Producer
@@ -44,13 +44,13 @@ from capture.schemas import Registrar
 from headwater.errors import FatalError
 from headwater.topics import UndecodableMessage, read_topic_from
 from streams import profile
-from streams.catalog import Schemas, TableTopic
+from streams.catalog import KeyCodec, Schemas, TableTopic
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.fanout import STREAMED, Change, header_lsn
 from streams.joins import Joiner, canon, store_key, view_schema
 from streams.rows import lsn_text, pack, unpack
-from streams.writer import Pending, TableWriter
+from streams.writer import Pending, TableWriter, produce
 from tables.partition import partition_for
 from tables.views import LSN_FIELD, TableShape, ViewSpec
 
@@ -94,6 +94,7 @@ class ViewTopic:
     key_columns: list[str]
     key_frame: bytes
     key_parsed: Any
+    codec: KeyCodec  # the base table's key: text -> key bytes
     parsed: Any = field(init=False, repr=False)
     ends: dict[int, int] = field(default_factory=dict)
 
@@ -154,7 +155,7 @@ def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[
         base_key = by_table[spec.base].key
         out[spec.name] = ViewTopic(
             spec, topic, schema, frame(registrar.register(f"{topic}-value", schema, table=f"view {spec.name}")),
-            base_key.columns, frame(registrar.register(f"{topic}-key", base_key.schema)), base_key.parsed,
+            base_key.columns, frame(registrar.register(f"{topic}-key", base_key.schema)), base_key.parsed, base_key,
         )  # fmt: skip
     if out:
         writer.ensure_topics([v.topic for v in out.values()])
@@ -335,27 +336,16 @@ class Materializer:
             self.store[doc_key] = pack(lsn, 0, value)
         headers = [("hw.lsn", b"%d" % lsn), ("hw.view", view.spec.name.encode())]
         delivered.outstanding += 1
-        self._produce(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers,
-                      delivered.delivered)  # fmt: skip
+        produce(self.producer, view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers,
+                delivered.delivered)  # fmt: skip
         self.sent[view.spec.name][key] = (lsn, digest(value))
         self.published += 1
         self.stats["rows"] += 1
 
     def _key_bytes(self, view: ViewTopic, key: bytes) -> bytes:
-        """Key bytes of a view row from its store key (the key columns' values)."""
-        values = json.loads(key)
-        row = dict(zip(view.key_columns, values, strict=True))
-        return view.key(row)
-
-    def _produce(self, topic: str, partition: int, key: bytes, value: bytes | None,
-                 headers: list[tuple[str, bytes]], callback: Any = None) -> None:  # fmt: skip
-        while True:
-            try:
-                self.producer.produce(topic, value, key, partition=partition, headers=cast(Any, headers),
-                                      on_delivery=callback)  # fmt: skip
-                return
-            except BufferError:
-                self.producer.poll(0.01)
+        """Key bytes of a view row from its store key (the key columns' values, parsed by their Avro types)."""
+        text = ",".join(str(v) for v in json.loads(key))
+        return view.key_frame + view.codec.encode_text(text)[5:]
 
     def _poll(self) -> None:
         """Serve deliveries; publish each point's cuts once its rows (and all before) are acknowledged."""
@@ -383,7 +373,7 @@ class Materializer:
         value = self.frames[0] + avro_bytes(CUT_PARSED, {"view": view.spec.name, "commit_lsn": lsn,
                                                          "topic": view.topic, "ends": ends})  # fmt: skip
         key = self.frames[1] + avro_bytes(KEY_STRING, view.spec.name)
-        self._produce(self.cfg.cuts_topic, 0, key, value, [("hw.lsn", b"%d" % lsn)])
+        produce(self.producer, self.cfg.cuts_topic, 0, key, value, [("hw.lsn", b"%d" % lsn)])
 
     # ---- reading ------------------------------------------------------------------------
     def report(self, offset: int, every: float = 10.0) -> None:

@@ -50,6 +50,17 @@ CHECKPOINT_PARSED = fastavro.parse_schema(CHECKPOINT_SCHEMA)
 Scanned = tuple[bytes | None, bytes | None, Position | None]
 
 
+def produce(producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
+            headers: list[tuple[str, bytes]], callback: Any = None) -> None:  # fmt: skip
+    """Hand one record to librdkafka, waiting for room while its queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key, partition=partition, headers=cast(Any, headers), on_delivery=callback)
+            return
+        except BufferError:
+            producer.poll(0.05)  # the queue is full: let deliveries drain it
+
+
 class Pending:
     """The records written for a run of raw offsets, counted down as Kafka acknowledges them."""
 
@@ -118,13 +129,7 @@ class TableWriter:
         if pending is not None:
             pending.outstanding += 1
             callback = pending.delivered
-        while True:
-            try:
-                self.producer.produce(topic, value, key, partition=partition, headers=cast(Any, headers),
-                                      on_delivery=callback)  # fmt: skip
-                return
-            except BufferError:
-                self.producer.poll(0.05)  # the queue is full: let deliveries drain it
+        produce(self.producer, topic, partition, key, value, headers, callback)
 
     def write(self, outputs: Iterable[Output], pending: Pending) -> None:
         for o in outputs:
