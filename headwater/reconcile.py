@@ -102,13 +102,18 @@ def assert_table_matches(
     return count
 
 
-def latest_rows(bootstrap: str, topic: str, decode: AvroDecoder) -> dict[bytes, dict[str, Any]]:
-    """A table topic's latest row per key (key bytes without frame); a tombstone removes the key."""
+def _latest(bootstrap: str, topic: str) -> dict[bytes, bytes]:
+    """A compacted topic's latest value per key; a tombstone removes the key."""
     latest: dict[bytes, bytes | None] = {}
     for record in read_topic(bootstrap, topic):  # a key lives in one partition: offset order is its order
         if record.key is not None:
             latest[record.key] = record.value
-    return {key[5:]: decode(value) for key, value in latest.items() if value is not None}
+    return {key: value for key, value in latest.items() if value is not None}
+
+
+def latest_rows(bootstrap: str, topic: str, decode: AvroDecoder) -> dict[bytes, dict[str, Any]]:
+    """A table topic's latest row per key (key bytes without frame); a tombstone removes the key."""
+    return {key[5:]: decode(value) for key, value in _latest(bootstrap, topic).items()}
 
 
 def same_json(pg: Any, shown: Any) -> bool:
@@ -198,15 +203,8 @@ def _doc(decoded: dict[str, Any]) -> Any:
 
 def latest_view_docs(bootstrap: str, topic: str, decode: AvroDecoder) -> Docs:
     """A view topic's latest row per key (tombstones drop it), as JSON."""
-    latest: dict[bytes, bytes | None] = {}
-    for record in read_topic(bootstrap, topic):
-        if record.key is not None:
-            latest[record.key] = record.value
-    out = {}
-    for key, value in latest.items():
-        if value is not None:
-            out[tuple(str(to_json(v)) for v in decode(key).values())] = _doc(decode(value))
-    return out
+    latest = _latest(bootstrap, topic)
+    return {tuple(str(to_json(v)) for v in decode(key).values()): _doc(decode(value)) for key, value in latest.items()}
 
 
 def redis_view_docs(url: str, prefix: str, view: str) -> tuple[Docs, int | None]:

@@ -5,7 +5,8 @@ reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is w
 multi-record batches while its fetch high watermark is right; ``read_to_end`` is that
 loop for any partitions from any offsets.
 ``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists.
-``AvroDecoder`` decodes Confluent-framed Avro with schemas fetched once per id from the registry.
+``AvroDecoder`` decodes Confluent-framed Avro with schemas fetched once per id from the registry;
+``avro_body`` / ``read_framed`` encode and read with a schema the caller holds.
 """
 
 from __future__ import annotations
@@ -108,6 +109,18 @@ def record(msg: Message) -> Record:
     return Record(int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), msg.value(), headers, msg.topic() or "")
 
 
+def avro_body(parsed: Any, datum: Any) -> bytes:
+    """``datum`` Avro-encoded with a parsed schema (no Confluent frame)."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, parsed, datum)
+    return out.getvalue()
+
+
+def read_framed(data: bytes, parsed: Any) -> Any:
+    """A Confluent-framed record read with a schema the caller already holds (the frame is skipped)."""
+    return fastavro.schemaless_reader(io.BytesIO(data[5:]), parsed, None)
+
+
 class AvroDecoder:
     """Decodes Confluent-framed Avro with schemas fetched (once per id) from the registry.
 
@@ -150,7 +163,7 @@ class AvroDecoder:
         schema_id = int.from_bytes(data[1:5], "big")
         schema = self.schema(schema_id)
         try:
-            return fastavro.schemaless_reader(io.BytesIO(data[5:]), schema, None)
+            return read_framed(data, schema)
         except (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError) as exc:
             raise UndecodableMessage(f"Avro body does not match schema {schema_id}: {exc!r}") from exc
 

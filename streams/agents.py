@@ -14,16 +14,13 @@ topic's records to its Faust table (a tombstone deletes).
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import fastavro
-
-from headwater.topics import UndecodableMessage
+from headwater.topics import UndecodableMessage, avro_body
 from streams.app import app, cfg
 from streams.catalog import Schemas
 from streams.cursor import Cursor
@@ -156,9 +153,7 @@ class KeyOfRow:
     def __call__(self, old_row: bytes, new_key: bytes) -> bytes:
         row = self.schemas.decode(old_row)
         key_schema = self.schemas.schema(int.from_bytes(new_key[1:5], "big"))
-        out = io.BytesIO()
-        fastavro.schemaless_writer(out, key_schema, {f["name"]: row[f["name"]] for f in key_schema["fields"]})
-        return new_key[:5] + out.getvalue()
+        return new_key[:5] + avro_body(key_schema, {f["name"]: row[f["name"]] for f in key_schema["fields"]})
 
 
 def decode(value: bytes | None) -> Change:

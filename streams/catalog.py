@@ -9,7 +9,6 @@ key bytes back into columns. Registry failures raise ``RetryableError``.
 
 from __future__ import annotations
 
-import io
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import fastavro
 
 from capture.encoder import frame
 from headwater.errors import FatalError
-from headwater.topics import AvroDecoder
+from headwater.topics import AvroDecoder, avro_body
 from streams.config import StreamsConfig
 from streams.errors import KeyError400
 
@@ -90,9 +89,7 @@ class KeyCodec:
                 record[f["name"]] = _parse(part, f["type"])
             except (ValueError, InvalidOperation, StopIteration) as exc:
                 raise KeyError400(f"key column {f['name']}: {part!r} is not valid ({exc})") from exc
-        out = io.BytesIO()
-        fastavro.schemaless_writer(out, self.parsed, record)
-        return frame(self.schema_id) + out.getvalue()
+        return frame(self.schema_id) + avro_body(self.parsed, record)
 
 
 @dataclass

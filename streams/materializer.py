@@ -25,7 +25,6 @@ to the view topics' latest state.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import struct
@@ -42,7 +41,7 @@ from confluent_kafka import KafkaError, Producer
 from capture.encoder import frame
 from capture.schemas import Registrar
 from headwater.errors import FatalError
-from headwater.topics import UndecodableMessage, read_topic_from
+from headwater.topics import UndecodableMessage, avro_body, read_framed, read_topic_from
 from streams import profile
 from streams.catalog import KeyCodec, Schemas, TableTopic
 from streams.config import StreamsConfig
@@ -77,12 +76,6 @@ CUT_PARSED = fastavro.parse_schema(CUT_SCHEMA)
 KEY_STRING = fastavro.parse_schema("string")
 
 
-def avro_bytes(schema: Any, datum: Any) -> bytes:
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, schema, datum)
-    return out.getvalue()
-
-
 @dataclass
 class ViewTopic:
     """A view's topic, schemas (registered) and how far Kafka acknowledged it."""
@@ -91,24 +84,26 @@ class ViewTopic:
     topic: str
     schema: dict[str, Any]
     value_frame: bytes
-    key_columns: list[str]
-    key_frame: bytes
-    key_parsed: Any
-    codec: KeyCodec  # the base table's key: text -> key bytes
+    key_frame: bytes  # the view's key subject; the body is the base table's key record
+    codec: KeyCodec  # the base table's key
     parsed: Any = field(init=False, repr=False)
     ends: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.parsed = fastavro.parse_schema(self.schema)
 
+    @property
+    def key_columns(self) -> list[str]:
+        return self.codec.columns
+
     def encode(self, doc: dict[str, Any], lsn: int) -> bytes:
-        return self.value_frame + avro_bytes(self.parsed, {**doc, LSN_FIELD: lsn})
+        return self.value_frame + avro_body(self.parsed, {**doc, LSN_FIELD: lsn})
 
     def decode(self, value: bytes) -> dict[str, Any]:
-        return dict(fastavro.schemaless_reader(io.BytesIO(value[5:]), self.parsed, None))  # type: ignore[arg-type]
+        return dict(read_framed(value, self.parsed))
 
     def key(self, row: dict[str, Any]) -> bytes:
-        return self.key_frame + avro_bytes(self.key_parsed, {c: row[c] for c in self.key_columns})
+        return self.key_frame + avro_body(self.codec.parsed, {c: row[c] for c in self.key_columns})
 
 
 class Delivered(Pending):
@@ -155,7 +150,7 @@ def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[
         base_key = by_table[spec.base].key
         out[spec.name] = ViewTopic(
             spec, topic, schema, frame(registrar.register(f"{topic}-value", schema, table=f"view {spec.name}")),
-            base_key.columns, frame(registrar.register(f"{topic}-key", base_key.schema)), base_key.parsed, base_key,
+            frame(registrar.register(f"{topic}-key", base_key.schema)), base_key,
         )  # fmt: skip
     if out:
         writer.ensure_topics([v.topic for v in out.values()])
@@ -224,7 +219,7 @@ class Materializer:
         self.watermark = (lsn, position)
         for name, view in self.views.items():
             self.sent[name] = self._read_back(view)
-            joiner.dirty[name] = {k for k in {*joiner.base_keys(name), *self.sent[name]} if self._differs(view, k)}
+            joiner.dirty[name] = {k for k in {*joiner.base_keys(name), *self.sent[name]} if self._changed(view, k)[0]}
         dirty = sum(len(d) for d in joiner.dirty.values())
         log.info("views %s resume at raw offset %d (quiet until %d, %d rows to publish again)",
                  ", ".join(self.views), start, self.quiet_until, dirty)  # fmt: skip
@@ -256,11 +251,12 @@ class Materializer:
         view.ends = {p: max(view.ends.get(p, 0), ends.get(p, 0)) for p in range(self.cfg.partitions)}
         return sent
 
-    def _differs(self, view: ViewTopic, key: bytes) -> bool:
+    def _changed(self, view: ViewTopic, key: bytes) -> tuple[bool, dict[str, Any] | None]:
+        """Whether the view row's document now differs from what was last sent, and the document."""
         assert self.joiner is not None
         doc = self.joiner.document(view.spec.name, key)
         lsn, held = self.sent[view.spec.name].get(key, (0, b""))
-        return digest(None if doc is None else view.encode(doc, lsn)) != held
+        return digest(None if doc is None else view.encode(doc, lsn)) != held, doc
 
     # ---- changes ------------------------------------------------------------------------
     async def handle(self, batch: Sequence[Raw]) -> None:
@@ -320,11 +316,9 @@ class Materializer:
 
     def _write(self, view: ViewTopic, key: bytes, lsn: int, delivered: Delivered) -> None:
         """Write one dirty view row if it changed: to the view topic and to the endpoint's table."""
-        assert self.joiner is not None
-        doc = self.joiner.document(view.spec.name, key)
-        held_lsn, held = self.sent[view.spec.name].get(key, (0, b""))
-        if digest(None if doc is None else view.encode(doc, held_lsn)) == held:
-            return  # unchanged
+        changed, doc = self._changed(view, key)
+        if not changed:
+            return
         doc_key = store_key(b"v", view.spec.name, key)
         if doc is None:
             stored = self.store.get(doc_key)
@@ -370,9 +364,9 @@ class Materializer:
             self.frames = (frame(registrar.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA)),
                            frame(registrar.register(f"{self.cfg.cuts_topic}-key", {"type": "string"})))  # fmt: skip
         ends = [{"partition": p, "offset": o} for p, o in sorted(view.ends.items())]
-        value = self.frames[0] + avro_bytes(CUT_PARSED, {"view": view.spec.name, "commit_lsn": lsn,
+        value = self.frames[0] + avro_body(CUT_PARSED, {"view": view.spec.name, "commit_lsn": lsn,
                                                          "topic": view.topic, "ends": ends})  # fmt: skip
-        key = self.frames[1] + avro_bytes(KEY_STRING, view.spec.name)
+        key = self.frames[1] + avro_body(KEY_STRING, view.spec.name)
         produce(self.producer, self.cfg.cuts_topic, 0, key, value, [("hw.lsn", b"%d" % lsn)])
 
     # ---- reading ------------------------------------------------------------------------
@@ -404,10 +398,10 @@ class Materializer:
 
 def decode_cut(value: bytes) -> dict[str, Any]:
     """A cut record's value (Confluent-framed ``ViewCut``)."""
-    return dict(fastavro.schemaless_reader(io.BytesIO(value[5:]), CUT_PARSED, None))  # type: ignore[arg-type]
+    return dict(read_framed(value, CUT_PARSED))
 
 
 def view_key(view: ViewTopic, key_bytes: bytes) -> bytes:
     """The store key of a view row from the base table's framed key bytes."""
-    record: Any = fastavro.schemaless_reader(io.BytesIO(key_bytes[5:]), view.key_parsed, None)
+    record = read_framed(key_bytes, view.codec.parsed)
     return canon([record[c] for c in view.key_columns])

@@ -82,9 +82,6 @@ class RedisMirror(threading.Thread):
         self.apply = self.client.register_script(APPLY)
         self.warned = 0.0
 
-    def stop(self) -> None:
-        self.stopping.set()
-
     def run(self) -> None:
         consumer = reader(profile.reader_settings(self.cfg))
         try:
@@ -156,17 +153,17 @@ class RedisMirror(threading.Thread):
                 if held is None or cut["commit_lsn"] >= held["commit_lsn"]:
                     self.cuts[cut["view"]] = cut
 
-    def sync(self, name: str) -> bool:
-        """Apply ``name`` up to its newest cut once the consumer read that far; False if nothing to do."""
+    def sync(self, name: str) -> None:
+        """Apply ``name`` up to its newest cut once the consumer read that far."""
         cut = self.cuts.get(name)
         if cut is None:
-            return False
+            return
         ends = {e["partition"]: e["offset"] for e in cut["ends"]}
         held = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
         if all(held.get(p, 0) >= o for p, o in ends.items()) and cut.get("applied"):
-            return False
+            return
         if any(self.read[name].get(p, 0) < o for p, o in ends.items()):
-            return False  # not read that far yet
+            return  # not read that far yet
         ready = [r for r in self.buffer[name] if r[1] < ends.get(r[0], 0)]
         self.buffer[name] = [r for r in self.buffer[name] if r[1] >= ends.get(r[0], 0)]
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
@@ -174,10 +171,9 @@ class RedisMirror(threading.Thread):
         if not self.apply(keys=[meta_key(self.prefix, name)], args=args):
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
-            return False
+            return
         self.held[name] = offsets
         cut["applied"] = True
-        return True
 
     def _rows(self, name: str, ready: list[tuple[int, int, bytes, int, bytes | None]]) -> list[Any]:
         """(redis key, lsn, JSON or '') for the newest record per key among ``ready``."""

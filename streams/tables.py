@@ -29,7 +29,7 @@ rows: dict[str, Any] = {
     for t in TABLES
 }
 
-# The views' join state (rows of the joined tables, dirty marks, published rows, progress):
+# The views' join state (rows of the joined tables, published rows, progress markers):
 # one partition, like the raw topic it is built from, so its changelog keeps the order of writes.
 view_state: Any = None
 if VIEWS:

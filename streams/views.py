@@ -47,6 +47,18 @@ def describe(t: TableTopic) -> dict[str, Any]:
             "partitions": cfg.partitions, "partitions_here": sorted(mine), "rows_here": here}  # fmt: skip
 
 
+async def routed(table: str, key_bytes: bytes, web: Any, request: Any, owner: str) -> Any:
+    """The owner's answer for ``key_bytes`` of Faust table ``table``, a 503, or None when this worker owns it."""
+    if app.rebalancing or app.in_recovery:
+        return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
+    try:
+        return await app.router.route_req(table, key_bytes, web, request)
+    except SameNode:
+        return None
+    except ServiceUnavailable:
+        return web.json({"error": f"the owner of {owner} is not known yet"}, status=503, headers=RETRY)
+
+
 @app.page("/tables/")
 async def list_tables(web: Any, request: Any) -> Any:
     return web.json({"tables": [describe(t) for t in TABLES]})
@@ -61,14 +73,9 @@ async def get_row(web: Any, request: Any, name: str, key: str) -> Any:
         key_bytes = table.key.encode_text(unquote(key))
     except KeyError400 as exc:
         return web.json({"error": str(exc), "key": table.key.columns}, status=400)
-    if app.rebalancing or app.in_recovery:
-        return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
-    try:
-        return await app.router.route_req(rows[table.topic].name, key_bytes, web, request)
-    except SameNode:
-        pass
-    except ServiceUnavailable:
-        return web.json({"error": "the owner of this key is not known yet"}, status=503, headers=RETRY)
+    elsewhere = await routed(rows[table.topic].name, key_bytes, web, request, "this key")
+    if elsewhere is not None:
+        return elsewhere
     found = rows[table.topic].get(key_bytes)
     if found is None:
         return web.json({"error": f"no row of {table.qualified} with key {unquote(key)}"}, status=404)
@@ -104,14 +111,9 @@ async def get_view_row(web: Any, request: Any, name: str, key: str) -> Any:
         key_bytes = base.key.encode_text(unquote(key))
     except KeyError400 as exc:
         return web.json({"error": str(exc), "key": view.key_columns}, status=400)
-    if app.rebalancing or app.in_recovery:
-        return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
-    try:
-        return await app.router.route_req(view_state.name, key_bytes, web, request)
-    except SameNode:
-        pass
-    except ServiceUnavailable:
-        return web.json({"error": "the owner of the views is not known yet"}, status=503, headers=RETRY)
+    elsewhere = await routed(view_state.name, key_bytes, web, request, "the views")
+    if elsewhere is not None:
+        return elsewhere
     found = materializer.row(view.spec.name, view_key(view, key_bytes))
     if found is None:
         return web.json({"error": f"no row of view {view.spec.name} with key {unquote(key)}"}, status=404)

@@ -13,7 +13,6 @@ fetching to partition EOF, which is right on Tansu and on real Kafka.
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 from collections import deque
@@ -27,7 +26,16 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from capture.encoder import frame
 from capture.schemas import Registrar
 from headwater.errors import FatalError, RetryableError
-from headwater.topics import Record, create_topics, partition_counts, read_to_end, reader, record
+from headwater.topics import (
+    Record,
+    avro_body,
+    create_topics,
+    partition_counts,
+    read_framed,
+    read_to_end,
+    reader,
+    record,
+)
 from streams import profile
 from streams.config import StreamsConfig
 from streams.errors import TopicLayoutError
@@ -157,12 +165,9 @@ class TableWriter:
         if self.checkpoint_frame is None:
             registrar = Registrar(self.cfg.registry_url, setting="[streams] registry_url")
             self.checkpoint_frame = frame(registrar.register(f"{self.cfg.progress_topic}-value", CHECKPOINT_SCHEMA))
-        body = io.BytesIO()
-        fastavro.schemaless_writer(
-            body, CHECKPOINT_PARSED, {"raw_offset": raw_offset, "commit_lsn": watermark[0], "position": watermark[1]}
-        )
-        self.produce(self.cfg.progress_topic, 0, self.cfg.changes_topic.encode(),
-                     self.checkpoint_frame + body.getvalue(), [])  # fmt: skip
+        body = avro_body(CHECKPOINT_PARSED,
+                         {"raw_offset": raw_offset, "commit_lsn": watermark[0], "position": watermark[1]})  # fmt: skip
+        self.produce(self.cfg.progress_topic, 0, self.cfg.changes_topic.encode(), self.checkpoint_frame + body, [])
 
     # ---- reading back ---------------------------------------------------------------
     def low_watermark(self, topic: str) -> int:
@@ -223,7 +228,7 @@ class TableWriter:
             last = msg.value
         if last is None:
             return None
-        saved: Any = fastavro.schemaless_reader(io.BytesIO(last[5:]), CHECKPOINT_PARSED, None)
+        saved: Any = read_framed(last, CHECKPOINT_PARSED)
         return int(saved["raw_offset"]), (int(saved["commit_lsn"]), int(saved["position"]))
 
     def scan(self, topic: str) -> list[Scanned]:
