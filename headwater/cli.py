@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import psycopg2
 
+from analytics.config import JOB_HELP, AnalyticsConfig
 from capture.config import CaptureConfig
 from headwater import __version__, shop, stack
 from headwater.config import Secret, add_flags, config_path, flag_values, load
@@ -221,6 +222,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- analytics ------------------------------------------------------------------------
+def cmd_analytics(args: argparse.Namespace) -> int:
+    from analytics.config import load_analytics_config
+    from analytics.jobs import JOBS, explain, show
+    from analytics.session import spark_session
+
+    flags = flag_values(args, AnalyticsConfig) | flag_values(args, stack.StackConfig)
+    cfg = load_analytics_config(args.config, os.environ, flags)
+    run = JOBS[args.job]
+    spark = spark_session(cfg, f"headwater {args.job}")
+    try:
+        for result in run(spark, cfg):
+            print(show(result, args.rows) + "\n")
+    except Exception as exc:
+        relayed = None if isinstance(exc, HeadwaterError) else explain(exc)
+        if relayed is None:
+            raise
+        raise relayed from exc
+    finally:
+        spark.stop()
+    return 0
+
+
 # ---- parser ---------------------------------------------------------------------------
 def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
@@ -258,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(status_cmd.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
     status_cmd.set_defaults(func=cmd_status)
+
+    analytics_cmd = _with_stack_flags(
+        commands.add_parser("analytics", help="run a batch job on the topics with PySpark (local[*] by default)")
+    )
+    jobs = "; ".join(f"{k}: {v}" for k, v in JOB_HELP.items())
+    analytics_cmd.add_argument("job", choices=sorted(JOB_HELP), help=jobs)
+    analytics_cmd.add_argument("--rows", type=int, default=50, help="rows of each result to print")
+    add_flags(analytics_cmd.add_argument_group("analytics settings ([analytics] in the config file)"), AnalyticsConfig)
+    analytics_cmd.set_defaults(func=cmd_analytics)
 
     demo_cmd = commands.add_parser("demo", help="the sample shop: seed it, load it, or run the whole demo")
     demo_sub = demo_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -4,6 +4,7 @@ Promise: ``read_topic`` returns every record of a topic, stopping at partition E
 reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is wrong on
 multi-record batches while its fetch high watermark is right; ``read_to_end`` is that
 loop for any partitions from any offsets.
+``fetched_ends`` finds partitions' true ends the same way.
 ``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists.
 ``AvroDecoder`` decodes Confluent-framed Avro with schemas fetched once per id from the registry;
 ``avro_body`` / ``read_framed`` encode and read with a schema the caller holds.
@@ -84,6 +85,21 @@ def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeou
             waiting.discard((msg.topic(), msg.partition()))
             continue
         yield msg
+
+
+def fetched_ends(consumer: Consumer, reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0
+                 ) -> dict[tuple[str, int], int]:  # fmt: skip
+    """Each partition's end found by fetching from its reported end minus one to partition EOF.
+
+    Tansu's ListOffsets answers a multi-record batch's base offset + 1; on Kafka the fetch
+    finds the reported end again. Costs at most one batch per partition.
+    """
+    ends = dict(reported)
+    todo = [TopicPartition(topic, partition, end - 1) for (topic, partition), end in reported.items() if end > 0]
+    for msg in read_to_end(consumer, todo, timeout=timeout):
+        at = (str(msg.topic()), int(msg.partition() or 0))
+        ends[at] = max(ends[at], int(msg.offset() or 0) + 1)
+    return ends
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Record]:

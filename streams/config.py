@@ -16,7 +16,7 @@ from pathlib import Path
 
 from headwater.config import InvalidSetting, Settings, check_port, config_path, load, read_file, setting
 from headwater.stack import StackConfig
-from tables.views import ViewSpec, parse_views
+from tables.views import ViewSpec, cuts_topic, parse_views, view_topic
 
 APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 PROFILES = ("auto", "tansu", "kafka")
@@ -81,10 +81,10 @@ class StreamsConfig:
     @property
     def cuts_topic(self) -> str:
         """Where the workers publish how far each view is complete (a commit LSN and the view topic's ends)."""
-        return f"{self.topic_prefix}.views.cuts" if self.topic_prefix else "views.cuts"
+        return cuts_topic(self.topic_prefix)
 
     def view_topic(self, view: str) -> str:
-        return f"{self.topic_prefix}.views.{view}" if self.topic_prefix else f"views.{view}"
+        return view_topic(self.topic_prefix, view)
 
     @property
     def table_names(self) -> list[str]:

@@ -51,28 +51,13 @@ from streams.joins import Joiner, canon, store_key, view_schema
 from streams.rows import lsn_text, pack, unpack
 from streams.writer import Pending, TableWriter, produce
 from tables.partition import partition_for
-from tables.views import LSN_FIELD, TableShape, ViewSpec
+from tables.views import CUT_PARSED, CUT_SCHEMA, LSN_FIELD, TableShape, ViewSpec
 
 log = logging.getLogger("headwater.streams")
 HIGH = b"@high"  # no state write comes from a raw offset above this one
 PROGRESS = b"@progress"  # replay starts here: (raw offset, watermark) after the last published cut
 PROGRESS_FORMAT = struct.Struct(">qqi")
 TABLES_KEY = b"@tables"  # the tables whose rows the state keeps (a view on a new table replays from the start)
-CUT_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "ViewCut",
-    "namespace": "headwater",
-    "doc": "The view topic read up to these ends shows every source transaction up to commit_lsn, none after.",
-    "fields": [
-        {"name": "view", "type": "string"},
-        {"name": "commit_lsn", "type": "long"},
-        {"name": "topic", "type": "string"},
-        {"name": "ends", "type": {"type": "array", "items": {
-            "type": "record", "name": "PartitionEnd",
-            "fields": [{"name": "partition", "type": "int"}, {"name": "offset", "type": "long"}]}}},
-    ],
-}  # fmt: skip
-CUT_PARSED = fastavro.parse_schema(CUT_SCHEMA)
 KEY_STRING = fastavro.parse_schema("string")
 
 
@@ -394,11 +379,6 @@ class Materializer:
         return {"cut_lsn": None if self.cut is None else lsn_text(self.cut), "rows_published": self.published,
                 "views": [{"name": v.spec.name, "base": v.spec.base, "topic": v.topic, "key": v.key_columns,
                            "joins": [j.path for j in v.spec.joins]} for v in self.views.values()]}  # fmt: skip
-
-
-def decode_cut(value: bytes) -> dict[str, Any]:
-    """A cut record's value (Confluent-framed ``ViewCut``)."""
-    return dict(read_framed(value, CUT_PARSED))
 
 
 def view_key(view: ViewTopic, key_bytes: bytes) -> bytes:

@@ -29,9 +29,9 @@ from headwater.topics import AvroDecoder, reader, record
 from streams import profile
 from streams.config import StreamsConfig
 from streams.fanout import header_lsn
-from streams.materializer import ViewTopic, decode_cut
+from streams.materializer import ViewTopic
 from streams.rows import lsn_text, to_json
-from tables.views import LSN_FIELD
+from tables.views import LSN_FIELD, decode_cut
 
 log = logging.getLogger("headwater.streams")
 

@@ -17,15 +17,14 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import faust
-from confluent_kafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
 from headwater.errors import FatalError
-from headwater.topics import read_to_end, reader
+from headwater.topics import fetched_ends, reader
 from streams.config import StreamsConfig
 
 TANSU_FAUST: dict[str, Any] = {
@@ -61,19 +60,15 @@ class _ShortFetchThread(faust_kafka.AIOKafkaConsumerThread):
 
 
 def true_ends(servers: str, reported: Mapping[TP, int]) -> dict[TP, int]:
-    """Each partition's end found by fetching from the reported end minus one to partition EOF."""
-    ends = dict(reported)
-    todo = [TopicPartition(tp.topic, tp.partition, end - 1) for tp, end in reported.items() if end > 0]
-    if not todo:
-        return ends
+    """Each partition's end found by fetching (``headwater.topics.fetched_ends``)."""
+    if not any(end > 0 for end in reported.values()):
+        return dict(reported)
     consumer = reader({"bootstrap.servers": servers, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS})
     try:
-        for msg in read_to_end(consumer, todo, timeout=60):
-            tp = TP(str(msg.topic()), int(msg.partition() or 0))
-            ends[tp] = max(ends[tp], int(msg.offset() or 0) + 1)
+        found = fetched_ends(consumer, cast(Mapping[tuple[str, int], int], reported))
     finally:
         consumer.close()
-    return ends
+    return {tp: found[tp] for tp in reported}
 
 
 class _ShortFetchConsumer(faust_kafka.Consumer):

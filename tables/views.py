@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fastavro
+
 from headwater.errors import ConfigError
+from headwater.topics import read_framed
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JOIN = re.compile(
@@ -40,6 +43,36 @@ JOIN = re.compile(
 )
 LSN_FIELD = "hw_commit_lsn"  # every view row carries the commit LSN it reflects
 SPEC_KEYS = ("base", "joins", "doc")
+# A cut on <prefix>.views.cuts (key: the view's name): the view topic read up to `ends` is the view at commit_lsn.
+CUT_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "ViewCut",
+    "namespace": "headwater",
+    "doc": "The view topic read up to these ends shows every source transaction up to commit_lsn, none after.",
+    "fields": [
+        {"name": "view", "type": "string"},
+        {"name": "commit_lsn", "type": "long"},
+        {"name": "topic", "type": "string"},
+        {"name": "ends", "type": {"type": "array", "items": {
+            "type": "record", "name": "PartitionEnd",
+            "fields": [{"name": "partition", "type": "int"}, {"name": "offset", "type": "long"}]}}},
+    ],
+}  # fmt: skip
+CUT_PARSED = fastavro.parse_schema(CUT_SCHEMA)
+
+
+def decode_cut(value: bytes) -> dict[str, Any]:
+    """A cut record's value (Confluent-framed ``ViewCut``)."""
+    return dict(read_framed(value, CUT_PARSED))
+
+
+def view_topic(prefix: str, view: str) -> str:
+    return f"{prefix}.views.{view}" if prefix else f"views.{view}"
+
+
+def cuts_topic(prefix: str) -> str:
+    """Where workers publish how far each view is complete (a commit LSN and the view topic's ends)."""
+    return f"{prefix}.views.cuts" if prefix else "views.cuts"
 
 
 def qualify(table: str) -> str:

@@ -26,9 +26,8 @@ from headwater.reconcile import (
 )
 from headwater.stack import StackConfig
 from headwater.topics import AvroDecoder, read_topic
-from streams.materializer import decode_cut
 from streams.rows import to_json
-from tables.views import TableShape, parse_views
+from tables.views import TableShape, decode_cut, parse_views
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import free_port
 from tests.plugins.streams import Worker

@@ -1,0 +1,67 @@
+"""The analytics settings ([analytics] in headwater.toml, HEADWATER_ANALYTICS_*, flags).
+
+Promise: one frozen, validated object, loaded like every other component's (defaults <
+file < environment < flags); broker and registry default to the local stack's. Kafka
+SASL/TLS go through ``kafka`` (librdkafka names, secret values print as ``***``), Spark
+settings through ``spark``. ``source_options`` turns it into the data source's options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headwater.config import InvalidSetting, Settings, config_path, load, setting
+from headwater.stack import StackConfig
+
+JOB_HELP = {  # the jobs of analytics.jobs.JOBS, named here so the command line does not import Spark
+    "shop-report": "sample shop: revenue by day, customer region and product category (Parquet too)",
+    "tables": "latest state of every table topic, as Parquet",
+}
+
+
+@dataclass(frozen=True)
+class AnalyticsConfig:
+    """Where the topics are and how Spark runs (see the README's Analytics section)."""
+
+    bootstrap: str = setting("", "Kafka bootstrap servers (default: the local stack's broker)")
+    registry_url: str = setting("", "Confluent-compatible schema registry URL (default: the local stack's)")
+    topic_prefix: str = setting("headwater", "the capture's topic prefix (table and view topics start with it)")
+    master: str = setting("local[*]", "Spark master: local[*], local[N], spark://host:port, yarn, k8s://...")
+    output: Path = setting(Path("analytics-output"), "directory the jobs write their Parquet into")
+    kafka: Settings = setting(Settings(), "librdkafka settings of the readers (security.protocol, sasl.*, ssl.*)")
+    spark: Settings = setting(Settings(), "Spark settings for the session (spark.executor.memory=4g, ...)")
+    task_records: int = setting(1_000_000, "most messages one Spark task reads; bigger partitions are split")
+    timeout: float = setting(300.0, "seconds a task may take to reach its planned end before it fails")
+
+    def __post_init__(self) -> None:
+        if self.task_records < 1:
+            raise InvalidSetting("task_records", f"must be at least 1, got {self.task_records}")
+        if self.timeout <= 0:
+            raise InvalidSetting("timeout", "must be a positive number of seconds")
+        if not self.master:
+            raise InvalidSetting("master", "must name a Spark master, e.g. local[*]")
+
+    def source_options(self) -> dict[str, str]:
+        """The ``headwater`` data source's options for these settings."""
+        options = {"bootstrap": self.bootstrap, "registry": self.registry_url, "prefix": self.topic_prefix,
+                   "task_records": str(self.task_records), "timeout": str(self.timeout)}  # fmt: skip
+        options.update({f"kafka.{k}": v for k, v in self.kafka.items()})
+        return options
+
+
+def load_analytics_config(
+    explicit: str | None = None, environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None
+) -> AnalyticsConfig:
+    """[analytics] from the config file, environment and flags; broker and registry from the stack."""
+    env = dict(os.environ if environ is None else environ)
+    path = config_path(explicit, env)
+    cfg = load(AnalyticsConfig, "analytics", path=path, environ=env, flags=flags)
+    local = load(StackConfig, "stack", path=path, environ=env, flags=flags)
+    return dataclasses.replace(
+        cfg, bootstrap=cfg.bootstrap or local.bootstrap, registry_url=cfg.registry_url or local.registry_url
+    )

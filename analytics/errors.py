@@ -1,0 +1,42 @@
+"""What can go wrong reading Headwater topics into Spark.
+
+Promise: every error names the topic (and the partition and offset when one record is
+at fault) as attributes and in its message, with what to do. ``SourceError`` is fatal
+(a missing topic, a record no registered schema decodes, no cut to read at);
+``SourceUnavailable`` may pass by itself (the broker or registry not answering).
+"""
+
+from __future__ import annotations
+
+from headwater.errors import FatalError, RetryableError
+
+
+def _where(topic: str, partition: int | None, offset: int | None) -> str:
+    where = f"topic {topic}"
+    if partition is not None:
+        where += f", partition {partition}"
+    if offset is not None:
+        where += f", offset {offset}"
+    return where
+
+
+class SourceError(FatalError):
+    """A topic that cannot be read as asked; a person has to change the query or the data."""
+
+    def __init__(self, message: str, *, topic: str, partition: int | None = None, offset: int | None = None,
+                 hint: str | None = None) -> None:  # fmt: skip
+        super().__init__(f"{_where(topic, partition, offset)}: {message}", hint=hint)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class SourceUnavailable(RetryableError):
+    """Kafka or the schema registry did not answer while reading a topic."""
+
+    def __init__(self, message: str, *, topic: str, partition: int | None = None, offset: int | None = None,
+                 hint: str | None = None) -> None:  # fmt: skip
+        super().__init__(f"{_where(topic, partition, offset)}: {message}", hint=hint)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset

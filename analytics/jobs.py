@@ -1,0 +1,153 @@
+"""The batch jobs ``headwater analytics <job>`` runs, and how their failures read.
+
+Promise: every job reads Headwater topics through the ``headwater`` data source only,
+prints its result as a table and writes it as Parquet under ``cfg.output/<job>``.
+``shop-report``: revenue, orders and units by day (UTC), customer region and product
+category, from the ``orders_enriched`` view read exactly at its newest cut (so no
+source transaction is half in it); cancelled orders do not count. ``REPORT_SQL`` is the
+same report as one PostgreSQL query (tests compare the two). ``tables``: the latest
+state of every table topic under the prefix, one Parquet dataset per table.
+``explain`` turns an error Spark relays from a task into the ``HeadwaterError`` it was.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from analytics.config import AnalyticsConfig
+from analytics.plan import Cut, Request, find_cut
+from headwater.errors import FatalError, HeadwaterError, RetryableError
+from headwater.topics import AvroDecoder
+
+REPORT_VIEW = "orders_enriched"
+REPORT_SQL = """
+SELECT (o.placed_at AT TIME ZONE 'UTC')::date AS day, c.region, p.category,
+       sum(i.quantity * i.unit_price) AS revenue, count(DISTINCT o.id) AS orders, sum(i.quantity) AS units
+FROM orders o
+LEFT JOIN customers c ON c.id = o.customer_id
+JOIN order_items i ON i.order_id = o.id
+LEFT JOIN products p ON p.id = i.product_id
+WHERE o.status <> 'cancelled'
+GROUP BY 1, 2, 3
+ORDER BY 1, 2 NULLS FIRST, 3 NULLS FIRST
+"""
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a job produced: the rows it printed and where the Parquet went."""
+
+    title: str
+    frame: DataFrame
+    path: Path
+
+
+def read(spark: SparkSession, cfg: AnalyticsConfig, **options: str) -> DataFrame:
+    """A Headwater topic as a DataFrame, with the config's broker, registry and Kafka settings."""
+    return spark.read.format("headwater").options(**cfg.source_options(), **options).load()
+
+
+def report_cut(cfg: AnalyticsConfig) -> Cut:
+    """The newest cut of the report's view."""
+    return find_cut(Request.from_options({**cfg.source_options(), "view": REPORT_VIEW, "cut": "latest"}))
+
+
+def shop_report_frame(spark: SparkSession, cfg: AnalyticsConfig, cut: Cut) -> DataFrame:
+    orders = read(spark, cfg, view=REPORT_VIEW, cut=str(cut.commit_lsn))
+    items = orders.where(F.col("status") != "cancelled").select(
+        F.to_date("placed_at").alias("day"), F.col("customer.region").alias("region"), F.col("id"),
+        F.explode("items").alias("item"),
+    )  # fmt: skip
+    return (
+        items.groupBy("day", "region", F.col("item.product.category").alias("category"))
+        .agg(
+            F.sum(F.col("item.quantity") * F.col("item.unit_price")).alias("revenue"),
+            F.countDistinct("id").alias("orders"),
+            F.sum("item.quantity").alias("units"),
+        )
+        .orderBy("day", "region", "category")
+    )
+
+
+def shop_report(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
+    cut = report_cut(cfg)
+    frame = shop_report_frame(spark, cfg, cut).cache()
+    path = cfg.output / "shop-report"
+    frame.write.mode("overwrite").parquet(str(path))
+    title = f"revenue by day, region and category from {cut.topic} at commit LSN {cut.lsn}"
+    return [Result(title, frame, path)]
+
+
+def table_topics(cfg: AnalyticsConfig) -> list[str]:
+    """Topics under the prefix with a registered value schema, except the raw, view and internal ones."""
+    subjects = AvroDecoder(cfg.registry_url).get("/subjects") or []
+    prefix = f"{cfg.topic_prefix}." if cfg.topic_prefix else ""
+    skip = (f"{prefix}changes", f"{prefix}views.")
+    return sorted(
+        s[: -len("-value")] for s in subjects
+        if s.endswith("-value") and s.startswith(prefix) and not s.startswith(skip)
+    )  # fmt: skip
+
+
+def tables(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
+    out = []
+    for topic in table_topics(cfg):
+        frame = read(spark, cfg, topic=topic, mode="latest").cache()
+        path = cfg.output / "tables" / topic
+        frame.write.mode("overwrite").parquet(str(path))
+        out.append(Result(f"{topic}: {frame.count()} rows (latest state)", frame.limit(5), path))
+    if not out:
+        raise FatalError(f"no table topics under the prefix {cfg.topic_prefix!r} in {cfg.registry_url}",
+                         hint="run capture first, or set topic_prefix in [analytics]")  # fmt: skip
+    return out
+
+
+JOBS: dict[str, Callable[[SparkSession, AnalyticsConfig], list[Result]]] = {
+    "shop-report": shop_report,
+    "tables": tables,
+}  # described in analytics.config.JOB_HELP
+
+
+def show(result: Result, rows: int = 50) -> str:
+    """The result as a text table (at most ``rows`` rows), with its title and Parquet path."""
+    frame = result.frame
+    names = frame.columns
+    data = [[_cell(v) for v in row] for row in frame.limit(rows).collect()]
+    widths = [max([len(n)] + [len(r[i]) for r in data]) for i, n in enumerate(names)]
+    lines = [result.title, "  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(r, widths, strict=True))
+              for r in data]  # fmt: skip
+    lines.append(f"written to {result.path}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _numeric(text: str) -> bool:
+    return bool(re.fullmatch(r"-?[0-9.]+", text))
+
+
+ERROR_LINE = re.compile(r"^(?:analytics|headwater)\.errors\.(\w+): (.*)$", re.MULTILINE)
+
+
+def explain(exc: Exception) -> HeadwaterError | None:
+    """The Headwater error a Spark exception relays from a Python worker, if it is one."""
+    text = str(exc)
+    found = list(ERROR_LINE.finditer(text))
+    if not found:
+        return None
+    last = found[-1]
+    hint = re.match(r"\n  hint: (.*)", text[last.end():])
+    kind = {"SourceUnavailable": RetryableError, "RetryableError": RetryableError}.get(last.group(1), FatalError)
+    return kind(last.group(2), hint=hint.group(1) if hint else None)
+

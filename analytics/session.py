@@ -1,0 +1,45 @@
+"""The Spark session Headwater's jobs run in, with the ``headwater`` data source registered.
+
+Promise: ``spark_session(cfg)`` builds (or reuses) a session on ``cfg.master`` whose
+Python workers run this interpreter, whose SQL time zone is UTC (dates of timestamps
+are UTC dates, as in the topics), and which binds to 127.0.0.1 with its web UI off
+when the master is local — nothing listens beyond this machine unless the ``spark``
+settings say so. ``cfg.spark`` settings are applied last.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from analytics.config import AnalyticsConfig
+from analytics.source import register
+
+LOCAL_DEFAULTS = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+}
+DEFAULTS = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.pyspark.python": sys.executable,
+    "spark.pyspark.driver.python": sys.executable,
+}
+
+
+def spark_session(cfg: AnalyticsConfig, app_name: str = "headwater") -> SparkSession:
+    local = cfg.master.startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "hostname resolves to a loopback" warning
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(cfg.master).appName(app_name)
+    for key, value in {**DEFAULTS, **(LOCAL_DEFAULTS if local else {}), **cfg.spark}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("HEADWATER_SPARK_LOG_LEVEL", "ERROR"))
+    register(spark)
+    return spark
