@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
 
 Convert = Callable[[Any], Any]
 MAX_PRECISION = 38  # Spark's widest decimal
+EXACT = Context(prec=1001)  # PostgreSQL numerics have at most 1000 digits: scaling never rounds
 PRIMITIVES: dict[str, T.DataType] = {
     "boolean": T.BooleanType(), "int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(),
     "double": T.DoubleType(), "bytes": T.BinaryType(), "string": T.StringType(),
@@ -180,7 +181,7 @@ def _decimal(scale: int) -> Convert:
     def convert(raw: Any) -> Decimal | None:
         if raw is None:
             return None
-        return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
+        return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale, EXACT)
 
     return convert
 

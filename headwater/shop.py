@@ -78,8 +78,8 @@ def seed(conn: Connection, scale: Scale = Scale(), *, rng_seed: int = 1) -> dict
         for _ in range(scale.orders):
             _insert_order(cur, rng)
         # seeded orders spread over the last two weeks, so reports by day have days to show
-        cur.execute("UPDATE orders SET placed_at = placed_at - (id %% 14) * interval '1 day'"
-                    " - (id * 7919 %% 86400) * interval '1 second'")  # fmt: skip
+        cur.execute("UPDATE orders SET placed_at = placed_at - (id % 14) * interval '1 day'"
+                    " - (id * 7919 % 86400) * interval '1 second'")  # fmt: skip
     return counts(conn)
 
 

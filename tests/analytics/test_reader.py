@@ -1,0 +1,174 @@
+"""The data source on topics written here: schema changes, planned ends and gaps, bad input, splits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import fastavro
+import httpx
+import pytest
+from confluent_kafka import Producer
+from pyspark.sql import SparkSession
+
+from analytics.config import AnalyticsConfig
+from analytics.jobs import explain, read
+from analytics.plan import Request, Slice, plan, value_schema
+from analytics.reader import SliceReader
+from headwater.errors import HeadwaterError
+from headwater.stack import StackConfig
+from headwater.topics import avro_body
+from tests.plugins.stack import free_port
+
+pytestmark = pytest.mark.slow
+
+V1 = {"type": "record", "name": "thing", "fields": [
+    {"name": "id", "type": "int"}, {"name": "name", "type": "string"}]}  # fmt: skip
+V2 = {"type": "record", "name": "thing", "fields": [
+    {"name": "id", "type": "long"}, {"name": "name", "type": "string"},
+    {"name": "note", "type": ["null", "string"], "default": None}]}  # fmt: skip
+KEY = {"type": "record", "name": "thing_key", "fields": [{"name": "id", "type": "long"}]}
+
+
+def register(registry: str, subject: str, schema: dict[str, Any]) -> int:
+    response = httpx.post(f"{registry}/subjects/{subject}/versions", json={"schema": json.dumps(schema)}, timeout=10)
+    response.raise_for_status()
+    return int(response.json()["id"])
+
+
+def framed(schema_id: int, schema: dict[str, Any], datum: Any) -> bytes:
+    return b"\0" + schema_id.to_bytes(4, "big") + avro_body(fastavro.parse_schema(schema), datum)
+
+
+class Things:
+    """A topic of ``thing`` records: v1 rows, then v2 rows, then tombstones, in chosen partitions."""
+
+    def __init__(self, stack: StackConfig, topic: str) -> None:
+        self.topic = topic
+        self.registry = stack.registry_url
+        self.producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5})
+        self.key_id = register(self.registry, f"{topic}-key", KEY)
+        self.v1 = register(self.registry, f"{topic}-value", V1)
+        self.v2: int | None = None
+
+    def put(self, thing_id: int, value: bytes | None, partition: int) -> None:
+        key = framed(self.key_id, KEY, {"id": thing_id})
+        self.producer.produce(self.topic, value, key, partition=partition, headers=[("hw.lsn", b"%d" % thing_id)])
+
+    def write(self, partitions: int) -> None:
+        for n in range(40):
+            self.put(n, framed(self.v1, V1, {"id": n, "name": f"v1-{n}"}), n % partitions)
+        self.v2 = register(self.registry, f"{self.topic}-value", V2)
+        for n in range(30, 60):
+            self.put(n, framed(self.v2, V2, {"id": n, "name": f"v2-{n}", "note": f"note {n}"}), n % partitions)
+        for n in range(0, 60, 10):
+            self.put(n, None, n % partitions)  # tombstones
+        assert self.producer.flush(30) == 0
+
+
+@pytest.fixture
+def things(local_stack: StackConfig, topic_factory: Callable[..., str]) -> Iterator[Things]:
+    made = Things(local_stack, topic_factory("things", partitions=3))
+    made.write(3)
+    yield made
+    del made.producer  # before the stack goes: no reconnect noise
+
+
+def test_a_schema_change_reads_as_the_newest_schema_in_both_modes(
+    spark: SparkSession, things: Things, analytics_config: Callable[..., AnalyticsConfig]
+) -> None:
+    cfg = analytics_config("")
+    changes = read(spark, cfg, topic=things.topic, metadata="true")
+    assert changes.columns == ["id", "name", "note", "_op", "_partition", "_offset", "_commit_lsn"]
+    rows = changes.collect()
+    assert len(rows) == 40 + 30 + 6
+    deletes = sorted(r.id for r in rows if r._op == "DELETE")
+    assert deletes == list(range(0, 60, 10))
+    assert all(r.name is None for r in rows if r._op == "DELETE")
+    old = {r.id: r for r in rows if r._op == "UPSERT" and r.name.startswith("v1")}
+    assert len(old) == 40 and all(r.note is None for r in old.values())  # the new field's default
+    assert all(r._commit_lsn == r.id and r._partition == r.id % 3 for r in rows)
+    per_partition: dict[int, list[int]] = {}
+    for r in rows:
+        per_partition.setdefault(r._partition, []).append(r._offset)
+    assert all(sorted(offsets) == list(range(len(offsets))) for offsets in per_partition.values())
+
+    latest = {r.id: (r.name, r.note) for r in read(spark, cfg, topic=things.topic, mode="latest").collect()}
+    expected = {n: (f"v1-{n}", None) for n in range(30)} | {n: (f"v2-{n}", f"note {n}") for n in range(30, 60)}
+    assert latest == {n: v for n, v in expected.items() if n % 10}
+
+
+def test_big_partitions_are_split_into_tasks_that_read_the_same_messages(
+    spark: SparkSession, things: Things, analytics_config: Callable[..., AnalyticsConfig]
+) -> None:
+    cfg = analytics_config("", task_records=7)
+    req = Request.from_options({**cfg.source_options(), "topic": things.topic})
+    slices = plan(req)
+    assert len(slices) > 3 and all(s.end - s.start <= 7 for s in slices)
+    whole = read(spark, analytics_config(""), topic=things.topic, metadata="true")
+    split = read(spark, cfg, topic=things.topic, metadata="true")
+    assert split.rdd.getNumPartitions() == len(slices)
+    def ordered(rows: list[Any]) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in sorted(rows, key=lambda r: (r._partition, r._offset))]
+
+    assert ordered(split.collect()) == ordered(whole.collect())
+    latest = read(spark, cfg, topic=things.topic, mode="latest")
+    assert latest.rdd.getNumPartitions() == 3  # a key's last value needs its whole partition
+    assert latest.count() == 54
+
+
+def test_a_reader_stops_at_its_planned_end_and_at_a_gap_before_it(
+    things: Things, analytics_config: Callable[..., AnalyticsConfig]
+) -> None:
+    cfg = analytics_config("")
+    req = Request.from_options({**cfg.source_options(), "topic": things.topic, "metadata": "true"})
+    reader = SliceReader(req, value_schema(req))
+    planned = {s.partition: s for s in plan(req)}
+    things.write(3)  # written after planning: not read
+    for partition, piece in planned.items():
+        offsets = [o for batch in reader.read(piece) for o in batch.column("_offset").to_pylist()]
+        assert offsets == list(range(piece.start, piece.end)), partition
+    # an end past the last record (compaction removed the tail, or a transaction marker ends it) stops at EOF
+    end = planned[0].end * 2
+    gap = Slice(things.topic, 0, planned[0].end, end + 50)
+    got = [o for batch in reader.read(gap) for o in batch.column("_offset").to_pylist()]
+    assert got == list(range(planned[0].end, end))
+
+
+def error_of(call: Callable[[], Any]) -> HeadwaterError:
+    with pytest.raises(Exception) as caught:  # Spark relays our error inside its own
+        call()
+    found = caught.value if isinstance(caught.value, HeadwaterError) else explain(caught.value)
+    assert found is not None, str(caught.value)[:2000]
+    return found
+
+
+def test_bad_input_names_topic_partition_offset_and_the_fix(
+    spark: SparkSession, things: Things, analytics_config: Callable[..., AnalyticsConfig], local_stack: StackConfig
+) -> None:
+    cfg = analytics_config("")
+    missing = error_of(lambda: read(spark, cfg, topic=f"{things.topic}-nope").collect())
+    assert f"topic {things.topic}-nope" in str(missing) and "does not exist" in str(missing)
+
+    dead = analytics_config("", registry_url=f"http://127.0.0.1:{free_port()}")
+    unreachable = error_of(lambda: read(spark, dead, topic=things.topic).collect())
+    assert "unreachable" in str(unreachable) and "registry" in str(unreachable)
+
+    things.producer.produce(things.topic, b"\0\0\x0f\x42\x40" + b"junk", b"k", partition=1)  # schema id 1000000
+    assert things.producer.flush(10) == 0
+    bad = error_of(lambda: read(spark, cfg, topic=things.topic).collect())
+    assert f"topic {things.topic}, partition 1, offset 25" in str(bad), str(bad)
+    assert "schema id 1000000 is not in the registry" in str(bad)
+
+    no_cut = error_of(lambda: read(spark, cfg, topic=things.topic, cut="latest").collect())
+    assert "no cut of this view" in str(no_cut) and "streams worker" in str(no_cut)
+
+    for options, words in (({"topic": things.topic, "mode": "newest"}, "unknown mode"),
+                           ({"topic": things.topic, "cut": "yesterday"}, "is not a commit LSN"),
+                           ({"topic": things.topic, "cut": "latest", "mode": "changes"}, "a cut is a state"),
+                           ({}, "set exactly one of the options topic, table or view")):  # fmt: skip
+        with pytest.raises(HeadwaterError, match=words):
+            Request.from_options({**cfg.source_options(), **options})
+    planning = error_of(lambda: read(spark, cfg, topic=things.topic, mode="newest"))
+    assert "unknown mode 'newest'" in str(planning) and "changes, latest" in str(planning)

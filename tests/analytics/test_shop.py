@@ -1,0 +1,122 @@
+"""The sample shop through the whole pipeline, read back by Spark: tables, the enriched view, the report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import Row, SparkSession
+
+from analytics.config import AnalyticsConfig
+from analytics.errors import SourceError
+from analytics.jobs import JOBS, REPORT_SQL, REPORT_VIEW, read, report_cut, shop_report_frame
+from analytics.plan import Request, plan
+from headwater import shop
+from headwater.reconcile import compare, compare_docs, view_docs_sql
+from headwater.topics import read_topic
+from streams.rows import to_json
+from tests.analytics.test_reader import error_of
+from tests.plugins.capture import Capture, ShopWriter
+from tests.plugins.streams import Worker
+from tests.streams.test_views import SQL, start, views_reconciled
+from tests.streams.test_workers import wait_for
+
+pytestmark = pytest.mark.slow
+REPO = __file__.rsplit("/tests/", 1)[0]
+
+
+def plain(value: Any) -> Any:
+    """A collected Spark value with instants made UTC-aware (Spark hands out naive local times)."""
+    if isinstance(value, Row):
+        return plain(value.asDict(recursive=True))
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.astimezone(UTC)
+    return value
+
+
+def cut_covers_the_view(cfg: AnalyticsConfig) -> bool:
+    """The newest cut reaches the end of every partition of the view topic (the view is at rest)."""
+    try:
+        cut = report_cut(cfg)
+    except SourceError:
+        return False
+    ends = plan(Request.from_options({**cfg.source_options(), "view": REPORT_VIEW}))
+    return all(cut.ends.get(s.partition, 0) >= s.end for s in ends)
+
+
+def sql_report(conn: Any) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(REPORT_SQL)
+        rows = cur.fetchall()
+    conn.commit()
+    return {tuple(r[:3]): tuple(r[3:]) for r in rows}
+
+
+def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_has_them(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig],
+) -> None:  # fmt: skip
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
+    writer = ShopWriter(pg_database, rate=250).start()
+    wait_for(lambda: writer.work.committed >= 600, 60)
+    writer.stop()
+    capture.wait_caught_up(pg_database)
+    views_reconciled(shop_db, capture, worker, None)
+    cfg = analytics_config(capture.cfg.topic_prefix)
+    assert wait_for(lambda: cut_covers_the_view(cfg), 60, every=0.5), worker.tail()
+
+    for table in shop.TABLES:
+        rows = [plain(r) for r in read(spark, cfg, table=table, mode="latest").collect()]
+        count, problems = compare(shop_db, table, shop.KEYS[table], dict(enumerate(rows)))
+        assert not problems, "\n".join(problems[:20])
+        assert count == len(rows) > 0
+        changes = read(spark, cfg, table=table)
+        assert changes.count() == len(read_topic(cfg.bootstrap, f"{cfg.topic_prefix}.{table}"))
+
+    view = read(spark, cfg, view=REPORT_VIEW, cut="latest").drop("hw_commit_lsn").collect()
+    docs = {(str(r.id),): to_json(plain(r)) for r in view}
+    expected = view_docs_sql(shop_db, SQL)
+    assert not compare_docs(expected, docs, "spark"), compare_docs(expected, docs, "spark")[:10]
+    assert sum(len(d["items"]) for d in expected.values()) > 100
+
+    report = {tuple(r[:3]): tuple(r[3:]) for r in shop_report_frame(spark, cfg, report_cut(cfg)).collect()}
+    assert report == sql_report(shop_db)
+    assert len({day for day, _, _ in report}) >= 5  # the seeded orders span two weeks
+
+    results = JOBS["tables"](spark, cfg)
+    for table in shop.TABLES:
+        stored = pq.read_table(cfg.output / "tables" / f"{cfg.topic_prefix}.{table}")
+        assert stored.num_rows == shop.counts(shop_db)[table]
+    assert len(results) == len(shop.TABLES)
+
+    argv = [sys.executable, "-m", "headwater.cli", "analytics", "shop-report", "--bootstrap", cfg.bootstrap,
+            "--registry-url", cfg.registry_url, "--topic-prefix", cfg.topic_prefix, "--output",
+            str(cfg.output / "cli"), "--master", "local[1]", "--rows", "5"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"from {cfg.topic_prefix}.views.{REPORT_VIEW} at commit LSN" in done.stdout
+    assert "day" in done.stdout and "revenue" in done.stdout and "written to" in done.stdout
+    written = pq.read_table(cfg.output / "cli" / "shop-report").to_pylist()
+    assert {(r["day"], r["region"], r["category"]): (r["revenue"], r["orders"], r["units"])
+            for r in written} == sql_report(shop_db)  # fmt: skip
+
+
+def test_the_report_on_a_pipeline_without_the_view_says_how_to_get_it(
+    spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig], shop_db: Any, pg_database: str,
+    capture_factory: Callable[..., Capture],
+) -> None:  # fmt: skip
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    cfg = analytics_config(capture.cfg.topic_prefix)
+    failure = error_of(lambda: JOBS["shop-report"](spark, cfg))
+    assert f"topic {capture.cfg.topic_prefix}.views.{REPORT_VIEW}" in str(failure)
+    assert "no cut of this view" in str(failure) and "README 'Views'" in str(failure)
