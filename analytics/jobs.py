@@ -22,7 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from analytics.config import AnalyticsConfig
-from analytics.plan import Cut, Request, find_cut
+from analytics.errors import SourceError
+from analytics.plan import Cut, Request, find_cut, plan
 from headwater.errors import FatalError, HeadwaterError, RetryableError
 from headwater.topics import AvroDecoder
 
@@ -57,6 +58,16 @@ def read(spark: SparkSession, cfg: AnalyticsConfig, **options: str) -> DataFrame
 def report_cut(cfg: AnalyticsConfig) -> Cut:
     """The newest cut of the report's view."""
     return find_cut(Request.from_options({**cfg.source_options(), "view": REPORT_VIEW, "cut": "latest"}))
+
+
+def view_at_rest(cfg: AnalyticsConfig, view: str = REPORT_VIEW) -> bool:
+    """The view's newest cut reaches the end of every partition of its topic (nothing published after it)."""
+    try:
+        cut = find_cut(Request.from_options({**cfg.source_options(), "view": view, "cut": "latest"}))
+    except SourceError:
+        return False
+    planned = plan(Request.from_options({**cfg.source_options(), "view": view}))
+    return all(cut.ends.get(s.partition, 0) >= s.end for s in planned)
 
 
 def shop_report_frame(spark: SparkSession, cfg: AnalyticsConfig, cut: Cut) -> DataFrame:

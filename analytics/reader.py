@@ -196,7 +196,7 @@ def _until_end(consumer: Consumer, where: Slice, timeout: float) -> Iterator[Mes
             raise SourceUnavailable(f"did not reach the planned end {where.end} within {timeout:.0f} s",
                                     topic=where.topic, partition=where.partition, offset=at,
                                     hint="raise the 'timeout' option or check the broker")  # fmt: skip
-        for msg in consumer.consume(POLL_MESSAGES, 0.5):
+        for msg in consumer.consume(min(POLL_MESSAGES, where.end - at), 0.5):  # returns once it has them all
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:

@@ -1,19 +1,21 @@
-"""``python -m bench [capture|fanout|views] [--changes N] [--rows N] [--seconds S]`` (or ``./dev bench``)."""
+"""``python -m bench [capture|fanout|views|analytics] [--changes N] [--rows N] [--seconds S] [--messages N]``
+(or ``./dev bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import capture, fanout, views
+from bench import analytics, capture, fanout, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("which", nargs="?", default="all", choices=["all", "capture", "fanout", "views"])
+    parser.add_argument("which", nargs="?", default="all", choices=["all", "capture", "fanout", "views", "analytics"])
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
     parser.add_argument("--seconds", type=float, default=20.0, help="steady load of the views latency benchmark")
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the analytics benchmark's topic")
     args = parser.parse_args(argv)
     if args.which in ("all", "capture"):
         capture.main(changes=args.changes, rows=args.rows)
@@ -21,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         fanout.main(changes=args.changes)
     if args.which in ("all", "views"):
         views.main(seconds=args.seconds)
+    if args.which in ("all", "analytics"):
+        analytics.main(messages=args.messages)
     return 0
 
 

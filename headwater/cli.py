@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import psycopg2
 
-from analytics.config import JOB_HELP, AnalyticsConfig
+from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics_config
 from capture.config import CaptureConfig
 from headwater import __version__, shop, stack
 from headwater.config import Secret, add_flags, config_path, flag_values, load
@@ -135,6 +135,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo.show_streams(capture, worker, url)
     print("\n== views: orders joined with their customer, items and products, kept in Redis")
     demo.show_views(streams_cfg, env, capture, url)
+    print("\n== analytics: PySpark reads the view at its newest cut (headwater analytics shop-report)")
+    analytics_cfg = load_analytics_config(args.config, os.environ, flag_values(args, stack.StackConfig))
+    demo.show_analytics(analytics_cfg, local.dsn())
     print("\n== headwater status")
     cmd_status(args)
     print(
@@ -145,7 +148,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"  Redis       {local.redis_url}\n"
         f"  capture     pid {pid}\n"
         f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/\n"
-        "The analytics (PySpark) are not built yet.\n"
+        f"  analytics   headwater analytics shop-report | tables  (PySpark {analytics_cfg.master},"
+        f" Parquet in {analytics_cfg.output}/)\n"
         "Stop everything with: headwater stack down"
     )
     return 0
@@ -224,7 +228,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---- analytics ------------------------------------------------------------------------
 def cmd_analytics(args: argparse.Namespace) -> int:
-    from analytics.config import load_analytics_config
     from analytics.jobs import JOBS, explain, show
     from analytics.session import spark_session
 

@@ -9,7 +9,9 @@ the demo shows a row from its query endpoint and reconciles every table topic an
 every row the endpoint answers against PostgreSQL. The worker also keeps the views (the
 user's ``[views]``, or the shop's ``orders_enriched``): the demo shows a view row from Redis
 and the endpoint and reconciles each view's topic, endpoint and Redis against the view's own
-SQL in PostgreSQL. Each later stage of the pipeline extends this same command.
+SQL in PostgreSQL. Last, ``show_analytics`` runs the ``shop-report`` Spark job on the view at
+its newest cut and holds its numbers against the same report computed by PostgreSQL.
+Each later stage of the pipeline extends this same command.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import psycopg2
 import redis
 from confluent_kafka.admin import AdminClient
 
+from analytics.config import AnalyticsConfig
 from capture import slot
 from capture.config import CaptureConfig
 from capture.decoder import lsn_text
@@ -40,6 +43,7 @@ from headwater.reconcile import (
     compare_docs,
     compare_endpoint,
     endpoint_view_docs,
+    keyed_rows,
     latest_rows,
     latest_view_docs,
     redis_view_docs,
@@ -266,3 +270,33 @@ def _show_view_row(streams: StreamsConfig, view: str, url: str, verdicts: Verdic
     for name, count, problems in verdicts:
         verdict = "equal" if not problems else f"{len(problems)} differences, e.g. {problems[0]}"
         print(f"  {name:<40} {count:>6} rows in PostgreSQL: {verdict}")
+
+
+def show_analytics(cfg: AnalyticsConfig, dsn: str, timeout: float = 120.0) -> None:
+    """Run the shop report on Spark once the view is at rest; compare it with PostgreSQL's."""
+    from analytics.jobs import REPORT_SQL, shop_report, show, view_at_rest
+    from analytics.session import spark_session
+
+    deadline = time.monotonic() + timeout
+    while not view_at_rest(cfg):
+        if time.monotonic() > deadline:
+            raise FatalError("the view orders_enriched has no cut covering its topic; see .headwater/logs/streams.log")
+        time.sleep(0.5)
+    spark = spark_session(cfg, "headwater demo")
+    try:
+        (result,) = shop_report(spark, cfg)
+        print(show(result, 12))
+        got = {tuple(r[:3]): tuple(r[3:]) for r in result.frame.collect()}
+    finally:
+        spark.stop()
+    conn = psycopg2.connect(dsn)
+    try:
+        expected = keyed_rows(conn, REPORT_SQL, 3)
+    finally:
+        conn.close()
+    print("\n== reconciliation: the Spark report against the same query in PostgreSQL (analytics.jobs.REPORT_SQL)")
+    differ = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+    verdict = "equal" if not differ else f"{len(differ)} groups differ, e.g. {differ[0]}"
+    print(f"  shop-report  {len(expected):>6} groups in PostgreSQL: {verdict}")
+    if differ:
+        raise FatalError("the Spark report does not match PostgreSQL's", hint="see the groups above")

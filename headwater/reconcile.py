@@ -9,7 +9,8 @@ drop the key) and ``compare_endpoint`` asks the query endpoint for every row of 
 table and compares the JSON it answers. For the views, ``view_docs_sql`` runs a view's
 own SQL (``ViewSpec.sql``) in PostgreSQL, and ``latest_view_docs`` / ``redis_view_docs``
 / ``endpoint_view_docs`` read the view back from its topic, Redis and the endpoint, all
-rendered as JSON; ``compare_docs`` lists the differences. Tests and the demo both use it.
+rendered as JSON; ``compare_docs`` lists the differences. ``keyed_rows`` is a report's rows
+from PostgreSQL, to hold against the same report from Spark. Tests and the demo both use it.
 """
 
 from __future__ import annotations
@@ -163,6 +164,15 @@ def view_docs_sql(conn: psycopg2.extensions.connection, sql: str) -> Docs:
         rows = cur.fetchall()
     conn.commit()
     return {tuple(str(v) for v in row[:-1]): row[-1] for row in rows}
+
+
+def keyed_rows(conn: psycopg2.extensions.connection, sql: str, width: int) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """A query's rows keyed by their first ``width`` columns (reports: the group, then the figures)."""
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        rows = cur.fetchall()
+    conn.commit()
+    return {tuple(r[:width]): tuple(r[width:]) for r in rows}
 
 
 def same_doc(pg: Any, shown: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,11 +14,9 @@ import pytest
 from pyspark.sql import Row, SparkSession
 
 from analytics.config import AnalyticsConfig
-from analytics.errors import SourceError
-from analytics.jobs import JOBS, REPORT_SQL, REPORT_VIEW, read, report_cut, shop_report_frame
-from analytics.plan import Request, plan
+from analytics.jobs import JOBS, REPORT_SQL, REPORT_VIEW, read, report_cut, shop_report_frame, view_at_rest
 from headwater import shop
-from headwater.reconcile import compare, compare_docs, view_docs_sql
+from headwater.reconcile import compare, compare_docs, keyed_rows, view_docs_sql
 from headwater.topics import read_topic
 from streams.rows import to_json
 from tests.analytics.test_reader import error_of
@@ -43,24 +42,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-def cut_covers_the_view(cfg: AnalyticsConfig) -> bool:
-    """The newest cut reaches the end of every partition of the view topic (the view is at rest)."""
-    try:
-        cut = report_cut(cfg)
-    except SourceError:
-        return False
-    ends = plan(Request.from_options({**cfg.source_options(), "view": REPORT_VIEW}))
-    return all(cut.ends.get(s.partition, 0) >= s.end for s in ends)
-
-
-def sql_report(conn: Any) -> dict[tuple[Any, ...], tuple[Any, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(REPORT_SQL)
-        rows = cur.fetchall()
-    conn.commit()
-    return {tuple(r[:3]): tuple(r[3:]) for r in rows}
-
-
 def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_has_them(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig],
@@ -72,7 +53,9 @@ def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_
     capture.wait_caught_up(pg_database)
     views_reconciled(shop_db, capture, worker, None)
     cfg = analytics_config(capture.cfg.topic_prefix)
-    assert wait_for(lambda: cut_covers_the_view(cfg), 60, every=0.5), worker.tail()
+    assert wait_for(lambda: view_at_rest(cfg), 60, every=0.5), worker.tail()
+    worker.kill(signal.SIGTERM)  # at rest: the two cores are Spark's from here
+    capture.stop()
 
     for table in shop.TABLES:
         rows = [plain(r) for r in read(spark, cfg, table=table, mode="latest").collect()]
@@ -89,7 +72,7 @@ def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_
     assert sum(len(d["items"]) for d in expected.values()) > 100
 
     report = {tuple(r[:3]): tuple(r[3:]) for r in shop_report_frame(spark, cfg, report_cut(cfg)).collect()}
-    assert report == sql_report(shop_db)
+    assert report == keyed_rows(shop_db, REPORT_SQL, 3)
     assert len({day for day, _, _ in report}) >= 5  # the seeded orders span two weeks
 
     results = JOBS["tables"](spark, cfg)
@@ -107,7 +90,7 @@ def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_
     assert "day" in done.stdout and "revenue" in done.stdout and "written to" in done.stdout
     written = pq.read_table(cfg.output / "cli" / "shop-report").to_pylist()
     assert {(r["day"], r["region"], r["category"]): (r["revenue"], r["orders"], r["units"])
-            for r in written} == sql_report(shop_db)  # fmt: skip
+            for r in written} == keyed_rows(shop_db, REPORT_SQL, 3)  # fmt: skip
 
 
 def test_the_report_on_a_pipeline_without_the_view_says_how_to_get_it(
