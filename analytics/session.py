@@ -4,13 +4,15 @@ Promise: ``spark_session(cfg)`` builds (or reuses) a session on ``cfg.master`` w
 Python workers run this interpreter, whose SQL time zone is UTC (dates of timestamps
 are UTC dates, as in the topics), and which binds to 127.0.0.1 with its web UI off
 when the master is local — nothing listens beyond this machine unless the ``spark``
-settings say so. ``cfg.spark`` settings are applied last.
+settings say so. The JVM logs warnings and errors only (``log4j2.properties``).
+``cfg.spark`` settings are applied last.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from importlib import resources
 
 from pyspark.sql import SparkSession
 
@@ -28,6 +30,7 @@ DEFAULTS = {
     "spark.ui.showConsoleProgress": "false",
     "spark.pyspark.python": sys.executable,
     "spark.pyspark.driver.python": sys.executable,
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={resources.files('analytics') / 'log4j2.properties'}",
 }
 
 
