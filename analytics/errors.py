@@ -8,7 +8,7 @@ at fault) as attributes and in its message, with what to do. ``SourceError`` is 
 
 from __future__ import annotations
 
-from headwater.errors import FatalError, RetryableError
+from headwater.errors import FatalError, HeadwaterError, RetryableError
 
 
 def _where(topic: str, partition: int | None, offset: int | None) -> str:
@@ -20,23 +20,20 @@ def _where(topic: str, partition: int | None, offset: int | None) -> str:
     return where
 
 
-class SourceError(FatalError):
+class Located(HeadwaterError):
+    """An error about a topic, and maybe one record of it: where it is rides along."""
+
+    def __init__(self, message: str, *, topic: str, partition: int | None = None, offset: int | None = None,
+                 hint: str | None = None) -> None:  # fmt: skip
+        super().__init__(f"{_where(topic, partition, offset)}: {message}", hint=hint)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class SourceError(Located, FatalError):
     """A topic that cannot be read as asked; a person has to change the query or the data."""
 
-    def __init__(self, message: str, *, topic: str, partition: int | None = None, offset: int | None = None,
-                 hint: str | None = None) -> None:  # fmt: skip
-        super().__init__(f"{_where(topic, partition, offset)}: {message}", hint=hint)
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
 
-
-class SourceUnavailable(RetryableError):
+class SourceUnavailable(Located, RetryableError):
     """Kafka or the schema registry did not answer while reading a topic."""
-
-    def __init__(self, message: str, *, topic: str, partition: int | None = None, offset: int | None = None,
-                 hint: str | None = None) -> None:  # fmt: skip
-        super().__init__(f"{_where(topic, partition, offset)}: {message}", hint=hint)
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset

@@ -42,7 +42,7 @@ class Request:
     mode: str
     cut: int | None  # a commit LSN (the newest cut at or before it); -1: the newest cut
     metadata: bool
-    kafka: dict[str, Any] = field(compare=False)
+    kafka: dict[str, Any] = field(compare=False, repr=False)  # may hold SASL secrets
     registry: str
     prefix: str
     task_records: int
