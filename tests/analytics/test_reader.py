@@ -164,11 +164,5 @@ def test_bad_input_names_topic_partition_offset_and_the_fix(
     no_cut = error_of(lambda: read(spark, cfg, topic=things.topic, cut="latest").collect())
     assert "no cut of this view" in str(no_cut) and "streams worker" in str(no_cut)
 
-    for options, words in (({"topic": things.topic, "mode": "newest"}, "unknown mode"),
-                           ({"topic": things.topic, "cut": "yesterday"}, "is not a commit LSN"),
-                           ({"topic": things.topic, "cut": "latest", "mode": "changes"}, "a cut is a state"),
-                           ({}, "set exactly one of the options topic, table or view")):  # fmt: skip
-        with pytest.raises(HeadwaterError, match=words):
-            Request.from_options({**cfg.source_options(), **options})
     planning = error_of(lambda: read(spark, cfg, topic=things.topic, mode="newest"))
     assert "unknown mode 'newest'" in str(planning) and "changes, latest" in str(planning)
