@@ -233,7 +233,10 @@ def cmd_analytics(args: argparse.Namespace) -> int:
 
     flags = flag_values(args, AnalyticsConfig) | flag_values(args, stack.StackConfig)
     cfg = load_analytics_config(args.config, os.environ, flags)
+    from pyspark.sql import SparkSession
+
     run = JOBS[args.job]
+    started = SparkSession.getActiveSession() is None  # a session this process already runs is used, left running
     spark = spark_session(cfg, f"headwater {args.job}")
     try:
         for result in run(spark, cfg):
@@ -244,7 +247,8 @@ def cmd_analytics(args: argparse.Namespace) -> int:
             raise
         raise relayed from exc
     finally:
-        spark.stop()
+        if started:
+            spark.stop()
     return 0
 
 

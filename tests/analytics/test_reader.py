@@ -155,6 +155,10 @@ def test_bad_input_names_topic_partition_offset_and_the_fix(
     unreachable = error_of(lambda: read(spark, dead, topic=things.topic).collect())
     assert "unreachable" in str(unreachable) and "registry" in str(unreachable)
 
+    no_broker = analytics_config("", bootstrap=f"127.0.0.1:{free_port()}", timeout=2)
+    silent = error_of(lambda: read(spark, no_broker, topic=things.topic).collect())
+    assert f"topic {things.topic}" in str(silent) and "does not answer" in str(silent) and "bootstrap" in str(silent)
+
     things.producer.produce(things.topic, b"\0\0\x0f\x42\x40" + b"junk", b"k", partition=1)  # schema id 1000000
     assert things.producer.flush(10) == 0
     bad = error_of(lambda: read(spark, cfg, topic=things.topic).collect())

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +14,7 @@ from pyspark.sql import Row, SparkSession
 from analytics.config import AnalyticsConfig
 from analytics.jobs import JOBS, REPORT_SQL, REPORT_VIEW, read, report_cut, view_at_rest
 from headwater import shop
+from headwater.cli import main
 from headwater.reconcile import compare, compare_docs, keyed_rows, view_docs_sql
 from headwater.topics import read_topic
 from streams.rows import to_json
@@ -26,7 +25,6 @@ from tests.streams.test_views import SQL, start, views_reconciled
 from tests.streams.test_workers import wait_for
 
 pytestmark = pytest.mark.slow
-REPO = __file__.rsplit("/tests/", 1)[0]
 
 
 def plain(value: Any) -> Any:
@@ -44,7 +42,7 @@ def plain(value: Any) -> Any:
 
 def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_has_them(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig],
+    spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig], capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     cfg = analytics_config(capture.cfg.topic_prefix)
@@ -89,13 +87,12 @@ def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_
         assert stored.num_rows == shop.counts(shop_db)[table]
     assert len(results) == len(shop.TABLES)
 
-    argv = [sys.executable, "-m", "headwater.cli", "analytics", "shop-report", "--bootstrap", cfg.bootstrap,
-            "--registry-url", cfg.registry_url, "--topic-prefix", cfg.topic_prefix, "--output",
-            str(cfg.output / "cli"), "--master", "local[2]", "--rows", "5"]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"from {cfg.topic_prefix}.views.{REPORT_VIEW} at commit LSN" in done.stdout
-    assert "day" in done.stdout and "revenue" in done.stdout and "written to" in done.stdout
+    argv = ["analytics", "shop-report", "--bootstrap", cfg.bootstrap, "--registry-url", cfg.registry_url,
+            "--topic-prefix", cfg.topic_prefix, "--output", str(cfg.output / "cli"), "--rows", "5"]  # fmt: skip
+    assert main(argv) == 0  # the command, in this process: it uses the running session (the demo test runs it anew)
+    out = capsys.readouterr().out
+    assert f"from {cfg.topic_prefix}.views.{REPORT_VIEW} at commit LSN" in out
+    assert "day" in out and "revenue" in out and "written to" in out
     written = pq.read_table(cfg.output / "cli" / "shop-report").to_pylist()
     report = {(r["day"], r["region"], r["category"]): (r["revenue"], r["orders"], r["units"]) for r in written}
     assert report == keyed_rows(shop_db, REPORT_SQL, 3)

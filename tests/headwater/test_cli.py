@@ -159,5 +159,10 @@ def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, st
         assert re.search(rf"headwater\.{table} +\d+ rows in PostgreSQL: equal", out), table
         assert re.search(rf"endpoint /tables/{table} +\d+ rows in PostgreSQL: equal", out), table
     assert '"table":"public.orders"' in out
+    views = ("headwater.views.orders_enriched", "endpoint /views/orders_enriched", "Redis headwater:orders_enriched:*")
+    for where in views:
+        assert re.search(rf"{re.escape(where)} +\d+ rows in PostgreSQL: equal", out), where
+    assert re.search(r"shop-report +\d+ groups in PostgreSQL: equal", out)  # Spark's report against PostgreSQL's
+    assert (cwd / "analytics-output" / "shop-report").is_dir()
     down = headwater("stack", "down", cwd=cwd)
     assert down.stdout.startswith("stopped: streams, capture, registry")
