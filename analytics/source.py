@@ -42,8 +42,9 @@ class HeadwaterSource(DataSource):
         req = Request.from_options(self.options)
         found = SliceReader(req, value_schema(req))
         if found.schema != schema:
-            raise SourceError("the value schema changed while the read was planned", topic=req.topic,
-                              hint="run the read again: it will use the new schema")  # fmt: skip
+            raise SourceError("the columns asked for are not the value schema's", topic=req.topic,
+                              hint="leave out .schema(...): the columns come from the registry; if the topic's "
+                                   "schema changed while the read was planned, run it again")  # fmt: skip
         return TopicReader(found)
 
 

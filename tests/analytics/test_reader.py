@@ -168,5 +168,9 @@ def test_bad_input_names_topic_partition_offset_and_the_fix(
     no_cut = error_of(lambda: read(spark, cfg, topic=things.topic, cut="latest").collect())
     assert "no cut of this view" in str(no_cut) and "streams worker" in str(no_cut)
 
+    given = error_of(lambda: spark.read.format("headwater").schema("id long").options(**cfg.source_options())
+                     .option("topic", things.topic).load().collect())  # fmt: skip
+    assert "the columns asked for are not the value schema's" in str(given) and ".schema(...)" in str(given)
+
     planning = error_of(lambda: read(spark, cfg, topic=things.topic, mode="newest"))
     assert "unknown mode 'newest'" in str(planning) and "changes, latest" in str(planning)
