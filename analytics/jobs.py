@@ -55,15 +55,15 @@ def read(spark: SparkSession, cfg: AnalyticsConfig, **options: str) -> DataFrame
     return spark.read.format("headwater").options(**cfg.source_options(), **options).load()
 
 
-def report_cut(cfg: AnalyticsConfig) -> Cut:
-    """The newest cut of the report's view."""
-    return find_cut(Request.from_options({**cfg.source_options(), "view": REPORT_VIEW, "cut": "latest"}))
+def report_cut(cfg: AnalyticsConfig, view: str = REPORT_VIEW) -> Cut:
+    """The newest cut of a view (by default the report's)."""
+    return find_cut(Request.from_options({**cfg.source_options(), "view": view, "cut": "latest"}))
 
 
 def view_at_rest(cfg: AnalyticsConfig, view: str = REPORT_VIEW) -> bool:
     """The view's newest cut reaches the end of every partition of its topic (nothing published after it)."""
     try:
-        cut = find_cut(Request.from_options({**cfg.source_options(), "view": view, "cut": "latest"}))
+        cut = report_cut(cfg, view)
     except SourceError:
         return False
     planned = plan(Request.from_options({**cfg.source_options(), "view": view}))

@@ -13,8 +13,9 @@ of a view topic at or before a commit LSN. Errors name the topic and say what to
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,18 +169,28 @@ def _consumer(req: Request) -> Consumer:
                           hint="check the kafka.* options and [analytics] kafka") from exc  # fmt: skip
 
 
+@contextlib.contextmanager
+def _using(req: Request, consumer: Consumer | None) -> Iterator[Consumer]:
+    """The caller's consumer, or one made (and closed) for this call."""
+    if consumer is not None:
+        yield consumer
+        return
+    made = _consumer(req)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
 def partitions(req: Request, consumer: Consumer | None = None) -> list[int]:
     """The topic's partition numbers (listing every topic: asking for one may create it)."""
-    own = consumer is None
-    consumer = consumer or _consumer(req)
-    try:
-        topics = consumer.list_topics(timeout=min(req.timeout, 15)).topics
-    except KafkaException as exc:
-        raise SourceUnavailable(f"Kafka at {req.kafka['bootstrap.servers']} does not answer: {exc}", topic=req.topic,
-                                hint="start the broker or pass the right 'bootstrap' option") from exc  # fmt: skip
-    finally:
-        if own:
-            consumer.close()
+    with _using(req, consumer) as using:
+        try:
+            topics = using.list_topics(timeout=min(req.timeout, 15)).topics
+        except KafkaException as exc:
+            raise SourceUnavailable(f"Kafka at {req.kafka['bootstrap.servers']} does not answer: {exc}",
+                                    topic=req.topic, hint="start the broker or pass the right 'bootstrap' option"
+                                    ) from exc  # fmt: skip
     meta = topics.get(req.topic)
     if meta is None or meta.error is not None:
         near = sorted(t for t in topics if t.startswith(req.prefix) and not t.startswith("_"))[:20]
@@ -193,12 +204,12 @@ def plan(req: Request) -> list[Slice]:
     consumer = _consumer(req)
     try:
         numbers = partitions(req, consumer)
-        starts = {p: consumer.get_watermark_offsets(TopicPartition(req.topic, p), timeout=15)[0] for p in numbers}
+        marks = {p: consumer.get_watermark_offsets(TopicPartition(req.topic, p), timeout=15) for p in numbers}
+        starts = {p: low for p, (low, _) in marks.items()}
         if req.cut is not None:
             ends = find_cut(req, consumer).ends
         else:
-            reported = {(req.topic, p): consumer.get_watermark_offsets(TopicPartition(req.topic, p), timeout=15)[1]
-                        for p in numbers}  # fmt: skip
+            reported = {(req.topic, p): high for p, (_, high) in marks.items()}
             ends = {p: end for (_, p), end in fetched_ends(consumer, reported, timeout=req.timeout).items()}
     except (KafkaException, RetryableError) as exc:
         raise SourceUnavailable(f"cannot find the partitions' offsets: {exc}", topic=req.topic) from exc
@@ -233,13 +244,8 @@ class Cut:
 def find_cut(req: Request, consumer: Consumer | None = None) -> Cut:
     """The newest cut of ``req.topic`` at or before ``req.cut`` (-1: the newest there is)."""
     where = cuts_topic(req.prefix)
-    own = consumer is None
-    consumer = consumer or _consumer(req)
-    try:
-        cuts = [_decoded(msg.value()) for msg in _all(consumer, where, req)]
-    finally:
-        if own:
-            consumer.close()
+    with _using(req, consumer) as using:
+        cuts = [_decoded(msg.value()) for msg in _all(using, where, req)]
     mine = [c for c in cuts if c is not None and c.topic == req.topic]
     fit = [c for c in mine if req.cut is None or req.cut < 0 or c.commit_lsn <= req.cut]
     if not fit:

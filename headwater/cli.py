@@ -228,13 +228,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---- analytics ------------------------------------------------------------------------
 def cmd_analytics(args: argparse.Namespace) -> int:
+    from pyspark.sql import SparkSession
+
     from analytics.jobs import JOBS, explain, show
     from analytics.session import spark_session
 
     flags = flag_values(args, AnalyticsConfig) | flag_values(args, stack.StackConfig)
     cfg = load_analytics_config(args.config, os.environ, flags)
-    from pyspark.sql import SparkSession
-
     run = JOBS[args.job]
     started = SparkSession.getActiveSession() is None  # a session this process already runs is used, left running
     spark = spark_session(cfg, f"headwater {args.job}")
