@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from analytics.errors import SourceError, SourceUnavailable
 from analytics.plan import Request, Slice, ValueSchema
-from analytics.types import Field, arrow_schema, arrow_type, column_array, plain, record_fields
+from analytics.types import Field, arrow_schema, column_array, plain, record_fields
 from headwater.errors import RetryableError
 from headwater.topics import AvroDecoder, reader
 
@@ -45,9 +45,8 @@ def meta_columns(req: Request) -> list[str]:
     return ["_op"] if req.mode == "changes" else []
 
 
-def spark_schema(req: Request, value: ValueSchema) -> T.StructType:
+def spark_schema(req: Request, fields: list[Field]) -> T.StructType:
     """The DataFrame's columns: the value record's fields, then the metadata columns."""
-    fields = record_fields(value.schema)
     clash = [f.name for f in fields if f.name in META]
     if clash:
         raise SourceError(f"the value has a field named {clash[0]}, which a metadata column also uses",
@@ -72,7 +71,7 @@ class SliceReader:
         self.req = req
         self.value = value
         self.fields: list[Field] = record_fields(value.schema)
-        self.schema = spark_schema(req, value)
+        self.schema = spark_schema(req, self.fields)
         self.arrow = arrow_schema(self.schema)
         self._reader_schema: Any = None
 
@@ -165,19 +164,26 @@ class SliceReader:
             yield self.batch(chunk, partition)
 
     def batch(self, rows: list[Row], partition: int) -> pa.RecordBatch:
-        arrays = [column_array([r.value.get(f.name) for r in rows], f, arrow_type(f.spark)) for f in self.fields]
-        meta = {
-            "_op": lambda: pa.array([r.op for r in rows], pa.string()),
-            "_partition": lambda: pa.array([partition] * len(rows), pa.int32()),
-            "_offset": lambda: pa.array([r.offset for r in rows], pa.int64()),
-            "_commit_lsn": lambda: pa.array([r.lsn for r in rows], pa.int64()),
+        kinds = self.arrow.types  # the value's fields, then the metadata columns
+        arrays = [column_array([r.value.get(f.name) for r in rows], f, kind)
+                  for f, kind in zip(self.fields, kinds, strict=False)]  # fmt: skip
+        meta: dict[str, Callable[[], list[Any]]] = {
+            "_op": lambda: [r.op for r in rows],
+            "_partition": lambda: [partition] * len(rows),
+            "_offset": lambda: [r.offset for r in rows],
+            "_commit_lsn": lambda: [r.lsn for r in rows],
         }
-        arrays += [meta[name]() for name in meta_columns(self.req)]
+        names = meta_columns(self.req)
+        arrays += [pa.array(meta[name](), kind) for name, kind in zip(names, kinds[len(self.fields):], strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
 
 
 def _headers(headers: Any) -> tuple[str | None, int | None]:
-    """(operation, commit LSN) from Headwater's ``hw.op`` / ``hw.lsn`` headers, if present."""
+    """(operation, commit LSN) from Headwater's ``hw.op`` / ``hw.lsn`` headers, each None when absent.
+
+    Not ``streams.fanout.header_lsn``: that one reads an absent LSN as 0, and ``_commit_lsn`` must tell
+    "no header" (null) from a header.
+    """
     op = lsn = None
     for name, value in headers or ():
         if name == "hw.op" and value:

@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 
 from analytics.errors import SourceError
 from analytics.plan import Request, Slice, plan, value_schema
-from analytics.reader import SliceReader, spark_schema
+from analytics.reader import SliceReader
 
 NAME = "headwater"
 
@@ -36,7 +36,7 @@ class HeadwaterSource(DataSource):
 
     def schema(self) -> StructType:
         req = Request.from_options(self.options)
-        return spark_schema(req, value_schema(req))
+        return SliceReader(req, value_schema(req)).schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
         req = Request.from_options(self.options)
