@@ -32,6 +32,8 @@ from analytics.config import AnalyticsConfig
 from analytics.jobs import read
 from analytics.session import spark_session
 from bench import capture
+from capture.encoder import frame
+from capture.schemas import Registrar
 from headwater import stack
 from headwater.topics import avro_body
 
@@ -54,17 +56,13 @@ KEY = {"type": "record", "name": "orders_key", "namespace": "headwater.public",
        "fields": [{"name": "id", "type": "long"}]}  # fmt: skip
 
 
-def register(cfg: stack.StackConfig, subject: str, schema: dict[str, object]) -> int:
-    response = httpx.post(f"{cfg.registry_url}/subjects/{subject}/versions", json={"schema": json.dumps(schema)})
-    response.raise_for_status()
-    return int(response.json()["id"])
-
-
 def write(cfg: stack.StackConfig, messages: int) -> float:
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result()
-    value_frame = b"\0" + register(cfg, f"{TOPIC}-value", ORDER).to_bytes(4, "big")
-    key_frame = b"\0" + register(cfg, f"{TOPIC}-key", KEY).to_bytes(4, "big")
+    registrar = Registrar(cfg.registry_url)
+    value_frame = frame(registrar.register(f"{TOPIC}-value", ORDER))
+    key_frame = frame(registrar.register(f"{TOPIC}-key", KEY))
+    registrar.close()
     value_schema, key_schema = fastavro.parse_schema(ORDER), fastavro.parse_schema(KEY)
     producer = Producer({"bootstrap.servers": cfg.bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
                          "queue.buffering.max.messages": 500000, "compression.type": "none"})  # fmt: skip

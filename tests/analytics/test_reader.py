@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import fastavro
-import httpx
 import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
@@ -16,6 +14,8 @@ from analytics.config import AnalyticsConfig
 from analytics.jobs import explain, read
 from analytics.plan import Request, Slice, plan, value_schema
 from analytics.reader import SliceReader
+from capture.encoder import frame
+from capture.schemas import Registrar
 from headwater.errors import HeadwaterError
 from headwater.stack import StackConfig
 from headwater.topics import avro_body
@@ -31,14 +31,8 @@ V2 = {"type": "record", "name": "thing", "fields": [
 KEY = {"type": "record", "name": "thing_key", "fields": [{"name": "id", "type": "long"}]}
 
 
-def register(registry: str, subject: str, schema: dict[str, Any]) -> int:
-    response = httpx.post(f"{registry}/subjects/{subject}/versions", json={"schema": json.dumps(schema)}, timeout=10)
-    response.raise_for_status()
-    return int(response.json()["id"])
-
-
 def framed(schema_id: int, schema: dict[str, Any], datum: Any) -> bytes:
-    return b"\0" + schema_id.to_bytes(4, "big") + avro_body(fastavro.parse_schema(schema), datum)
+    return frame(schema_id) + avro_body(fastavro.parse_schema(schema), datum)
 
 
 class Things:
@@ -46,10 +40,10 @@ class Things:
 
     def __init__(self, stack: StackConfig, topic: str) -> None:
         self.topic = topic
-        self.registry = stack.registry_url
+        self.registrar = Registrar(stack.registry_url)
         self.producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5})
-        self.key_id = register(self.registry, f"{topic}-key", KEY)
-        self.v1 = register(self.registry, f"{topic}-value", V1)
+        self.key_id = self.registrar.register(f"{topic}-key", KEY)
+        self.v1 = self.registrar.register(f"{topic}-value", V1)
         self.v2: int | None = None
 
     def put(self, thing_id: int, value: bytes | None, partition: int) -> None:
@@ -59,7 +53,7 @@ class Things:
     def write(self, partitions: int) -> None:
         for n in range(40):
             self.put(n, framed(self.v1, V1, {"id": n, "name": f"v1-{n}"}), n % partitions)
-        self.v2 = register(self.registry, f"{self.topic}-value", V2)
+        self.v2 = self.registrar.register(f"{self.topic}-value", V2)
         for n in range(30, 60):
             self.put(n, framed(self.v2, V2, {"id": n, "name": f"v2-{n}", "note": f"note {n}"}), n % partitions)
         for n in range(0, 60, 10):
@@ -73,6 +67,7 @@ def things(local_stack: StackConfig, topic_factory: Callable[..., str]) -> Itera
     made.write(3)
     yield made
     del made.producer  # before the stack goes: no reconnect noise
+    made.registrar.close()
 
 
 def test_a_schema_change_reads_as_the_newest_schema_in_both_modes(
