@@ -17,8 +17,10 @@ The view topics are the record of what was published: on (re)start they are read
 and every view row whose document, built from the recovered rows, differs from its
 latest record is dirty. Replay starts at the saved progress, re-applies changes
 (idempotent), and publishes nothing until it is past the last raw offset whose writes
-the state may hold (``@high``, written before each batch), so no half-replayed state is
-ever published. A row that did not change is not written again: a replay adds nothing
+the state may hold (``@high``, written before each batch) and at or past the newest
+commit LSN the view topics hold (their records can outlive the state writes of the same
+batch), so no half-replayed state is ever published and a row's LSN never goes back.
+A row that did not change is not written again: a replay adds nothing
 to the view topics' latest state.
 """
 
@@ -174,10 +176,10 @@ class Materializer:
         self.producer = Producer({**profile.producer_settings(cfg), "linger.ms": 1})
         self.joiner: Joiner | None = None
         self.sent: dict[str, Sent] = {}
-        self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic),
-                             writer.read_raw)  # fmt: skip
+        self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic))
         self.watermark = (-1, -1)
         self.quiet_until = -1  # replaying: publish nothing at points below this raw offset
+        self.published_lsn = -1  # replaying: nor below the newest commit LSN the view topics hold
         self.cut: int | None = None  # commit LSN of the last cut published
         self.pending: deque[PendingCut] = deque()
         self.failed: KafkaError | None = None
@@ -204,10 +206,17 @@ class Materializer:
         self.watermark = (lsn, position)
         for name, view in self.views.items():
             self.sent[name] = self._read_back(view)
-            joiner.dirty[name] = {k for k in {*joiner.base_keys(name), *self.sent[name]} if self._changed(view, k)[0]}
+            joiner.dirty[name] = set()
+            for key in {*joiner.base_keys(name), *self.sent[name]}:
+                changed, doc = self._changed(view, key)
+                if changed:
+                    joiner.dirty[name].add(key)
+                else:
+                    self._mend(view, key, doc)
         dirty = sum(len(d) for d in joiner.dirty.values())
-        log.info("views %s resume at raw offset %d (quiet until %d, %d rows to publish again)",
-                 ", ".join(self.views), start, self.quiet_until, dirty)  # fmt: skip
+        log.info("views %s resume at raw offset %d (quiet until offset %d and commit LSN %s, %d rows to publish "
+                 "again)", ", ".join(self.views), start, self.quiet_until, lsn_text(max(self.published_lsn, 0)),
+                 dirty)  # fmt: skip
         if self.poller is None:
             self.poller = threading.Thread(target=self._poll, name="headwater-view-cuts", daemon=True)
             self.poller.start()
@@ -233,8 +242,24 @@ class Materializer:
             if record.key is not None:
                 lsn = header_lsn(record.headers)[0]
                 sent[view_key(view, record.key)] = (lsn, digest(record.value))
+                self.published_lsn = max(self.published_lsn, lsn)
         view.ends = {p: max(view.ends.get(p, 0), ends.get(p, 0)) for p in range(self.cfg.partitions)}
         return sent
+
+    def _mend(self, view: ViewTopic, key: bytes, doc: dict[str, Any] | None) -> None:
+        """The endpoint's copy of a row the view topic holds as built (a kill may have lost only the copy).
+
+        The copy is a Faust table write, the topic record a librdkafka one: after a kill -9
+        either may be missing, and replay can rebuild a row equal to the topic's record.
+        """
+        doc_key = store_key(b"v", view.spec.name, key)
+        if doc is None:
+            self.store.pop(doc_key, None)
+            return
+        lsn = self.sent[view.spec.name][key][0]
+        value = pack(lsn, 0, view.encode(doc, lsn))
+        if self.store.get(doc_key) != value:
+            self.store[doc_key] = value
 
     def _changed(self, view: ViewTopic, key: bytes) -> tuple[bool, dict[str, Any] | None]:
         """Whether the view row's document now differs from what was last sent, and the document."""
@@ -242,6 +267,11 @@ class Materializer:
         doc = self.joiner.document(view.spec.name, key)
         lsn, held = self.sent[view.spec.name].get(key, (0, b""))
         return digest(None if doc is None else view.encode(doc, lsn)) != held, doc
+
+    async def resume(self) -> int:
+        """Rebuild the join state as recovered (after a rebalance): the raw offset to read next."""
+        self.load()
+        return self.cursor.next
 
     # ---- changes ------------------------------------------------------------------------
     async def handle(self, batch: Sequence[Raw]) -> None:
@@ -255,7 +285,7 @@ class Materializer:
         if not changes:
             return
         self.store[HIGH] = changes[-1][0].to_bytes(8, "big", signed=True)  # before any write of the batch
-        points = [i for i, (offset, c) in enumerate(changes) if c.ends_transaction and offset >= self.quiet_until]
+        points = [i for i, (offset, c) in enumerate(changes) if c.ends_transaction and self._may_publish(offset, c)]
         last = points[-1] if points else -1
         for _, change in changes[: last + 1]:
             joiner.apply(change)
@@ -267,6 +297,10 @@ class Materializer:
         self.stats["batches"] += 1
         self.stats["busy_s"] += time.monotonic() - started
         self.report(batch[-1][0])
+
+    def _may_publish(self, offset: int, change: Change) -> bool:
+        """Past what a crashed run may have half applied (``@high``) and what it published (newest LSN)."""
+        return offset >= self.quiet_until and change.commit_lsn >= self.published_lsn
 
     def _admit(self, batch: Sequence[Raw]) -> list[tuple[int, Change]]:
         """The batch's new, decodable, not-yet-seen changes (the fan-out dead-letters the rest)."""
@@ -302,7 +336,8 @@ class Materializer:
     def _write(self, view: ViewTopic, key: bytes, lsn: int, delivered: Delivered) -> None:
         """Write one dirty view row if it changed: to the view topic and to the endpoint's table."""
         changed, doc = self._changed(view, key)
-        if not changed:
+        if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
+            self._mend(view, key, doc)
             return
         doc_key = store_key(b"v", view.spec.name, key)
         if doc is None:
