@@ -16,8 +16,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote
 
-from faust.exceptions import SameNode
-from faust.web.exceptions import ServiceUnavailable
+import aiohttp
 
 from headwater.topics import UndecodableMessage
 from streams.agents import materializer, runtime
@@ -48,15 +47,25 @@ def describe(t: TableTopic) -> dict[str, Any]:
 
 
 async def routed(table: str, key_bytes: bytes, web: Any, request: Any, owner: str) -> Any:
-    """The owner's answer for ``key_bytes`` of Faust table ``table``, a 503, or None when this worker owns it."""
+    """The owner's answer for ``key_bytes`` of Faust table ``table``, a 503, or None when this worker owns it.
+
+    The owner's answer is relayed with its status and ``Retry-After`` (Faust's own router drops headers).
+    """
     if app.rebalancing or app.in_recovery:
         return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
     try:
-        return await app.router.route_req(table, key_bytes, web, request)
-    except SameNode:
-        return None
-    except ServiceUnavailable:
+        dest = app.router.key_store(table, key_bytes)
+    except KeyError:
         return web.json({"error": f"the owner of {owner} is not known yet"}, status=503, headers=RETRY)
+    if (dest.host, dest.port) == (app.conf.canonical_url.host, app.conf.canonical_url.port):
+        return None
+    try:
+        async with app.http_client.get(request.url.with_host(dest.host).with_port(dest.port)) as answer:
+            kept = {"Retry-After": answer.headers["Retry-After"]} if "Retry-After" in answer.headers else None
+            return web.text(await answer.text(), content_type=answer.content_type, status=answer.status,
+                            headers=kept)  # fmt: skip
+    except aiohttp.ClientError as exc:
+        return web.json({"error": f"the owner of {owner} ({dest}) does not answer: {exc}"}, status=503, headers=RETRY)
 
 
 @app.page("/tables/")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 from confluent_kafka import Producer
 
@@ -63,6 +65,30 @@ def reconciled(conn: Any, capture: Capture, workers: list[Worker], timeout: floa
         return not last
 
     assert wait_for(check, timeout, every=1.0), "\n".join(last[:20])
+
+
+class Watch:
+    """Asks one URL every 20 ms in a thread: the (status, Retry-After) of every answer, in order."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.answers: list[tuple[int, str | None]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._ask, daemon=True)
+        self.thread.start()
+
+    def _ask(self) -> None:
+        while not self.done.wait(0.02):
+            try:
+                r = httpx.get(self.url, timeout=5)
+            except httpx.HTTPError:
+                continue
+            self.answers.append((r.status_code, r.headers.get("retry-after")))
+
+    def stop(self) -> list[tuple[int, str | None]]:
+        self.done.set()
+        self.thread.join()
+        return self.answers
 
 
 def pipeline(shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture],
@@ -136,12 +162,24 @@ def test_two_workers_answer_every_key(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:
     capture, first = pipeline(shop_db, pg_database, capture_factory, worker_factory)
+    reconciled(shop_db, capture, [first])
+    with shop_db.cursor() as cur:
+        cur.execute("SELECT min(id) FROM customers")
+        answers = Watch(f"{first.url}/tables/customers/{cur.fetchone()[0]}")
     second = worker_factory(capture.cfg.topic_prefix).start()
     time.sleep(8)  # the group rebalances across both workers
+    statuses = answers.stop()
+    seen = [status for status, _ in statuses]
+    assert 503 in seen and seen[-1] == 200, f"no 503 while rebalancing, or no 200 after it: {sorted(set(seen))}"
+    assert set(seen) <= {200, 503}, f"answers during the rebalance: {sorted(set(seen))}"
+    assert all(retry == "2" for status, retry in statuses if status == 503), "a 503 without Retry-After"
     reconciled(shop_db, capture, [first, second], timeout=90)
     here = [sum(t["rows_here"] for t in w.get("/tables/").json()["tables"]) for w in (first, second)]
     assert all(here), f"both workers hold rows: {here}"
     assert sum(here) == sum(shop.counts(shop_db).values())
+    feeding = ["reading " + capture.cfg.changes_topic in w.log.read_text() for w in (first, second)]
+    assert feeding.count(True) >= 1
+    assert not any("Faust delivered raw offset" in w.log.read_text() for w in (first, second))
 
 
 def test_kill9_worker_under_load_then_replay_from_zero_changes_nothing(
