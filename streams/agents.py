@@ -1,11 +1,13 @@
-"""The stream agents: the fan-out of the raw topic, and the table agent behind the Faust tables.
+"""The stream agents: the fan-out of the raw topic, the views, and the table agent behind the Faust tables.
 
-Promise: ``fanout`` reads ``<prefix>.changes`` in order, in batches; each batch is
-routed (``streams.fanout``) and written without waiting; the fan-out's own checkpoint
-(``<prefix>.changes.fanout``) moves only to where Kafka acknowledged every record, and
-a (re)started fan-out resumes from it (reading directly what Faust skipped, see
-``streams.cursor``) — so a crash replays what was unacknowledged,
-which the fan-out recognises (partition tails, watermark) and does not write twice. A message
+Promise: the worker Faust assigns ``<prefix>.changes`` to (the ``raw`` agent holds it)
+reads it in order, in batches, once its tables are recovered and until the partition
+is revoked (``streams.feed``): one feed for the fan-out, one for the views. Each
+fan-out batch is routed (``streams.fanout``) and written without waiting; the
+fan-out's own checkpoint (``<prefix>.changes.fanout``) moves only to where Kafka
+acknowledged every record, and a (re)started fan-out resumes from it — so a crash
+replays what was unacknowledged, which the fan-out recognises (partition tails,
+watermark) and does not write twice. A message
 that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset and the reason,
 is counted and logged, and the stream goes on. ``table_rows`` applies each table
 topic's records to its Faust table (a tombstone deletes).
@@ -17,14 +19,19 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
+from faust.types import TP
+
+from headwater.errors import FatalError
 from headwater.topics import UndecodableMessage, avro_body
+from streams import profile
 from streams.app import app, cfg
 from streams.catalog import Schemas
-from streams.cursor import Cursor
+from streams.cursor import Cursor, Raw
 from streams.fanout import STREAMED, Change, FanOut, Truncate, header_lsn, headers, live_keys, truncate_outputs
+from streams.feed import Feed
 from streams.materializer import Materializer
 from streams.mirror import RedisMirror
 from streams.rows import pack
@@ -33,6 +40,7 @@ from streams.topics import SHAPES, TABLES, VIEWS, changes, schemas, table_topics
 from streams.writer import Pending
 
 log = logging.getLogger("headwater.streams")
+T = TypeVar("T")
 OPS = frozenset({*STREAMED, "READ", "SNAPSHOT_END"})
 
 
@@ -46,8 +54,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.fanout: FanOut | None = None
-        self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic),
-                             writer.read_raw)  # fmt: skip
+        self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
         self.lock = threading.Lock()  # handle() runs in an executor thread, tick() in the loop
         self.warned: set[str] = set()
@@ -66,8 +73,14 @@ class Runtime:
         log.info("fan-out resumes: raw offsets below %d done, watermark %s", start, watermark)
         return self.fanout
 
-    def handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> None:
-        """Route and write a batch (and what Faust skipped before it, read directly)."""
+    def resume(self) -> int:
+        """Reload tails and checkpoint (another worker may have written meanwhile): the raw offset to read next."""
+        with self.lock:
+            self.load()
+            return self.cursor.next
+
+    def handle(self, batch: Sequence[Raw]) -> None:
+        """Route and write a batch of raw changes (offset, key, value) in offset order."""
         started = time.monotonic()
         with self.lock:
             self._handle(batch)
@@ -77,7 +90,7 @@ class Runtime:
         self.report(batch[-1][0])
 
     def tick(self) -> None:
-        """Checkpoint what Kafka acknowledged since the last batch (called on a timer)."""
+        """Checkpoint what Kafka acknowledged since the last batch (called while no batch comes)."""
         with self.lock:
             if self.fanout is not None:
                 self.checkpoint()
@@ -100,7 +113,7 @@ class Runtime:
                  ", ".join(f"{k} {v}" for k, v in vars(c).items()))  # fmt: skip
         self.reported, self.batches, self.busy = (now, c.changes), 0, 0.0
 
-    def _handle(self, batch: Sequence[tuple[int, bytes | None, bytes | None]]) -> None:
+    def _handle(self, batch: Sequence[Raw]) -> None:
         fan = self.fanout or self.load()
         pending = writer.open_batch()
         for offset, key, value in self.cursor.admit(batch):
@@ -170,27 +183,88 @@ def decode(value: bytes | None) -> Change:
 
 
 runtime = Runtime()
+materializer = Materializer(cfg, VIEWS, SHAPES, view_state, writer, schemas) if VIEWS else None
+mirror = RedisMirror(cfg, VIEWS, schemas) if VIEWS and cfg.redis_url != "none" else None
 
 
-@app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode types the handler too narrowly
+class Owner:
+    """The raw topic's feeds, running while this worker owns the raw partition (``streams.feed``)."""
+
+    def __init__(self) -> None:
+        self.feeds: list[Feed] = []
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.feeds:
+            return
+        self.feeds.append(self._feed("fan-out", runtime.resume, runtime.handle, runtime.tick, loop))
+        if materializer is not None:
+            if mirror is not None and not mirror.is_alive():
+                mirror.start()
+            views = materializer
+            self.feeds.append(
+                self._feed(
+                    "views",
+                    lambda: on_loop(views.resume(), loop),
+                    lambda batch: on_loop(views.handle(batch), loop),
+                    lambda: None,
+                    loop,
+                )
+            )
+        for feed in self.feeds:
+            feed.start()
+
+    def stop(self) -> None:
+        """Stop reading; state is reloaded by whoever owns the partition next (maybe this worker)."""
+        for feed in self.feeds:
+            feed.stop()
+        self.feeds.clear()
+        runtime.fanout = None
+        if materializer is not None:
+            materializer.joiner = None
+
+    @staticmethod
+    def _feed(name: str, start: Callable[[], int], handle: Callable[[list[Raw]], None], idle: Callable[[], None],
+              loop: asyncio.AbstractEventLoop) -> Feed:  # fmt: skip
+        def fatal(exc: FatalError) -> None:
+            log.error("%s stopped: %s%s", name, exc, f" ({exc.hint})" if exc.hint else "")
+            asyncio.run_coroutine_threadsafe(app.crash(exc), loop)
+
+        return Feed(name, cfg.changes_topic, profile.reader_settings(cfg), start=start, handle=handle, idle=idle,
+                    on_fatal=fatal, batch_size=cfg.batch_size, wait=cfg.batch_wait)  # fmt: skip
+
+
+def on_loop(coroutine: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> T:
+    """Run a coroutine on the worker's event loop (where Faust tables live) from a feed thread."""
+    return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+
+owner = Owner()
+RAW = TP(cfg.changes_topic, 0)
+
+
+@app.on_rebalance_complete.connect  # type: ignore[arg-type]  # mode types the handler too narrowly
+async def _rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
+    """Tables are recovered: the owner of the raw partition starts reading it."""
+    if RAW in app.consumer.assignment():
+        owner.start(asyncio.get_running_loop())
+
+
+@app.on_partitions_revoked.connect  # type: ignore[arg-type]
 async def _revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
-    runtime.fanout = None  # another worker may write meanwhile: reload tails and checkpoint
-    if materializer is not None:
-        materializer.joiner = None  # reload the join state as recovered
+    """Another worker may own the raw partition next: stop reading before the revocation returns."""
+    await asyncio.to_thread(owner.stop)
 
 
-@app.agent(changes, name="fanout")
-async def fanout(stream: Any) -> None:
-    loop = asyncio.get_running_loop()
-    async for events in stream.take_events(cfg.batch_size, within=cfg.batch_wait):
-        batch = [(e.message.offset, e.message.key, e.message.value) for e in events]
-        await loop.run_in_executor(None, runtime.handle, batch)
+@app.on_before_shutdown.connect  # type: ignore[arg-type]
+async def _shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
+    await asyncio.to_thread(owner.stop)
 
 
-@app.timer(0.2)
-async def fanout_checkpoint() -> None:
-    """Checkpoint acknowledged progress while no batch comes to do it."""
-    await asyncio.get_running_loop().run_in_executor(None, runtime.tick)
+@app.agent(changes, name="raw")
+async def raw(stream: Any) -> None:
+    """Holds the raw partition's assignment; Faust delivers nothing here (``App.direct``)."""
+    async for event in stream.events():
+        log.error("Faust delivered raw offset %d: the fan-out reads the raw topic itself", event.message.offset)
 
 
 if table_topics is not None:
@@ -206,18 +280,3 @@ if table_topics is not None:
                 else:
                     lsn, position = header_lsn(message.headers)
                     table[message.key] = pack(lsn, position, message.value)
-
-
-materializer = Materializer(cfg, VIEWS, SHAPES, view_state, writer, schemas) if VIEWS else None
-mirror = RedisMirror(cfg, VIEWS, schemas) if VIEWS and cfg.redis_url != "none" else None
-
-if materializer is not None:
-
-    @app.agent(changes, name="views")
-    async def view_rows(stream: Any) -> None:
-        """Keeps the views: raw changes in commit order, published at consistent points."""
-        assert materializer is not None
-        if mirror is not None and not mirror.is_alive():
-            mirror.start()
-        async for events in stream.take_events(cfg.batch_size, within=cfg.batch_wait):
-            await materializer.handle([(e.message.offset, e.message.key, e.message.value) for e in events])

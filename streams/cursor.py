@@ -1,12 +1,11 @@
-"""Where an agent stands in the raw change topic, and how it fills a gap Faust leaves.
+"""Where a reader of the raw change topic stands, and what it does about a hole.
 
-Promise: ``Cursor.admit`` takes a batch as Faust delivered it — ``(offset, key, value)`` in
-offset order — and returns exactly the records the agent has not handled yet, in order,
-without a hole: offsets below ``next`` were handled already (dropped); when Faust starts
-beyond ``next`` (it committed further than the agent's own checkpoint), the missing
-offsets are read directly from Kafka (``fetch``) instead of seeking the consumer every
-agent shares — unless retention deleted them (then the agent goes on at the first offset
-Kafka still holds, logging the loss). Each agent keeps its own cursor.
+Promise: ``Cursor.admit`` takes a batch as the feed read it — ``(offset, key, value)`` in
+offset order — and returns exactly the records the reader has not handled yet, in
+order: offsets below ``next`` were handled already (dropped). Offsets the topic skips
+are no loss unless retention deleted them before the reader handled them: then it goes
+on at the first offset Kafka still holds and logs what was lost. Each reader (the
+fan-out, the views) keeps its own cursor.
 """
 
 from __future__ import annotations
@@ -19,12 +18,10 @@ Raw = tuple[int, bytes | None, bytes | None]  # offset, key, value
 
 
 class Cursor:
-    def __init__(self, topic: str, agent: str, low_watermark: Callable[[], int],
-                 fetch: Callable[[int, int], list[Raw]]) -> None:  # fmt: skip
+    def __init__(self, topic: str, reader: str, low_watermark: Callable[[], int]) -> None:
         self.topic = topic
-        self.agent = agent
+        self.reader = reader
         self.low_watermark = low_watermark
-        self.fetch = fetch  # (start, end) -> the records of [start, end)
         self.next = 0  # the raw offset to handle next; everything below is handled
 
     def reset(self, next_offset: int) -> None:
@@ -36,19 +33,16 @@ class Cursor:
             if item[0] < self.next:
                 continue
             if item[0] > self.next:
-                out += self._fill(item[0])
+                self._skipped(item[0])
             out.append(item)
             self.next = item[0] + 1
         return out
 
-    def _fill(self, until: int) -> list[Raw]:
+    def _skipped(self, until: int) -> None:
         low = self.low_watermark()
         if low > self.next:
             log.error("%s offsets %d..%d were deleted (retention) before the %s handled them; going on at %d",
-                      self.topic, self.next, low - 1, self.agent, low)  # fmt: skip
-            self.next = low
-        if self.next >= until:
-            return []
-        log.info("%s: Faust delivered %s offset %d, %d expected: reading %d..%d directly", self.agent, self.topic,
-                 until, self.next, self.next, until - 1)  # fmt: skip
-        return self.fetch(self.next, until)
+                      self.topic, self.next, min(low, until) - 1, self.reader, until)  # fmt: skip
+        else:
+            log.info("%s: no records at offsets %d..%d; the %s goes on at %d", self.topic, self.next, until - 1,
+                     self.reader, until)  # fmt: skip

@@ -9,6 +9,8 @@ holds a fetch for its whole ``max wait`` even when records arrive meanwhile, and
 hard-codes 1500 ms — every hop would add up to 1.5 s (``app_class`` gives the Faust app
 a consumer that waits 10 ms; ``reader_settings`` does the same for librdkafka readers).
 Against real Kafka (``kafka``) none of it applies. SASL/TLS settings in librdkafka names map onto Faust's credentials.
+On both profiles the app's consumer never delivers the topics named in ``App.direct``
+(the raw change topic): Faust assigns them, their owner reads them itself (``streams.feed``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 import faust
 from faust.transport.drivers import aiokafka as faust_kafka
-from faust.types import TP
+from faust.types import TP, Message
 
 from headwater.errors import FatalError
 from headwater.topics import fetched_ends, reader
@@ -44,6 +46,25 @@ TABLE_PRODUCER: dict[str, Any] = {
 
 
 TANSU_FETCH_WAIT_MS = 10
+
+
+class _DirectConsumer(faust_kafka.Consumer):
+    """Fetches and delivers everything assigned except the app's ``direct`` topics.
+
+    Leaving them out of the active partitions spares fetching them; the active set is shared
+    with the consumer thread and refilled in place on resume, so delivery is filtered too.
+    """
+
+    def _get_active_partitions(self) -> set[TP]:
+        tps = super()._get_active_partitions()
+        tps.difference_update([tp for tp in tps if tp.topic in cast(App, self.app).direct])
+        return tps
+
+    async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
+        direct = cast(App, self.app).direct
+        async for tp, message in super().getmany(timeout):
+            if tp.topic not in direct:
+                yield tp, message
 
 
 class _ShortFetchThread(faust_kafka.AIOKafkaConsumerThread):
@@ -71,24 +92,37 @@ def true_ends(servers: str, reported: Mapping[TP, int]) -> dict[TP, int]:
     return {tp: found[tp] for tp in reported}
 
 
-class _ShortFetchConsumer(faust_kafka.Consumer):
+class _ShortFetchConsumer(_DirectConsumer):
     def _new_consumer_thread(self) -> faust_kafka.AIOKafkaConsumerThread:
         return _ShortFetchThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _DirectTransport(faust_kafka.Transport):
+    Consumer = _DirectConsumer
 
 
 class _ShortFetchTransport(faust_kafka.Transport):
     Consumer = _ShortFetchConsumer
 
 
-class TansuApp(faust.App):
-    """A Faust app whose consumer fetches with a short wait (see the module promise)."""
+class App(faust.App):
+    """The workers' Faust app: ``direct`` topics are assigned by Faust but read by their owner."""
+
+    direct: frozenset[str] = frozenset()
+    transport_class: type[faust_kafka.Transport] = _DirectTransport
 
     def _new_transport(self) -> Any:
-        return _ShortFetchTransport(self.conf.broker_consumer, self)
+        return self.transport_class(self.conf.broker_consumer, self)
 
 
-def app_class(cfg: StreamsConfig) -> type[faust.App]:
-    return TansuApp if cfg.tansu else faust.App
+class TansuApp(App):
+    """An app whose consumer fetches with a short wait (see the module promise)."""
+
+    transport_class = _ShortFetchTransport
+
+
+def app_class(cfg: StreamsConfig) -> type[App]:
+    return TansuApp if cfg.tansu else App
 
 
 def reader_settings(cfg: StreamsConfig) -> dict[str, Any]:

@@ -23,8 +23,9 @@ writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
 VIEWS: dict[str, ViewTopic]
 VIEWS, SHAPES = setup_views(cfg, load_views(), TABLES, schemas, writer)
 
+# Faust assigns the raw topic but never delivers it (App.direct): no acks, no offsets of its own
 changes = app.topic(cfg.changes_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
-                    value_serializer="raw")  # fmt: skip
+                    value_serializer="raw", acks=False)  # fmt: skip
 table_topics = (
     app.topic(
         *[t.topic for t in TABLES],

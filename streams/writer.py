@@ -211,15 +211,6 @@ class TableWriter:
                 found[(msg.topic, msg.partition)] = at
         return found
 
-    def read_raw(self, start: int, end: int) -> list[tuple[int, bytes | None, bytes | None]]:
-        """Records ``start`` to ``end - 1`` of the raw topic (partition 0), read directly."""
-        out = []
-        for msg in self._read([TopicPartition(self.cfg.changes_topic, 0, start)], timeout=120):
-            if msg.offset >= end:
-                break
-            out.append((msg.offset, msg.key, msg.value))
-        return out
-
     def checkpoint(self) -> tuple[int, tuple[int, int]] | None:
         """(raw offset, watermark) of the last checkpoint, or None before the first."""
         self.ensure_topics([self.cfg.progress_topic], partitions=1)

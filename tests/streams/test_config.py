@@ -28,7 +28,7 @@ def test_profile_follows_the_broker_and_only_tansu_gets_its_settings(tmp_path: P
     assert real.broker_profile == "kafka"
     settings = profile.faust_settings(real)
     assert not set(profile.TANSU_FAUST) & set(settings)
-    assert profile.app_class(real) is faust.App
+    assert profile.app_class(real) is profile.App
     assert settings["broker"] == ["kafka://kafka1:9092", "kafka://kafka2:9092"]
     forced = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "tansu"})
     assert forced.tansu

@@ -1,0 +1,89 @@
+"""The raw change topic, read directly in batches by the worker that owns it.
+
+Promise: Faust assigns ``<prefix>.changes`` (one partition) to one worker but never
+delivers its messages (``streams.profile``): its per-message pipeline moves one to three
+thousand messages a second on this kind of machine, librdkafka batches more than ten
+times that. While the worker owns the partition, one ``Feed`` per consumer of the raw
+topic (the fan-out, the views) reads it from the position ``start()`` returns, in
+batches of up to ``batch_size`` messages, and hands each batch, in offset order, to
+``handle``; when nothing came within ``wait`` seconds it calls ``idle``. ``stop()``
+returns once the batch in hand is done, so nothing is handled after a revocation
+returns. A batch that fails is not skipped: a ``FatalError`` goes to ``on_fatal`` and
+the feed ends; any other error is logged and the feed starts over from ``start()``
+(which reloads its consumer's state) after a pause that doubles up to 30 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from headwater.errors import FatalError, RetryableError
+from headwater.topics import reader
+from streams.cursor import Raw
+
+log = logging.getLogger("headwater.streams")
+MAX_PAUSE = 30.0
+
+
+class Feed(threading.Thread):
+    def __init__(self, name: str, topic: str, settings: Mapping[str, Any], *, start: Callable[[], int],
+                 handle: Callable[[list[Raw]], None], idle: Callable[[], None] = lambda: None,
+                 on_fatal: Callable[[FatalError], None], batch_size: int, wait: float) -> None:  # fmt: skip
+        super().__init__(name=f"headwater-feed-{name}", daemon=True)
+        self.topic = topic
+        self.settings = settings
+        self.start_at, self.handle, self.idle, self.on_fatal = start, handle, idle, on_fatal
+        self.batch_size = batch_size
+        self.wait = wait
+        self.stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the feed to end and wait for the batch in hand (if any)."""
+        self.stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join()
+
+    def run(self) -> None:
+        pause = 1.0
+        while not self.stopping.is_set():
+            try:
+                self._follow()
+            except FatalError as exc:
+                self.on_fatal(exc)
+                return
+            except Exception:  # anything else: not skipped, tried again
+                log.exception("%s: reading %s failed; starting over in %.0f s", self.name, self.topic, pause)
+                self.stopping.wait(pause)
+                pause = min(pause * 2, MAX_PAUSE)
+
+    def _follow(self) -> None:
+        position = self.start_at()
+        consumer = reader(self.settings)
+        try:
+            consumer.assign([TopicPartition(self.topic, 0, position)])
+            log.info("%s: reading %s from offset %d", self.name, self.topic, position)
+            while not self.stopping.is_set():
+                batch = self._batch(consumer.consume(self.batch_size, self.wait))
+                if self.stopping.is_set():
+                    return
+                if batch:
+                    self.handle(batch)
+                else:
+                    self.idle()
+        finally:
+            consumer.close()
+
+    def _batch(self, messages: list[Any]) -> list[Raw]:
+        out: list[Raw] = []
+        for m in messages:
+            error = m.error()
+            if error is None:
+                out.append((m.offset(), m.key(), m.value()))
+            elif error.code() != KafkaError._PARTITION_EOF:
+                raise RetryableError(f"reading {self.topic}: {error}")
+        return out
