@@ -11,7 +11,8 @@ capture benchmark). Then, on the same broker:
    included) fans the same raw topic out into the table topics.
 
 Both rates are changes / seconds from the first change consumed to the last written
-and acknowledged (group joins and start-up left out).
+and acknowledged (group joins and start-up left out). The time until the worker's
+Faust tables hold every row (they are fed from the table topics) is printed too.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg2
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -80,23 +84,23 @@ def spawn_worker(cfg: stack.StackConfig, work: Path, prefix: str, port: int, con
     return subprocess.Popen(argv, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT)
 
 
-def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> float:
+def faust_worker(cfg: stack.StackConfig, work: Path, total: int, rows: int) -> tuple[float, float]:
+    """Seconds until the fan-out counted ``total`` changes, and until the worker's tables held ``rows`` rows."""
     port = 26066
     proc = spawn_worker(cfg, work, "stream", port)
     try:
-        started = 0.0
+        started, fanned = 0.0, 0.0
         while True:
             if proc.poll() is not None:
                 tail = (work / "worker.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"worker exited with {proc.returncode}:\n{tail}")
-            try:
-                done = int(httpx.get(f"http://127.0.0.1:{port}/fanout/", timeout=2).json().get("changes", 0))
-            except (httpx.HTTPError, ValueError):
-                done = 0
+            done = _poll(port, "/fanout/", lambda a: int(a.get("changes", 0)))
             if done and not started:
                 started = time.monotonic()
-            if done >= total:
-                return time.monotonic() - started
+            if done >= total and not fanned:
+                fanned = time.monotonic() - started
+            if fanned and _poll(port, "/tables/", lambda a: sum(t["rows_here"] for t in a["tables"])) >= rows:
+                return fanned, time.monotonic() - started
             time.sleep(0.02)
     finally:
         proc.terminate()
@@ -106,6 +110,13 @@ def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> float:
                 print("  worker:", line.split("] ")[-1])
 
 
+def _poll(port: int, path: str, value: Callable[[Any], int]) -> int:
+    try:
+        return value(httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2).json())
+    except (httpx.HTTPError, ValueError, KeyError):
+        return 0
+
+
 def main(changes: int) -> None:
     with capture.seeded_stack() as (cfg, dsn, work):
         _, _, produced = capture.streaming(cfg, dsn, changes, work)
@@ -113,10 +124,13 @@ def main(changes: int) -> None:
         for future in admin.create_topics([NewTopic(f"base.{t}", PARTITIONS, 1) for t in shop.TABLES]).values():
             future.result()
         plain = asyncio.run(plain_loop(cfg, produced))
-        ours = faust_worker(cfg, work, produced)
+        with psycopg2.connect(dsn) as conn:
+            rows = sum(shop.counts(conn).values())
+        ours, tables = faust_worker(cfg, work, produced, rows)
     print(f"\nfan-out of {produced} raw changes into {PARTITIONS}-partition table topics")
     print(f"  plain aiokafka loop (decode, send, acks=all):     {plain:7.1f} s  {produced / plain:9.0f} changes/s")
     print(f"  faust -A streams worker (fan-out, dedupe, tables): {ours:7.1f} s  {produced / ours:9.0f} changes/s")
     print(f"  ratio: {plain / ours:.0%} of the plain loop")
+    print(f"  the worker's Faust tables held all {rows} rows after {tables:.1f} s (they trail the fan-out)")
     print("  producers: plain = aiokafka acks=all linger 5 ms; ours = librdkafka idempotent acks=all linger 5 ms,")
     print("  Faust changelogs as aiokafka batches them (tansu profile: end offsets found by fetching)")
