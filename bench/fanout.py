@@ -124,8 +124,11 @@ def main(changes: int) -> None:
         for future in admin.create_topics([NewTopic(f"base.{t}", PARTITIONS, 1) for t in shop.TABLES]).values():
             future.result()
         plain = asyncio.run(plain_loop(cfg, produced))
-        with psycopg2.connect(dsn) as conn:
+        conn = psycopg2.connect(dsn)
+        try:
             rows = sum(shop.counts(conn).values())
+        finally:
+            conn.close()
         ours, tables = faust_worker(cfg, work, produced, rows)
     print(f"\nfan-out of {produced} raw changes into {PARTITIONS}-partition table topics")
     print(f"  plain aiokafka loop (decode, send, acks=all):     {plain:7.1f} s  {produced / plain:9.0f} changes/s")
