@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg2
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import capture
 from headwater import shop, stack
+from headwater.reconcile import latest_rows
 from headwater.topics import AvroDecoder
 
 PARTITIONS = 4
@@ -84,12 +84,13 @@ def spawn_worker(cfg: stack.StackConfig, work: Path, prefix: str, port: int, con
     return subprocess.Popen(argv, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT)
 
 
-def faust_worker(cfg: stack.StackConfig, work: Path, total: int, rows: int) -> tuple[float, float]:
-    """Seconds until the fan-out counted ``total`` changes, and until the worker's tables held ``rows`` rows."""
+def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> tuple[float, float, int]:
+    """Seconds until the fan-out counted ``total`` changes, then until the worker's tables held
+    every live key of the table topics, and that number of rows."""
     port = 26066
     proc = spawn_worker(cfg, work, "stream", port)
     try:
-        started, fanned = 0.0, 0.0
+        started, fanned, rows = 0.0, 0.0, 0
         while True:
             if proc.poll() is not None:
                 tail = (work / "worker.log").read_text(errors="replace")[-3000:]
@@ -99,8 +100,9 @@ def faust_worker(cfg: stack.StackConfig, work: Path, total: int, rows: int) -> t
                 started = time.monotonic()
             if done >= total and not fanned:
                 fanned = time.monotonic() - started
+                rows = live_keys(cfg)
             if fanned and _poll(port, "/tables/", lambda a: sum(t["rows_here"] for t in a["tables"])) >= rows:
-                return fanned, time.monotonic() - started
+                return fanned, time.monotonic() - started, rows
             time.sleep(0.02)
     finally:
         proc.terminate()
@@ -108,6 +110,13 @@ def faust_worker(cfg: stack.StackConfig, work: Path, total: int, rows: int) -> t
         for line in (work / "worker.log").read_text(errors="replace").splitlines():
             if "fan-out at raw offset" in line:
                 print("  worker:", line.split("] ")[-1])
+
+
+def live_keys(cfg: stack.StackConfig) -> int:
+    """Keys the table topics hold a row for (latest record per key not a tombstone)."""
+    topics = AdminClient({"bootstrap.servers": cfg.bootstrap}).list_topics(timeout=10).topics
+    return sum(len(latest_rows(cfg.bootstrap, f"stream.{t}", AvroDecoder(cfg.registry_url)))
+               for t in shop.TABLES if f"stream.{t}" in topics)  # fmt: skip
 
 
 def _poll(port: int, path: str, value: Callable[[Any], int]) -> int:
@@ -124,12 +133,7 @@ def main(changes: int) -> None:
         for future in admin.create_topics([NewTopic(f"base.{t}", PARTITIONS, 1) for t in shop.TABLES]).values():
             future.result()
         plain = asyncio.run(plain_loop(cfg, produced))
-        conn = psycopg2.connect(dsn)
-        try:
-            rows = sum(shop.counts(conn).values())
-        finally:
-            conn.close()
-        ours, tables = faust_worker(cfg, work, produced, rows)
+        ours, tables, rows = faust_worker(cfg, work, produced)
     print(f"\nfan-out of {produced} raw changes into {PARTITIONS}-partition table topics")
     print(f"  plain aiokafka loop (decode, send, acks=all):     {plain:7.1f} s  {produced / plain:9.0f} changes/s")
     print(f"  faust -A streams worker (fan-out, dedupe, tables): {ours:7.1f} s  {produced / ours:9.0f} changes/s")
