@@ -1,4 +1,4 @@
-"""``python -m bench [capture|fanout|views|analytics] [--changes N] [--rows N] [--seconds S] [--messages N]``
+"""``python -m bench [capture|fanout|views|analytics] [--changes N] [--rows N] [--seconds S] [--rate R] [--messages N]``
 (or ``./dev bench``)."""
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
     parser.add_argument("--seconds", type=float, default=20.0, help="steady load of the views latency benchmark")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="steady load of the views latency benchmark, transactions/s (default: half the sustained)",
+    )
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the analytics benchmark's topic")
     args = parser.parse_args(argv)
     if args.which in ("all", "capture"):
@@ -22,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which in ("all", "fanout"):
         fanout.main(changes=args.changes)
     if args.which in ("all", "views"):
-        views.main(seconds=args.seconds)
+        views.main(seconds=args.seconds, rate_steady=args.rate)
     if args.which in ("all", "analytics"):
         analytics.main(messages=args.messages)
     return 0
