@@ -208,11 +208,11 @@ class Materializer:
             self.sent[name] = self._read_back(view)
             joiner.dirty[name] = set()
             for key in {*joiner.base_keys(name), *self.sent[name]}:
-                changed, doc = self._changed(view, key)
+                changed, _, body = self._changed(view, key)
                 if changed:
                     joiner.dirty[name].add(key)
                 else:
-                    self._mend(view, key, doc)
+                    self._mend(view, key, body)
         dirty = sum(len(d) for d in joiner.dirty.values())
         log.info("views %s resume at raw offset %d (quiet until offset %d and commit LSN %s, %d rows to publish "
                  "again)", ", ".join(self.views), start, self.quiet_until, lsn_text(max(self.published_lsn, 0)),
@@ -246,27 +246,29 @@ class Materializer:
         view.ends = {p: max(view.ends.get(p, 0), ends.get(p, 0)) for p in range(self.cfg.partitions)}
         return sent
 
-    def _mend(self, view: ViewTopic, key: bytes, doc: dict[str, Any] | None) -> None:
+    def _mend(self, view: ViewTopic, key: bytes, body: bytes | None) -> None:
         """The endpoint's copy of a row the view topic holds as built (a kill may have lost only the copy).
 
         The copy is a Faust table write, the topic record a librdkafka one: after a kill -9
         either may be missing, and replay can rebuild a row equal to the topic's record.
+        ``body`` is that record's value (``_changed`` encoded it), None for a tombstone.
         """
         doc_key = store_key(b"v", view.spec.name, key)
-        if doc is None:
+        if body is None:
             self.store.pop(doc_key, None)
             return
-        lsn = self.sent[view.spec.name][key][0]
-        value = pack(lsn, 0, view.encode(doc, lsn))
+        value = pack(self.sent[view.spec.name][key][0], 0, body)
         if self.store.get(doc_key) != value:
             self.store[doc_key] = value
 
-    def _changed(self, view: ViewTopic, key: bytes) -> tuple[bool, dict[str, Any] | None]:
-        """Whether the view row's document now differs from what was last sent, and the document."""
+    def _changed(self, view: ViewTopic, key: bytes) -> tuple[bool, dict[str, Any] | None, bytes | None]:
+        """Whether the view row's document now differs from what was last sent, the document, and
+        its encoding at the LSN last sent (None without a document)."""
         assert self.joiner is not None
         doc = self.joiner.document(view.spec.name, key)
         lsn, held = self.sent[view.spec.name].get(key, (0, b""))
-        return digest(None if doc is None else view.encode(doc, lsn)) != held, doc
+        body = None if doc is None else view.encode(doc, lsn)
+        return digest(body) != held, doc, body
 
     async def resume(self) -> int:
         """Rebuild the join state as recovered (after a rebalance): the raw offset to read next."""
@@ -335,9 +337,9 @@ class Materializer:
 
     def _write(self, view: ViewTopic, key: bytes, lsn: int, delivered: Delivered) -> None:
         """Write one dirty view row if it changed: to the view topic and to the endpoint's table."""
-        changed, doc = self._changed(view, key)
+        changed, doc, body = self._changed(view, key)
         if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
-            self._mend(view, key, doc)
+            self._mend(view, key, body)
             return
         doc_key = store_key(b"v", view.spec.name, key)
         if doc is None:
