@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -48,15 +47,14 @@ class Runtime:
     """The fan-out's state between batches; reloaded from Kafka after a rebalance.
 
     Batches are written without waiting; a checkpoint is written for the newest batch
-    Kafka acknowledged with all before it. Faust may acknowledge raw offsets beyond
-    that, so on (re)start the fan-out reads from its own checkpoint (``Cursor``).
+    Kafka acknowledged with all before it, and a (re)started fan-out reads from it. Only
+    the fan-out's feed thread calls ``resume``, ``handle`` and ``tick``.
     """
 
     def __init__(self) -> None:
         self.fanout: FanOut | None = None
         self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
-        self.lock = threading.Lock()  # handle() runs in an executor thread, tick() in the loop
         self.warned: set[str] = set()
         self.batches = 0
         self.busy = 0.0  # seconds spent handling batches since the last report
@@ -75,25 +73,22 @@ class Runtime:
 
     def resume(self) -> int:
         """Reload tails and checkpoint (another worker may have written meanwhile): the raw offset to read next."""
-        with self.lock:
-            self.load()
-            return self.cursor.next
+        self.load()
+        return self.cursor.next
 
     def handle(self, batch: Sequence[Raw]) -> None:
         """Route and write a batch of raw changes (offset, key, value) in offset order."""
         started = time.monotonic()
-        with self.lock:
-            self._handle(batch)
-            self.checkpoint()
+        self._handle(batch)
+        self.checkpoint()
         self.busy += time.monotonic() - started
         self.batches += 1
         self.report(batch[-1][0])
 
     def tick(self) -> None:
         """Checkpoint what Kafka acknowledged since the last batch (called while no batch comes)."""
-        with self.lock:
-            if self.fanout is not None:
-                self.checkpoint()
+        if self.fanout is not None:
+            self.checkpoint()
 
     def checkpoint(self) -> None:
         done = writer.settle()
