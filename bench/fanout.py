@@ -115,8 +115,8 @@ def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> tuple[float,
 def live_keys(cfg: stack.StackConfig) -> int:
     """Keys the table topics hold a row for (latest record per key not a tombstone)."""
     topics = AdminClient({"bootstrap.servers": cfg.bootstrap}).list_topics(timeout=10).topics
-    return sum(len(latest_rows(cfg.bootstrap, f"stream.{t}", AvroDecoder(cfg.registry_url)))
-               for t in shop.TABLES if f"stream.{t}" in topics)  # fmt: skip
+    decoder = AvroDecoder(cfg.registry_url)  # writer schemas fetched once per id
+    return sum(len(latest_rows(cfg.bootstrap, f"stream.{t}", decoder)) for t in shop.TABLES if f"stream.{t}" in topics)
 
 
 def _poll(port: int, path: str, value: Callable[[Any], int]) -> int:
