@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any
 
 Encoder = Callable[[Any, list[bytes]], None]
 
 _SMALL = [bytes([n]) for n in range(128)]
 _TWO = [bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(1 << 14)]  # zig-zag values < 16384
+_MORE = [sum(0x80 << (8 * j) for j in range(size - 1)) for size in range(9)]  # continuation bits
 _FLOAT = struct.Struct("<f").pack
 _DOUBLE = struct.Struct("<d").pack
+_EXACT = Context(prec=1001)  # numeric has at most 1000 digits: scaling never rounds
 
 
 def long_bytes(n: int) -> bytes:
@@ -34,6 +36,12 @@ def long_bytes(n: int) -> bytes:
         return _TWO[n]
     if n < 0x200000:
         return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
+    if n < 0x100000000000000:  # up to 8 bytes (timestamps, LSNs): spread the 7-bit groups, no loop
+        x = (n & 0xFFFFFFF) | ((n & 0xFFFFFFF0000000) << 4)
+        x = (x & 0x00003FFF00003FFF) | ((x & 0x0FFFC0000FFFC000) << 2)
+        x = (x & 0x007F007F007F007F) | ((x & 0x3F803F803F803F80) << 1)
+        size = (n.bit_length() + 6) // 7
+        return (x | _MORE[size]).to_bytes(size, "little")
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -75,7 +83,7 @@ def _null(value: None, out: list[bytes]) -> None:
 
 def _decimal(scale: int) -> Encoder:
     def encode(value: Decimal, out: list[bytes]) -> None:
-        unscaled = int(value.scaleb(scale))
+        unscaled = int(value.scaleb(scale, _EXACT))
         data = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
         out.append(long_bytes(len(data)))
         out.append(data)

@@ -177,6 +177,8 @@ def _tuple(buf: bytes, pos: int) -> tuple[Tuple, int]:
             values.append(UNCHANGED)
         else:
             raise DecodeError(f"unknown tuple column kind {chr(kind)!r} at offset {pos - 1}")
+    if pos > len(buf):
+        raise DecodeError(f"truncated tuple: {count} columns need {pos} bytes, the message has {len(buf)}")
     return tuple(values), pos
 
 
