@@ -63,6 +63,15 @@ def check_source(conn: Connection) -> None:
             )
 
 
+def server_utf8(conn: Connection) -> bool:
+    """Whether the server's text is UTF-8 (then capture may pass text through as bytes)."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW server_encoding")
+        encoding = cur.fetchone()[0]  # type: ignore[index]
+    conn.commit()
+    return bool(encoding == "UTF8")
+
+
 @dataclass(frozen=True)
 class TableRef:
     oid: int

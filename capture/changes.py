@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pickle
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, NamedTuple
 
@@ -33,10 +33,6 @@ class RowChange(NamedTuple):
     key: bytes | None
     before: bytes | None
     after: bytes | None
-
-
-def snapshot_change(table: TableSchema, key: bytes | None, after: bytes) -> RowChange:
-    return RowChange("READ", table.schema, table.name, table.topic, key, None, after)
 
 
 class ChangeSink:
@@ -67,12 +63,20 @@ class ChangeSink:
     def next_position(self) -> int:
         return self._position
 
-    def emit(self, change: RowChange) -> None:
-        """A snapshot row: positions count up by the stride (one sink per worker process)."""
-        position = self._position
-        self._position += self._stride
-        self._send(change, self._snapshot_tx, position, self._zero)
-        self.events += 1
+    def snapshot_emitter(self, table: TableSchema) -> Callable[[bytes | None, bytes], None]:
+        """``emit(key, after)`` of one table's snapshot rows (READ changes); positions count up by
+        the stride (one sink per worker process)."""
+        encode = self.writer.read_encoder(table.schema, table.name, table.topic, self._snapshot_tx, self._zero)
+        kafka_key = self.writer.encode_key(table.schema, table.name)
+        send = self.producer.send
+
+        def emit(key: bytes | None, after: bytes) -> None:
+            position = self._position
+            self._position = position + self._stride
+            send(kafka_key, encode(position, key, after))
+            self.events += 1
+
+        return emit
 
     def end_snapshot(self, rows: int, position: int) -> None:
         """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""
@@ -84,9 +88,7 @@ class ChangeSink:
     def emit_transaction(self, changes: TxBuffer, commit_lsn: int, end_lsn: int, xid: int, pg_time: int) -> None:
         transaction = self.writer.transaction(commit_lsn, xid, pg_time + UNIX_FROM_PG_MICROS)
         count = len(changes)
-        size = self.writer.size(count)
-        for position, change in enumerate(changes):
-            self._send(change, transaction, position, size)
+        self.producer.send_all(self.writer.records(changes, transaction, self.writer.size(count)))
         self.events += count
         self.producer.mark(end_lsn)
 

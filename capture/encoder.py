@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import fastavro
 
 from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
-from capture.jsonformat import JsonChangeWriter, JsonRowWriter
+from capture.jsonformat import Change, JsonChangeWriter, JsonRowWriter
 from capture.types import (
     UnsupportedValue,
     parse_bool,
@@ -135,8 +135,7 @@ class ChangeWriter:
     def size(count: int) -> bytes:
         return long_bytes(count)
 
-    def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
-               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
+    def _head(self, op: str, schema: str, table: str, topic: str) -> bytes:
         head = self._heads.get((op, schema, table, topic))
         if head is None:
             head = self.prefix + self._ops[op]
@@ -144,10 +143,45 @@ class ChangeWriter:
                 data = text.encode()
                 head += long_bytes(len(data)) + data
             self._heads[(op, schema, table, topic)] = head
+        return head
+
+    def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
+               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
         return b"".join(
-            (head, transaction, long_bytes(position), size, _optional_bytes(key), _optional_bytes(before),
-             _optional_bytes(after))
+            (self._head(op, schema, table, topic), transaction, long_bytes(position), size, _optional_bytes(key),
+             _optional_bytes(before), _optional_bytes(after))
         )  # fmt: skip
+
+    def read_encoder(self, schema: str, table: str, topic: str, transaction: bytes,
+                     size: bytes) -> Callable[[int, bytes | None, bytes], bytes]:  # fmt: skip
+        """``encode(position, key, after)`` of one table's READ changes (the snapshot's hot path)."""
+        head = self._head("READ", schema, table, topic) + transaction
+
+        def encode(position: int, key: bytes | None, after: bytes) -> bytes:
+            return b"".join(
+                (head, long_bytes(position), size, b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,
+                 b"\x00\x02", long_bytes(len(after)), after)
+            )  # fmt: skip
+
+        return encode
+
+    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """(Kafka key, value) of each change of one transaction, positions from 0: ``encode`` per
+        change, with the per-table parts looked up once per change and no call per field."""
+        heads: dict[tuple[str, ...], tuple[bytes, bytes]] = {}
+        for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
+            found = heads.get((op, schema, table, topic))
+            if found is None:
+                found = heads[(op, schema, table, topic)] = (
+                    self.encode_key(schema, table),
+                    self._head(op, schema, table, topic),
+                )
+            yield found[0], b"".join(
+                (found[1], transaction, long_bytes(position), size,
+                 b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,
+                 b"\x00" if before is None else b"\x02" + long_bytes(len(before)) + before,
+                 b"\x00" if after is None else b"\x02" + long_bytes(len(after)) + after)
+            )  # fmt: skip
 
 
 def change_writer(fmt: str, key_id: int, value_id: int) -> ChangeWriter | JsonChangeWriter:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from capture.types import EPOCH_ORDINAL, INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, PgType
+
+Change = tuple[str, str, str, str, bytes | None, bytes | None, bytes | None]  # as changes.RowChange
 
 Formatter = Callable[[Any], Any]
 EPOCH = datetime(1970, 1, 1)
@@ -117,3 +119,18 @@ class JsonChangeWriter:
     @staticmethod
     def size(count: int) -> bytes:
         return str(count).encode()
+
+    def read_encoder(self, schema: str, table: str, topic: str, transaction: bytes,
+                     size: bytes) -> Callable[[int, bytes | None, bytes], bytes]:  # fmt: skip
+        """``encode(position, key, after)`` of one table's READ changes."""
+
+        def encode(position: int, key: bytes | None, after: bytes) -> bytes:
+            return self.encode("READ", schema, table, topic, transaction, position, size, key, None, after)
+
+        return encode
+
+    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """(Kafka key, value) of each change of one transaction, positions from 0."""
+        for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
+            value = self.encode(op, schema, table, topic, transaction, position, size, key, before, after)
+            yield self.encode_key(schema, table), value

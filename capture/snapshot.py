@@ -26,13 +26,14 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from capture.catalog import Connection, TableRef, TypeCache, connect, table_schema
-from capture.changes import ChangeSink, snapshot_change
+from capture.catalog import Connection, TableRef, TypeCache, connect, server_utf8, table_schema
+from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder, change_writer
 from capture.errors import SourceError
 from capture.producer import ChangeProducer
 from capture.state import State
+from capture.transcoder import Transcoder, transcoder
 from headwater.errors import HeadwaterError
 
 log = logging.getLogger("headwater.capture")
@@ -70,7 +71,7 @@ class _Lines:
         lines = (self.rest + chunk).split(b"\n")
         self.rest = lines.pop()
         for line in lines:
-            self.on_line(line.decode("utf-8"))  # type: ignore[operator]
+            self.on_line(line)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -186,15 +187,17 @@ def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int,
     sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
     state = State(job.cfg.state_dir, job.cfg.slot)
     types = TypeCache(catalog_conn)
-    encoders: dict[str, RowEncoder] = {}
+    encoders: dict[str, tuple[RowEncoder, Transcoder | None]] = {}
+    fast = job.cfg.format == "avro" and server_utf8(catalog_conn)
     rows = 0
     try:
         for chunk in chunks:
             name = chunk.table.qualified
             if name not in encoders:
                 shape = table_schema(catalog_conn, types, job.cfg.topic_prefix, chunk.table)
-                encoders[name] = RowEncoder(shape, *job.ids[name], job.cfg.format)
-            rows += _copy_chunk(conn, chunk, encoders[name], sink, report, state, job.lsn)
+                encoder = RowEncoder(shape, *job.ids[name], job.cfg.format)
+                encoders[name] = (encoder, transcoder(encoder) if fast else None)
+            rows += _copy_chunk(conn, chunk, *encoders[name], sink, report, state, job.lsn)
         producer.flush(timeout=600)
         state.db.commit()
     finally:
@@ -204,23 +207,32 @@ def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int,
     return rows, sink.next_position()
 
 
-def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, sink: ChangeSink, report: Report,
-                state: State, lsn: int) -> int:  # fmt: skip
+def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, fast: Transcoder | None, sink: ChangeSink,
+                report: Report, state: State, lsn: int) -> int:  # fmt: skip
     columns = tuple(c.name for c in encoder.table.columns)
     table = encoder.table
     qualified = table.qualified
+    emit = sink.snapshot_emitter(table)
     rows = 0
 
-    def on_line(line: str) -> None:
+    def on_line(line: bytes) -> None:
         nonlocal rows
-        fields = line.split("\t")
-        texts: Sequence[str | None] = fields if "\\" not in line else [copy_field(f) for f in fields]
-        values = encoder.convert(texts)
-        key = encoder.encode_key(values)
-        sink.emit(snapshot_change(table, key, encoder.encode_value(values)))
-        if key is not None and encoder.toastable:
-            for i, text in encoder.large_values(texts):
-                state.remember(qualified, key[5:], i, lsn, text)
+        try:
+            found = fast.copy(line) if fast is not None else None
+        except Exception:  # anything unusual is the general path's to handle or report
+            found = None
+        if found is None:  # the general path
+            text = line.decode("utf-8")
+            fields = text.split("\t")
+            texts: Sequence[str | None] = fields if "\\" not in text else [copy_field(f) for f in fields]
+            values = encoder.convert(texts)
+            key = encoder.encode_key(values)
+            found = encoder.encode_value(values), key, encoder.large_values(texts) if encoder.toastable else None
+        after, key, large = found
+        emit(key, after)
+        if key is not None and large:
+            for i, value in large:
+                state.remember(qualified, key[5:], i, lsn, value)
         rows += 1
         if rows % 5000 == 0:
             report(qualified, 5000, False)

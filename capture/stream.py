@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import select
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -23,17 +24,21 @@ import psycopg2
 from psycopg2 import sql
 
 from capture import decoder as pg
-from capture.catalog import Connection, TypeCache, nullability
+from capture.catalog import Connection, TypeCache, nullability, server_utf8
 from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
 from capture.producer import ChangeProducer
 from capture.schemas import NoRegistry, Registrar, register_table
 from capture.state import State
+from capture.transcoder import Transcoder, transcoder
 from tables.catalog import ColumnInfo, TableSchema
 
 log = logging.getLogger("headwater.capture")
 HEARTBEAT_PREFIX = "headwater.heartbeat"
+_OID = struct.Struct("!I").unpack_from
+INSERT, UPDATE, DELETE, NEW, KEY, OLD = b"IUDNKO"
+ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
 
 
 class Streamer:
@@ -55,6 +60,10 @@ class Streamer:
         self.state = state
         self.keyed = keyed  # the captured tables, and whether they have a real key
         self.encoders: dict[int, RowEncoder | None] = {}
+        # the fast path of captured tables' rows (Avro on a UTF8 server); the general one is the reference
+        self.transcoders: dict[int, Transcoder] = {}
+        self.fast = cfg.format == "avro" and server_utf8(conn)
+        self.fast_rows = 0
         self.tx = TxBuffer(cfg.max_tx_memory, cfg.state_dir / "spill")
         self.begin: pg.Begin | None = None
         self.last_commit_lsn = 0
@@ -62,6 +71,14 @@ class Streamer:
         self.last_commit_seen = time.monotonic()
 
     def handle(self, payload: bytes) -> None:
+        kind = payload[0]
+        if kind in ROW_CHANGES:
+            fast = self.transcoders.get(_OID(payload, 1)[0])
+            if fast is not None and self._transcode(kind, fast, payload):
+                return
+        self._handle(payload)
+
+    def _handle(self, payload: bytes) -> None:
         msg = pg.decode(payload)
         kind = type(msg)
         if kind is pg.Insert:
@@ -85,6 +102,7 @@ class Streamer:
     # ---- relations --------------------------------------------------------------------------
     def _relation(self, rel: pg.Relation) -> None:
         keyed = self.keyed.get((rel.namespace, rel.name))
+        self.transcoders.pop(rel.oid, None)
         if keyed is None:
             self.encoders[rel.oid] = None
             return
@@ -101,12 +119,14 @@ class Streamer:
             for c in rel.columns
         ]
         table = TableSchema.build(self.cfg.topic_prefix, rel.namespace, rel.name, columns)
-        current = self.encoders.get(rel.oid)
-        if current is not None and current.table == table:
-            return
-        self.encoders[rel.oid] = self.register(table)
-        if current is not None:
-            log.info("schema of %s changed: registered a new version for %s", table.qualified, table.topic)
+        current = previous = self.encoders.get(rel.oid)
+        if current is None or current.table != table:
+            self.encoders[rel.oid] = current = self.register(table)
+            if previous is not None:
+                log.info("schema of %s changed: registered a new version for %s", table.qualified, table.topic)
+        fast = transcoder(current) if self.fast else None
+        if fast is not None:
+            self.transcoders[rel.oid] = fast
 
     def register(self, table: TableSchema) -> RowEncoder:
         return RowEncoder(table, *register_table(self.registrar, table), self.cfg.format)
@@ -120,6 +140,24 @@ class Streamer:
             return
         for i, text in enc.large_values(texts):
             self.state.remember(enc.table.qualified, key[5:], i, self._lsn(), text)
+
+    def _transcode(self, kind: int, fast: Transcoder, buf: bytes) -> bool:
+        """Insert, Update or Delete on the fast path; False leaves the message to the general path."""
+        try:
+            found = _fast_change(kind, fast, buf)
+        except Exception:  # anything unusual is the general path's to handle or report
+            return False
+        if found is None:
+            return False
+        op, key, before, after, large = found
+        t = fast.table
+        if large and key is not None:
+            lsn = self._lsn()
+            for i, text in large:
+                self.state.remember(t.qualified, key[5:], i, lsn, text)
+        self.tx.add(RowChange(op, t.schema, t.name, t.topic, key, before, after))
+        self.fast_rows += 1
+        return True
 
     def _insert(self, msg: pg.Insert) -> None:
         enc = self.encoders.get(msg.relation_oid)
@@ -207,6 +245,39 @@ class Streamer:
         self.begin = None
         self.last_commit_lsn, self.last_commit_time = msg.commit_lsn, msg.commit_time
         self.last_commit_seen = time.monotonic()
+
+
+Found = tuple[str, bytes | None, bytes | None, bytes | None, list[tuple[int, str]] | None]
+
+
+def _fast_change(kind: int, fast: Transcoder, buf: bytes) -> Found | None:
+    """(op, key, before, after, large values) of an Insert/Update/Delete, or None."""
+    flag = buf[5]
+    if kind == INSERT:
+        row = fast.row(buf, 6) if flag == NEW else None
+        return None if row is None or row[3] != len(buf) else ("INSERT", row[1], None, row[0], row[2])
+    pos = 6
+    before = old_key = None
+    if flag == KEY and fast.key is not None:
+        found = fast.key(buf, 6)
+        if found is None:
+            return None
+        before, pos = found
+        old_key = before
+    elif flag == OLD:
+        old = fast.row(buf, 6)
+        if old is None:
+            return None
+        before, old_key, _, pos = old
+    elif kind == DELETE or flag != NEW:
+        return None
+    if kind == DELETE:
+        return None if pos != len(buf) else ("DELETE", old_key, (before if flag == OLD else None), None, None)
+    if flag != NEW:
+        flag = buf[pos]
+        pos += 1
+    row = fast.row(buf, pos) if flag == NEW else None
+    return None if row is None or row[3] != len(buf) else ("UPDATE", row[1], before, row[0], row[2])
 
 
 class Loop:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import httpx
 import psycopg2
@@ -98,59 +99,70 @@ CREATE TABLE every (
     id int PRIMARY KEY, i2 smallint, i4 int, i8 bigint, n numeric(12,3), n_nan numeric(10,2), nu numeric,
     r real, d double precision, b boolean, t text, vc varchar(20), c char(5), ba bytea, dt date, tm time,
     ts timestamp, tstz timestamptz, iv interval, u uuid, j json, jb jsonb, ai int[], atx text[], e mood, e2 odd,
-    m money, ip inet, net cidr, dom posint, pt point
+    m money, ip inet, net cidr, dom posint, pt point, n38 numeric(38,10)
 );
 INSERT INTO every VALUES (
     1, -32768, 2147483647, -9223372036854775808, 123456789.125, 'NaN', 1.000000000000000000000000001,
     1.5, 3.141592653589793, true, 'héllo ✓', 'varchar', 'ab', '\\x00ff10', '2024-02-29', '23:59:59.999999',
     '2024-02-29 12:34:56.789012', '2024-02-29 12:34:56.789012+05:30', '1 year 2 mons 3 days 04:05:06.789',
     'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{"a": [1, 2]}', '{"b": {"c": null}}', '{1,NULL,3}',
-    '{"x y",z}', 'sad', 'a b', '-1234.56', '192.168.0.1/24', '10.0.0.0/8', 7, '(1.5,2)'
+    '{"x y",z}', 'sad', 'a b', '-1234.56', '192.168.0.1/24', '10.0.0.0/8', 7, '(1.5,2)',
+    1234567890123456789012345678.9012345678
 );
 INSERT INTO every (id) VALUES (2);
 """
+COLUMNS = (
+    "id, i2, i4, i8, n, n_nan, nu, r, d, b, t, vc, c, ba, dt, tm, ts, tstz, iv, u, j, jb, ai, atx, e, e2, m, "
+    "ip, net, dom, pt, n38"
+)
+
+
+def copy_row(source: int, new_id: int, n_nan: str = "n_nan") -> str:
+    """SQL inserting a copy of row ``source`` of EVERY_TYPE as ``new_id`` (fixed literals only)."""
+    values = COLUMNS.replace("id, ", f"{new_id}, ", 1).replace("n_nan", n_nan)
+    return f"INSERT INTO every ({COLUMNS}) SELECT {values} FROM every WHERE id = {source}"  # noqa: S608
+
+
+# streamed after the snapshot: both rows again (ids 3, 4), and row 1 with a finite n_nan (id 5)
+EVERY_AGAIN = "; ".join([copy_row(1, 3), copy_row(2, 4), copy_row(1, 5, "12.5")])
 
 
 def test_every_type_round_trips_through_confluent_deserializer(
     pg_database: str, capture_factory: Callable[..., Capture]
 ) -> None:
+    """Snapshot rows (COPY text, the general path) and streamed rows (pgoutput, the fast path)."""
     conn = psycopg2.connect(pg_database)
-    with conn, conn.cursor() as cur:
+    conn.autocommit = True
+    with conn.cursor() as cur:
         cur.execute(EVERY_TYPE)
         cur.execute("SELECT * FROM every ORDER BY id")
         names = [d.name for d in cur.description]
         expected = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-    conn.close()
     capture = capture_factory(pg_database).start()
     deadline = time.monotonic() + 30
-    reads: list[dict] = []
-    while time.monotonic() < deadline and len(reads) < 2:
+    while time.monotonic() < deadline and len([c for c in capture.changes() if c["op"] == "READ"]) < 2:
         capture.raise_error()
         time.sleep(0.5)
-        reads = [c for c in capture.changes() if c["op"] == "READ"]
+    with conn.cursor() as cur:
+        cur.execute(EVERY_AGAIN)
+    capture.wait_caught_up(pg_database)
     capture.stop()
-    assert len(reads) == 2
+    conn.close()
+    changes = [c for c in capture.changes() if c["op"] in ("READ", "INSERT")]
+    assert [c["op"] for c in changes] == ["READ"] * 2 + ["INSERT"] * 3
 
     topic = f"{capture.cfg.topic_prefix}.every"
     with SchemaRegistryClient({"url": capture.cfg.registry_url}) as client:
         deserialize = AvroDeserializer(client)
         ctx = SerializationContext(topic, MessageField.VALUE)
-        rows = sorted((deserialize(c["after"], ctx) for c in reads), key=lambda r: r["id"])
+        rows = {row["id"]: row for row in (deserialize(c["after"], ctx) for c in changes)}
 
-    full, empty = expected[0], rows[0]
-    assert all(v is None for k, v in rows[1].items() if k != "id")
-    assert empty["id"] == 1
-    for column in ("i2", "i4", "i8", "n", "r", "d", "b", "t", "vc", "c", "dt", "tm", "ts", "ai", "atx", "e", "e2",
-                   "ip", "net", "dom", "pt"):  # fmt: skip
-        assert empty[column] == full[column], column
-    assert empty["ba"] == bytes(full["ba"])
-    assert empty["tstz"] == full["tstz"] == datetime(2024, 2, 29, 7, 4, 56, 789012, tzinfo=UTC)
-    assert empty["n_nan"] == "NaN" and full["n_nan"].is_nan()
-    assert Decimal(empty["nu"]) == full["nu"] and empty["nu"] == "1.000000000000000000000000001"
-    assert empty["iv"] == {"months": 14, "days": 3, "microseconds": 14_706_789_000}
-    assert str(empty["u"]) == full["u"]
-    assert json.loads(empty["j"]) == full["j"] and json.loads(empty["jb"]) == full["jb"]
-    assert empty["m"] == Decimal("-1234.56")
+    full = expected[0]
+    for got in (rows[1], rows[3], rows[5]):
+        check_full_row(got, full, nan=got["id"] != 5)
+    assert rows[5]["n_nan"] == Decimal("12.50")
+    for got in (rows[2], rows[4]):
+        assert all(v is None for k, v in got.items() if k != "id")
     assert full["dt"] == date(2024, 2, 29) and full["tm"] == datetime(1, 1, 1, 23, 59, 59, 999999).time()
     assert timedelta(days=3) < full["iv"]  # psycopg2's own reading, for the record
 
@@ -161,3 +173,19 @@ def test_every_type_round_trips_through_confluent_deserializer(
     assert by_name["n"]["pg.type"] == "numeric(12,3)" and by_name["pt"]["pg.type"] == "point"
     assert by_name["tstz"]["type"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]
     assert by_name["id"]["type"] == "int"  # key columns are not nullable
+
+
+def check_full_row(got: dict[str, Any], full: dict[str, Any], *, nan: bool) -> None:
+    """A decoded Avro row against what psycopg2 reads for row 1 of EVERY_TYPE."""
+    for column in ("i2", "i4", "i8", "n", "r", "d", "b", "t", "vc", "c", "dt", "tm", "ts", "ai", "atx", "e", "e2",
+                   "ip", "net", "dom", "pt", "n38"):  # fmt: skip
+        assert got[column] == full[column], column
+    assert got["n38"] == Decimal("1234567890123456789012345678.9012345678")  # every digit (numeric(38,10))
+    assert got["ba"] == bytes(full["ba"])
+    assert got["tstz"] == full["tstz"] == datetime(2024, 2, 29, 7, 4, 56, 789012, tzinfo=UTC)
+    assert not nan or (got["n_nan"] == "NaN" and full["n_nan"].is_nan())
+    assert Decimal(got["nu"]) == full["nu"] and got["nu"] == "1.000000000000000000000000001"
+    assert got["iv"] == {"months": 14, "days": 3, "microseconds": 14_706_789_000}
+    assert str(got["u"]) == full["u"]
+    assert json.loads(got["j"]) == full["j"] and json.loads(got["jb"]) == full["jb"]
+    assert got["m"] == Decimal("-1234.56")

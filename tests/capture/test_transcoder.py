@@ -1,0 +1,251 @@
+"""The transcoder (capture's fast path) writes exactly what the general path writes, or declines.
+
+Pure tests on hand-built pgoutput tuples; ``tests/capture/test_capture.py`` checks the same
+on real bytes from PostgreSQL, through the streamer.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capture import catalog
+from capture import decoder as pg
+from capture import types as t
+from capture.config import CaptureConfig
+from capture.encoder import RowEncoder
+from capture.schemas import NoRegistry
+from capture.snapshot import copy_field
+from capture.state import State
+from capture.stream import Streamer
+from capture.transcoder import Transcoder
+from tables.catalog import ColumnInfo, TableSchema
+from tests.capture.test_types import EVERY_TYPE, copy_row
+
+MOOD = t.PgType(900, "mood", "public", "e", labels=("sad", "ok", "happy"))
+ODD = t.PgType(901, "odd", "public", "e", labels=("a b", "c"))
+COLUMNS = [
+    ("id", t.PgType(20, "int8"), -1, False, True),
+    ("code", t.PgType(25, "text"), -1, False, True),
+    ("i2", t.PgType(21, "int2"), -1, True, False),
+    ("i4", t.PgType(23, "int4"), -1, False, False),
+    ("price", t.PgType(1700, "numeric"), ((12 << 16) | 2) + 4, True, False),
+    ("whole", t.PgType(1700, "numeric"), ((10 << 16) | 0) + 4, True, False),
+    ("wide", t.PgType(1700, "numeric"), ((38 << 16) | 10) + 4, False, False),
+    ("free", t.PgType(1700, "numeric"), -1, True, False),
+    ("name", t.PgType(1043, "varchar"), 24, True, False),
+    ("flag", t.PgType(16, "bool"), -1, True, False),
+    ("ratio", t.PgType(701, "float8"), -1, True, False),
+    ("small", t.PgType(700, "float4"), -1, True, False),
+    ("at", t.PgType(1184, "timestamptz"), -1, True, False),
+    ("local", t.PgType(1114, "timestamp"), -1, False, False),
+    ("day", t.PgType(1082, "date"), -1, True, False),
+    ("clock", t.PgType(1083, "time"), -1, True, False),
+    ("span", t.PgType(1186, "interval"), -1, True, False),
+    ("uid", t.PgType(2950, "uuid"), -1, True, False),
+    ("doc", t.PgType(3802, "jsonb"), -1, True, False),
+    ("mood", MOOD, -1, False, False),
+    ("mood2", MOOD, -1, True, False),
+    ("odd", ODD, -1, True, False),
+    ("ints", t.PgType(1007, "_int4", element=t.PgType(23, "int4")), -1, True, False),
+    ("blob", t.PgType(17, "bytea"), -1, True, False),
+    ("cash", t.PgType(790, "money"), -1, True, False),
+    ("ip", t.PgType(869, "inet"), -1, True, False),
+]
+TABLE = TableSchema.build("p", "public", "every", [ColumnInfo(*c) for c in COLUMNS])
+VALUE_FRAME, KEY_FRAME = b"\x00\x00\x00\x00\x07", b"\x00\x00\x00\x00\x08"
+ROW = [
+    "42", "k\tq\\1", "-32768", "2147483647", "12.50", "7", "1234567890123456789012345678.9012345678",
+    "1.000000000000000000000000001",
+    "héllo ✓", "t", "3.141592653589793", "1.5", "2024-02-29 07:04:56.789012+00", "2024-02-29 12:34:56",
+    "2024-02-29", "23:59:59.999999", "P1Y2M3DT4H5M6.789S", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+    '{"a": [1, 2]}', "sad", "happy", "a b", "{1,NULL,3}", "\\x00ff10", "$1,234.56", "192.168.0.1/24",
+]  # fmt: skip
+
+
+def tup(values: list[Any]) -> bytes:
+    out = struct.pack("!h", len(values))
+    for value in values:
+        if value is None:
+            out += b"n"
+        elif value is pg.UNCHANGED:
+            out += b"u"
+        elif isinstance(value, bytes):
+            out += b"b" + struct.pack("!i", len(value)) + value
+        else:
+            data = value.encode()
+            out += b"t" + struct.pack("!i", len(data)) + data
+    return out
+
+
+def copy_line(values: list[Any]) -> bytes:
+    """A row as ``COPY ... TO STDOUT`` writes it (text format)."""
+    escape = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+    return "\t".join("\\N" if v is None else v.translate(escape) for v in values).encode()
+
+
+def codecs() -> tuple[Transcoder, RowEncoder]:
+    enc = RowEncoder(TABLE, 7, 8)
+    return Transcoder(TABLE, VALUE_FRAME, KEY_FRAME), enc
+
+
+def general(enc: RowEncoder, values: list[Any]) -> tuple[bytes, bytes | None, list[tuple[int, str]]]:
+    converted = enc.convert(values)
+    return enc.encode_value(converted), enc.encode_key(converted), enc.large_values(values)
+
+
+def with_(**changes: Any) -> list[Any]:
+    names = [c[0] for c in COLUMNS]
+    row = list(ROW)
+    for name, value in changes.items():
+        row[names.index(name)] = value
+    return row
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "row",
+    [
+        ROW,
+        with_(**{c[0]: None for c in COLUMNS if c[3]}),  # every nullable column NULL
+        with_(price="-0.50", whole="-12", wide="-0.0000000001", flag="f", ratio="-Infinity", i4="-1"),
+        with_(price="0.00", ratio="NaN", at="infinity", local="-infinity", day="infinity", free="NaN"),
+        with_(price="99999999999.99", id="9223372036854775807", i2="0", at="1970-01-01 00:00:00+00"),
+        with_(name="", code="", doc="x" * 300, mood="ok", at="2024-02-29 07:04:56+00", local="0001-01-01 00:00:00"),
+        with_(code="k-1", blob=None, doc='{"b": "x"}', ints="{1,2}"),  # no escapes: COPY lines on the fast path
+        with_(name="é" * 200, code="ü" * 300),  # ≥ 256 bytes, < 256 characters / ≥ 256 characters
+        with_(at="2024-02-29 07:04:56.5+00", local="2024-02-29 12:34:56.000001"),
+    ],
+)
+def test_rows_equal_the_general_path(row: list[Any]) -> None:
+    fast, enc = codecs()
+    buf = b"I\x00\x00\x00\x01N" + tup(row)
+    found = fast.row(buf, 6)
+    assert found is not None
+    value, key, large, end = found
+    assert end == len(buf)
+    assert (value, key, large or []) == general(enc, row)
+    key_tuple = tup([v if c[4] else None for v, c in zip(row, COLUMNS, strict=True)])
+    assert fast.key is not None and fast.key(b"K" + key_tuple, 1) == (key, len(key_tuple) + 1)
+    # the snapshot's COPY lines: the same bytes, or declined when a value holds an escaped character
+    copied = fast.copy(copy_line(row))
+    fields = [copy_field(f) for f in copy_line(row).decode().split("\t")]
+    assert fields == row
+    if any("\\" in v or "\t" in v for v in row if v is not None):
+        assert copied is None
+    else:
+        assert copied is not None and (copied[0], copied[1], copied[2] or []) == general(enc, row)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "row",
+    [
+        with_(price="NaN"),  # the union's string branch
+        with_(price="Infinity"),
+        with_(price="12.5"),  # not at the column's scale: PostgreSQL never sends it, but the general path copes
+        with_(whole="7.0"),
+    ],
+)
+def test_declines_what_the_general_path_writes(row: list[Any]) -> None:
+    fast, enc = codecs()
+    assert fast.row(b"I" + tup(row), 1) is None
+    assert general(enc, row)[0].startswith(VALUE_FRAME)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "row",
+    [
+        with_(doc=pg.UNCHANGED),  # an unchanged TOAST value: the streamer fills it in
+        with_(name=b"\x00\x01"),  # a binary column
+        with_(i4=None),  # NULL in a non-null column: the general path says which table
+        with_(mood="angry"),  # a label the schema does not have
+    ],
+)
+def test_declines_what_needs_more_than_the_tuple(row: list[Any]) -> None:
+    fast, _ = codecs()
+    try:
+        found = fast.row(b"I" + tup(row), 1)
+    except KeyError:  # the unknown label
+        found = None
+    assert found is None
+
+
+@pytest.mark.unit
+def test_wrong_column_count_and_truncated_tuples_decline() -> None:
+    fast, _ = codecs()
+    assert fast.row(tup(ROW[:-1]), 0) is None
+    truncated = b"I\x00\x00\x00\x01N" + tup(ROW)[:-3]
+    found = fast.row(truncated, 6)
+    assert found is not None and found[3] > len(truncated)  # the streamer declines a tuple past the end
+    with pytest.raises(pg.DecodeError, match="truncated"):
+        pg.decode(truncated)
+
+
+@pytest.mark.unit
+def test_wide_numeric_keeps_every_digit() -> None:
+    """numeric(38,10) holds 38 digits; Python's default decimal context would round to 28."""
+    fast, enc = codecs()
+    found = fast.row(tup(ROW), 0)
+    assert found is not None
+    assert found[0] == general(enc, ROW)[0]
+    unscaled = 12345678901234567890123456789012345678
+    assert unscaled.to_bytes(16, "big", signed=True) in found[0]
+
+
+REAL_CHANGES = (
+    "; ".join([copy_row(1, 3, "1.25"), copy_row(2, 4)])
+    + """;
+UPDATE every SET t = 'changed' WHERE id = 3;
+UPDATE every SET id = 6 WHERE id = 3;
+DELETE FROM every WHERE id = 4;
+ALTER TABLE every REPLICA IDENTITY FULL;
+UPDATE every SET i4 = 5 WHERE id = 6;
+DELETE FROM every WHERE id = 6;
+"""
+)
+
+
+@pytest.mark.usefixtures("local_stack")
+def test_streamer_takes_the_fast_path_for_real_messages(pg_database: str, unique_name: str, tmp_path: Path) -> None:
+    """Every type's Insert, Update (no old, old key, old row) and Delete (key, old row) as PostgreSQL
+    sends them: the streamer's fast path takes each and writes what its general path writes."""
+    conn = catalog.connect(pg_database)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(EVERY_TYPE)
+        cur.execute(f"CREATE PUBLICATION {unique_name} FOR TABLE every")
+        cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (unique_name,))
+        cur.execute(REAL_CHANGES)
+        cur.execute(
+            "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL,"
+            " 'proto_version', '1', 'publication_names', %s)",
+            (unique_name, unique_name),
+        )
+        payloads = [bytes(row[0]) for row in cur.fetchall()]
+        cur.execute("SELECT pg_drop_replication_slot(%s)", (unique_name,))
+    conn.autocommit = False
+    cfg = CaptureConfig(state_dir=tmp_path)
+    state = State(tmp_path, "t")
+    streamer = Streamer(cfg, conn, catalog.TypeCache(conn), NoRegistry(), None, state, {("public", "every"): True})  # type: ignore[arg-type]
+    kinds = []
+    for payload in payloads:
+        if payload[:1] not in (b"I", b"U", b"D"):
+            if payload[:1] != b"C":  # no sink here: changes are compared before their commit
+                streamer.handle(payload)
+            continue
+        kinds.append(payload[:1] + (payload[5:6] if payload[:1] != b"I" else b""))
+        streamer.tx.clear()
+        streamer.handle(payload)
+        fast = list(streamer.tx)
+        streamer.tx.clear()
+        streamer._handle(payload)  # the general path
+        assert fast == list(streamer.tx), kinds[-1]
+    state.close()
+    conn.close()
+    assert kinds == [b"I", b"I", b"UN", b"UK", b"DK", b"UO", b"DO"]
+    assert streamer.fast_rows == len(kinds)
