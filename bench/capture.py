@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -23,9 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
+from confluent_kafka import Producer
 
 from capture import slot
 from capture.decoder import parse_lsn
+from capture.producer import DEFAULTS
 from capture.state import snapshot_done
 from headwater import shop, stack
 from headwater.topics import read_topic
@@ -151,6 +154,36 @@ def snapshot(cfg: stack.StackConfig, dsn: str, rows: int, work: Path) -> tuple[f
     return copy_seconds, ours, total
 
 
+def _produce(bootstrap: str, topic: str, count: int, size: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, **DEFAULTS})
+    value, key = b"v" * size, b"k" * 16
+    for _ in range(count):
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(600):
+        raise RuntimeError("messages not acknowledged")
+
+
+def kafka_alone(cfg: stack.StackConfig, messages: int, workers: int, size: int = 110) -> float:
+    """Seconds for ``workers`` processes to produce ``messages`` pre-encoded messages (capture's
+    producer settings, no database, no encoding): the ceiling of one message per row here."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_produce, args=(cfg.bootstrap, "ceiling", messages // workers, size))
+             for _ in range(workers)]  # fmt: skip
+    start = time.monotonic()
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+        if proc.exitcode:
+            raise RuntimeError(f"producer process exited with {proc.exitcode}")
+    return time.monotonic() - start
+
+
 @contextlib.contextmanager
 def seeded_stack() -> Iterator[tuple[stack.StackConfig, str, Path]]:
     """The benchmarks' own stack (fixed ports) with a small sample shop; removed afterwards."""
@@ -175,6 +208,7 @@ def main(changes: int, rows: int) -> None:
     with seeded_stack() as (cfg, dsn, work):
         recv, ours, produced = streaming(cfg, dsn, changes, work)
         copy, snap, total = snapshot(cfg, dsn, rows, work)
+        alone = kafka_alone(cfg, total, workers=2)
     print("\nproducer settings: acks=all, enable.idempotence=true, linger.ms=5, batch.num.messages=10000")
     print(f"streaming backlog: {produced} changes on the raw topic")
     print(f"  pg_recvlogical (pgoutput -> /dev/null): {recv:7.1f} s  {produced / recv:9.0f} changes/s")
@@ -184,3 +218,6 @@ def main(changes: int, rows: int) -> None:
     print(f"  COPY ... TO STDOUT (psql -> /dev/null): {copy:7.1f} s  {total / copy:9.0f} rows/s")
     print(f"  headwater snapshot (-> Kafka, Avro):    {snap:7.1f} s  {total / snap:9.0f} rows/s")
     print(f"  ratio: {copy / snap:.0%} of COPY")
+    print(f"  Kafka alone (2 processes producing {total} pre-encoded 110-byte messages, same settings):")
+    print(f"                                          {alone:7.1f} s  {total / alone:9.0f} messages/s"
+          f" = {copy / alone:.0%} of COPY (the broker path alone, one message per row)")
