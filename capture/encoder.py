@@ -119,7 +119,7 @@ class ChangeWriter:
         self.prefix = frame(value_id)
         self._ops = {op: long_bytes(i) for i, op in enumerate(OPS)}
         self._keys: dict[tuple[str, str], bytes] = {}
-        self._heads: dict[tuple[str, str, str, str], bytes] = {}
+        self._heads: dict[tuple[str, str, str, str], tuple[bytes, bytes]] = {}  # -> (Kafka key, value head)
 
     def encode_key(self, schema: str, table: str) -> bytes:
         found = self._keys.get((schema, table))
@@ -135,27 +135,28 @@ class ChangeWriter:
     def size(count: int) -> bytes:
         return long_bytes(count)
 
-    def _head(self, op: str, schema: str, table: str, topic: str) -> bytes:
-        head = self._heads.get((op, schema, table, topic))
-        if head is None:
+    def _head(self, op: str, schema: str, table: str, topic: str) -> tuple[bytes, bytes]:
+        """(Kafka key, the value's bytes up to the transaction) of one op on one table."""
+        found = self._heads.get((op, schema, table, topic))
+        if found is None:
             head = self.prefix + self._ops[op]
             for text in (schema, table, topic):
                 data = text.encode()
                 head += long_bytes(len(data)) + data
-            self._heads[(op, schema, table, topic)] = head
-        return head
+            found = self._heads[(op, schema, table, topic)] = (self.encode_key(schema, table), head)
+        return found
 
     def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
                size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
         return b"".join(
-            (self._head(op, schema, table, topic), transaction, long_bytes(position), size, _optional_bytes(key),
+            (self._head(op, schema, table, topic)[1], transaction, long_bytes(position), size, _optional_bytes(key),
              _optional_bytes(before), _optional_bytes(after))
         )  # fmt: skip
 
     def read_encoder(self, schema: str, table: str, topic: str, transaction: bytes,
                      size: bytes) -> Callable[[int, bytes | None, bytes], bytes]:  # fmt: skip
         """``encode(position, key, after)`` of one table's READ changes (the snapshot's hot path)."""
-        head = self._head("READ", schema, table, topic) + transaction
+        head = self._head("READ", schema, table, topic)[1] + transaction
 
         def encode(position: int, key: bytes | None, after: bytes) -> bytes:
             return b"".join(
@@ -168,14 +169,9 @@ class ChangeWriter:
     def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
         """(Kafka key, value) of each change of one transaction, positions from 0: ``encode`` per
         change, with the per-table parts looked up once per change and no call per field."""
-        heads: dict[tuple[str, ...], tuple[bytes, bytes]] = {}
+        heads = self._heads
         for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
-            found = heads.get((op, schema, table, topic))
-            if found is None:
-                found = heads[(op, schema, table, topic)] = (
-                    self.encode_key(schema, table),
-                    self._head(op, schema, table, topic),
-                )
+            found = heads.get((op, schema, table, topic)) or self._head(op, schema, table, topic)
             yield found[0], b"".join(
                 (found[1], transaction, long_bytes(position), size,
                  b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,

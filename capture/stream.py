@@ -103,9 +103,9 @@ class Streamer:
     # ---- relations --------------------------------------------------------------------------
     def _relation(self, rel: pg.Relation) -> None:
         keyed = self.keyed.get((rel.namespace, rel.name))
-        self.transcoders.pop(rel.oid, None)
         if keyed is None:
             self.encoders[rel.oid] = None
+            self.transcoders.pop(rel.oid, None)
             return
         nulls = nullability(self.conn, rel.oid)
         full_identity = rel.replica_identity == "f"
@@ -120,14 +120,17 @@ class Streamer:
             for c in rel.columns
         ]
         table = TableSchema.build(self.cfg.topic_prefix, rel.namespace, rel.name, columns)
-        current = previous = self.encoders.get(rel.oid)
-        if current is None or current.table != table:
-            self.encoders[rel.oid] = current = self.register(table)
-            if previous is not None:
-                log.info("schema of %s changed: registered a new version for %s", table.qualified, table.topic)
-        fast = transcoder(current) if self.fast else None
-        if fast is not None:
+        current = self.encoders.get(rel.oid)
+        if current is not None and current.table == table:
+            return  # same shape: its encoder and transcoder stay
+        self.encoders[rel.oid] = encoder = self.register(table)
+        fast = transcoder(encoder) if self.fast else None
+        if fast is None:
+            self.transcoders.pop(rel.oid, None)
+        else:
             self.transcoders[rel.oid] = fast
+        if current is not None:
+            log.info("schema of %s changed: registered a new version for %s", table.qualified, table.topic)
 
     def register(self, table: TableSchema) -> RowEncoder:
         return RowEncoder(table, *register_table(self.registrar, table), self.cfg.format)
