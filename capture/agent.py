@@ -179,7 +179,7 @@ class Session:
         parts.state.finish_snapshot()
         elapsed = time.monotonic() - started
         log.info(
-            "snapshot done: %d rows from %d tables in %.1f s (%.0f rows/s)",
+            "snapshot done: %d rows from %d tables in %.2f s (%.0f rows/s)",
             rows,
             len(tables),
             elapsed,

@@ -78,6 +78,19 @@ class ChangeSink:
 
         return emit
 
+    def snapshot_head(self, table: TableSchema) -> tuple[bytes, bytes, bytes, int, int]:
+        """(Kafka key, value head, tx size, next position, stride) of one table's READ changes, for a
+        writer of whole batches (``snapshot._copy_chunk``); ``skip(rows)`` then accounts for them."""
+        if not isinstance(self.writer, ChangeWriter):
+            raise TypeError("whole READ batches are written in the Avro format only")
+        head = self.writer.read_head(table.schema, table.name, table.topic, self._snapshot_tx)
+        return self.writer.encode_key(table.schema, table.name), head, self._zero, self._position, self._stride
+
+    def skip(self, rows: int) -> None:
+        """``rows`` READ changes were written with the positions ``snapshot_head`` gave."""
+        self._position += rows * self._stride
+        self.events += rows
+
     def end_snapshot(self, rows: int, position: int) -> None:
         """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""
         marker = RowChange("SNAPSHOT_END", "", "", "", None, None, None)

@@ -153,10 +153,14 @@ class ChangeWriter:
              _optional_bytes(before), _optional_bytes(after))
         )  # fmt: skip
 
+    def read_head(self, schema: str, table: str, topic: str, transaction: bytes) -> bytes:
+        """A READ change's bytes before its position (op, table, topic, transaction)."""
+        return self._head("READ", schema, table, topic)[1] + transaction
+
     def read_encoder(self, schema: str, table: str, topic: str, transaction: bytes,
                      size: bytes) -> Callable[[int, bytes | None, bytes], bytes]:  # fmt: skip
         """``encode(position, key, after)`` of one table's READ changes (the snapshot's hot path)."""
-        head = self._head("READ", schema, table, topic)[1] + transaction
+        head = self.read_head(schema, table, topic, transaction)
 
         def encode(position: int, key: bytes | None, after: bytes) -> bytes:
             return b"".join(

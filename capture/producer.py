@@ -87,6 +87,7 @@ class ChangeProducer:
                 "delivery.report.only.error": True,
             }
         )
+        self._queue_max = int(producer_settings(cfg).get("queue.buffering.max.messages", 100000))
         self._sent = 0
         self._marks: deque[tuple[int, int]] = deque()
         self._last_acked_lsn: int | None = None
@@ -121,6 +122,28 @@ class ChangeProducer:
                 sent += 1
         finally:
             self._sent += sent
+
+    def send_batch(self, messages: list[dict[str, Any]]) -> None:
+        """``send`` each of ``messages`` (``{"value", "key"}`` dicts) with one call into librdkafka.
+
+        Waits for room in the local queue first. A message the queue still refuses (its byte
+        limit) is sent again after the others: order within a batch is kept only then not,
+        which is why this is for the snapshot's READ rows (their positions identify them).
+        """
+        while len(self.producer) and len(self.producer) + len(messages) > self._queue_max:
+            self.producer.poll(0.05)
+            self.check()
+        queued = self.producer.produce_batch(self.topic, messages, partition=0)
+        self._sent += queued
+        if queued == len(messages):
+            return
+        for message in messages:
+            err = message.get("_error")
+            if err is None:
+                continue
+            if err.code() != KafkaError._QUEUE_FULL:
+                raise BrokerError(f"cannot send to {self.topic}: {err}")
+            self.send(message["key"], message["value"])
 
     def _produce_when_room(self, key: bytes, value: bytes) -> None:
         """The local queue is full: serve deliveries until the message fits."""

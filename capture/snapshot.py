@@ -5,7 +5,10 @@ snapshot — by worker processes, each importing the snapshot on its own connect
 and writing with its own producer, when the snapshot is big (big tables are split
 into ranges of heap pages, so they go in parallel); each row becomes a READ change
 on the raw topic with the slot's consistent point as its commit LSN and a position
-unique within the snapshot. Progress (rows done per table, rate,
+unique within the snapshot. In the Avro format on a UTF8 server the COPY text goes
+straight into the compiled ``capture._copier.Copier`` (whole messages in C, handed
+to librdkafka a batch at a time); rows it cannot write, and the json format, take
+the general path (``copy_field`` + ``RowEncoder``), which is the reference. Progress (rows done per table, rate,
 ETA) is logged and kept in the state. ``run`` returns only after Kafka acknowledged
 every row; the caller then writes SNAPSHOT_END and marks the snapshot done.
 """
@@ -26,6 +29,7 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
+from capture._copier import Copier
 from capture.catalog import Connection, TableRef, TypeCache, connect, server_utf8, table_schema
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
@@ -33,8 +37,9 @@ from capture.encoder import RowEncoder, change_writer
 from capture.errors import SourceError
 from capture.producer import ChangeProducer
 from capture.state import State
-from capture.transcoder import Transcoder, transcoder
+from capture.transcoder import CopierSpec, copier_spec
 from headwater.errors import HeadwaterError
+from tables.catalog import TableSchema
 
 log = logging.getLogger("headwater.capture")
 PARALLEL_MIN_ROWS = 200_000  # below this, worker processes cost more to start than they save
@@ -187,7 +192,7 @@ def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int,
     sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
     state = State(job.cfg.state_dir, job.cfg.slot)
     types = TypeCache(catalog_conn)
-    encoders: dict[str, tuple[RowEncoder, Transcoder | None]] = {}
+    encoders: dict[str, tuple[RowEncoder, CopierSpec | None]] = {}
     fast = job.cfg.format == "avro" and server_utf8(catalog_conn)
     rows = 0
     try:
@@ -196,7 +201,7 @@ def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int,
             if name not in encoders:
                 shape = table_schema(catalog_conn, types, job.cfg.topic_prefix, chunk.table)
                 encoder = RowEncoder(shape, *job.ids[name], job.cfg.format)
-                encoders[name] = (encoder, transcoder(encoder) if fast else None)
+                encoders[name] = (encoder, copier_spec(encoder) if fast else None)
             rows += _copy_chunk(conn, chunk, *encoders[name], sink, report, state, job.lsn)
         producer.flush(timeout=600)
         state.db.commit()
@@ -207,40 +212,77 @@ def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int,
     return rows, sink.next_position()
 
 
-def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, fast: Transcoder | None, sink: ChangeSink,
+BATCH_ROWS = 5000  # rows per call into librdkafka and per progress report
+
+
+GeneralRow = Callable[[bytes], tuple[bytes, bytes | None, list[tuple[int, str]] | None]]
+
+
+def general_path(encoder: RowEncoder) -> GeneralRow:
+    """``row(line) -> (value, key, large values)``: the reference — COPY fields unescaped, converted and
+    encoded by the RowEncoder (a value it cannot hold raises, naming table and column)."""
+
+    def row(line: bytes) -> tuple[bytes, bytes | None, list[tuple[int, str]] | None]:
+        text = line.decode("utf-8")
+        fields = text.split("\t")
+        texts: Sequence[str | None] = fields if "\\" not in text else [copy_field(f) for f in fields]
+        values = encoder.convert(texts)
+        key = encoder.encode_key(values)
+        return encoder.encode_value(values), key, encoder.large_values(texts) if encoder.toastable else None
+
+    return row
+
+
+def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, spec: CopierSpec | None, sink: ChangeSink,
                 report: Report, state: State, lsn: int) -> int:  # fmt: skip
-    columns = tuple(c.name for c in encoder.table.columns)
+    """COPY one chunk to the raw topic: through the compiled ``Copier`` (Avro on a UTF8 server), or
+    line by line through the general path. Returns the rows copied."""
     table = encoder.table
-    qualified = table.qualified
-    emit = sink.snapshot_emitter(table)
+    query = chunk.query(tuple(c.name for c in table.columns))
+    if spec is not None:
+        return _copy_compiled(conn, query, table, spec, general_path(encoder), sink, report, state, lsn)
+    general, emit, qualified = general_path(encoder), sink.snapshot_emitter(table), table.qualified
     rows = 0
 
     def on_line(line: bytes) -> None:
         nonlocal rows
-        try:
-            found = fast.copy(line) if fast is not None else None
-        except Exception:  # anything unusual is the general path's to handle or report
-            found = None
-        if found is None:  # the general path
-            text = line.decode("utf-8")
-            fields = text.split("\t")
-            texts: Sequence[str | None] = fields if "\\" not in text else [copy_field(f) for f in fields]
-            values = encoder.convert(texts)
-            key = encoder.encode_key(values)
-            found = encoder.encode_value(values), key, encoder.large_values(texts) if encoder.toastable else None
-        after, key, large = found
+        after, key, large = general(line)
         emit(key, after)
         if key is not None and large:
             for i, value in large:
                 state.remember(qualified, key[5:], i, lsn, value)
         rows += 1
-        if rows % 5000 == 0:
-            report(qualified, 5000, False)
+        if rows % BATCH_ROWS == 0:
+            report(qualified, BATCH_ROWS, False)
 
     with conn.cursor() as cur:
-        cur.copy_expert(chunk.query(columns), _Lines(on_line))
-    report(qualified, rows % 5000, True)
+        cur.copy_expert(query, _Lines(on_line))
+    report(qualified, rows % BATCH_ROWS, True)
     return rows
+
+
+def _copy_compiled(conn: Connection, query: sql.Composed, table: TableSchema, spec: CopierSpec, general: GeneralRow,
+                   sink: ChangeSink, report: Report, state: State, lsn: int) -> int:  # fmt: skip
+    """COPY straight into ``capture._copier.Copier``: no Python per row unless a row needs the general path."""
+    kafka_key, head, size, position, stride = sink.snapshot_head(table)
+    qualified = table.qualified
+
+    def on_batch(batch: list[dict[str, Any]], large: list[tuple[bytes, int, str]]) -> None:
+        sink.producer.send_batch(batch)
+        for key, i, value in large:
+            state.remember(qualified, key, i, lsn, value)
+        report(qualified, len(batch), False)
+
+    copier = Copier(spec.columns, spec.value_prefix, spec.key_prefix, head, size, kafka_key, position, stride,
+                    general, on_batch, BATCH_ROWS)  # fmt: skip
+    try:
+        with conn.cursor() as cur:
+            cur.copy_expert(query, copier)
+        copier.finish()
+    finally:
+        sink.skip(copier.rows)
+    report(qualified, 0, True)
+    return copier.rows
 
 
 def _exit_with_parent() -> None:

@@ -1,43 +1,46 @@
 """PostgreSQL's row text straight to Avro bytes, compiled per table shape: capture's hot path.
 
-Promise: ``Transcoder(table, value_prefix, key_prefix)`` holds three functions generated
+Promise: ``Transcoder(table, value_prefix, key_prefix)`` holds two functions generated
 from the table's columns and registered schemas, each a pure function of its bytes:
 
 - ``row(buf, pos)`` reads one pgoutput TupleData and returns ``(value, key, large, end)``
   — the framed Avro value and key (``None`` for a table without key), the
   ``(column index, text)`` of values long enough to be TOASTed (or ``None``), and the
   offset after the tuple;
-- ``key(buf, pos)`` reads a key-only old tuple and returns ``(key, end)``;
-- ``copy(line)`` reads one line of ``COPY ... TO STDOUT`` (text format, the snapshot) and
-  returns ``(value, key, large)``.
+- ``key(buf, pos)`` reads a key-only old tuple and returns ``(key, end)``.
 
 They give ``None`` (or raise) for anything off the common path: an unchanged TOAST value,
 a binary column, NULL in a non-null column, a numeric that is NaN or not at the column's
-scale, an escaped character in a COPY field, a malformed message. The caller then takes
-the general path (``capture.decoder`` or ``snapshot.copy_field``, then ``RowEncoder``),
+scale, a malformed message. The caller then takes the general path (``capture.decoder``,
+then ``RowEncoder``),
 which is the reference: whenever a transcoder answers, its bytes are exactly what the
 general path writes (tests check both on the same rows). Fusing decoding, text
 conversion and Avro encoding into one straight function per table skips the
 intermediate tuples, lists and calls: about half of capture's per-change work. Text
 passes through as bytes, which is valid only for a UTF8 server, so capture uses
 transcoders only there.
+
+``copier_columns(table)`` describes the same columns to the snapshot's compiled
+``capture._copier.Copier`` (which reads ``COPY`` text): each column's kind and the
+column's general encoder for the values its kind does not cover.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+from capture import _copier
 from capture.avro import _DOUBLE, Encoder, _Compiler, long_bytes
 from capture.encoder import FIXED_SIZE, TOAST_MIN, AvroWriter, RowEncoder
-from capture.types import parse_bool, parse_numeric, parse_timestamp
+from capture.types import parse_bool, parse_date, parse_numeric, parse_timestamp
 from tables.catalog import TableSchema
 
 Row = tuple[bytes, bytes | None, list[tuple[int, str]] | None, int]
 RowFn = Callable[[bytes, int], Row | None]
 KeyFn = Callable[[bytes, int], tuple[bytes, int] | None]
-CopyFn = Callable[[bytes], tuple[bytes, bytes | None, list[tuple[int, str]] | None] | None]
+ColumnSpec = tuple[int, bool, bool, bool, int, tuple[bytes, ...], Callable[[bytes], bytes]]
 
 
 _STAMPS: dict[bytes, bytes] = {}  # timestamp text -> Avro long: a transaction's rows share now()
@@ -72,8 +75,7 @@ class _Column:
         self.encoder = encoder  # the whole field type (union included): the general case
         self.key = key
         self.toastable = converter not in FIXED_SIZE
-        # text that can never hold a backslash (COPY escapes backslashes as \\)
-        self.plain = converter in (int, float, parse_numeric, parse_timestamp, parse_bool)
+        self.kind = self._kind()
 
     def statements(self) -> list[str]:
         i = self.i
@@ -86,26 +88,59 @@ class _Column:
             lines = ["m = len(v)", *lines, f"x{i} = b''.join(v[m:])"]
         return lines
 
-    def _encode(self) -> list[str]:
-        i, avro, conv = self.i, self.avro, self.conv
-        tag = ["a(b'\\x02')"] if self.nullable else []
+    def _kind(self) -> int:
+        """How the value is written: one of ``capture._copier``'s kinds (``OTHER``: the field's encoder)."""
+        avro, conv = self.avro, self.conv
         if conv is int and avro in ("int", "long"):
-            return [*tag, "a(lb(int(t)))"]
+            return _copier.LONG
         if conv is str and (avro == "string" or (isinstance(avro, dict) and avro.get("type") == "string")):
-            return [*tag, "a(lb(n))", "a(t)"]
+            return _copier.STRING
         if conv is parse_numeric and isinstance(avro, list) and isinstance(avro[0], dict):
-            union = "a(b'\\x02')" if self.nullable else "a(b'\\x00')"  # the decimal branch
-            return [union, *_decimal_lines(int(avro[0].get("scale", 0)))]
+            return _copier.DECIMAL  # the union (decimal, string) of a numeric(p, s)
         if conv is parse_timestamp:
-            return [*tag, "a(TS.get(t) or ts(t))"]
+            return _copier.TIMESTAMP
+        if conv is parse_date and avro == {"type": "int", "logicalType": "date"}:
+            return _copier.DATE
         if conv is str and isinstance(avro, dict) and avro.get("type") == "enum":
-            return [*tag, f"a(E{i}[t])"]
+            return _copier.ENUM
         if conv is parse_bool and avro == "boolean":
-            return [*tag, "a(b'\\x01' if t == b't' else b'\\x00')"]
+            return _copier.BOOL
         if conv is float and avro == "double":
+            return _copier.DOUBLE
+        return _copier.OTHER
+
+    def _encode(self) -> list[str]:
+        i, kind = self.i, self.kind
+        tag = ["a(b'\\x02')"] if self.nullable else []
+        if kind == _copier.LONG:
+            return [*tag, "a(lb(int(t)))"]
+        if kind == _copier.STRING:
+            return [*tag, "a(lb(n))", "a(t)"]
+        if kind == _copier.DECIMAL:
+            union = "a(b'\\x02')" if self.nullable else "a(b'\\x00')"  # the decimal branch
+            return [union, *_decimal_lines(int(self.avro[0].get("scale", 0)))]
+        if kind == _copier.TIMESTAMP:
+            return [*tag, "a(TS.get(t) or ts(t))"]
+        if kind == _copier.ENUM:
+            return [*tag, f"a(E{i}[t])"]
+        if kind == _copier.BOOL:
+            return [*tag, "a(b'\\x01' if t == b't' else b'\\x00')"]
+        if kind == _copier.DOUBLE:
             return [*tag, "a(D(float(t)))"]
         # the general case: convert the text, encode with the field's own encoder (union tag included)
         return [f"f{i}(c{i}(t.decode('utf-8')), v)"]
+
+    def spec(self) -> ColumnSpec:
+        """The column for ``capture._copier.Copier``."""
+        labels = tuple(x.encode() for x in self.avro["symbols"]) if self.kind == _copier.ENUM else ()
+        scale = int(self.avro[0].get("scale", 0)) if self.kind == _copier.DECIMAL else 0
+        return (self.kind, self.nullable, self.key, self.toastable, scale, labels, self.general)
+
+    def general(self, raw: bytes) -> bytes:
+        """The field's encoding (union tag included) by its converter and encoder: the reference."""
+        parts: list[bytes] = []
+        self.encoder(self.conv(raw.decode("utf-8")), parts)
+        return b"".join(parts)
 
     def null(self) -> list[str]:
         return ["a(b'\\x00')"] if self.nullable else ["return None"]
@@ -147,14 +182,23 @@ _READ = [
 ]
 
 
-def _generate(table: TableSchema, value_prefix: bytes, key_prefix: bytes | None) -> tuple[RowFn, KeyFn | None, CopyFn]:
+def _columns(table: TableSchema) -> list[_Column]:
     fields = table.value_schema["fields"]
     compiler = _Compiler()
     namespace = table.value_schema["namespace"]
-    columns = [
+    return [
         _Column(i, f, conv, compiler.compile(f["type"], namespace), table.columns[i].is_key)
         for i, (f, conv) in enumerate(zip(fields, table.converters, strict=True))
     ]
+
+
+def copier_columns(table: TableSchema) -> list[ColumnSpec]:
+    """The table's columns as ``capture._copier.Copier`` takes them."""
+    return [c.spec() for c in _columns(table)]
+
+
+def _generate(table: TableSchema, value_prefix: bytes, key_prefix: bytes | None) -> tuple[RowFn, KeyFn | None]:
+    columns = _columns(table)
     count = len(columns)
     head = [line.format(hi=count >> 8, lo=count & 0xFF) for line in _HEAD]
     keys = [c.i for c in columns if c.key]
@@ -178,7 +222,6 @@ def _generate(table: TableSchema, value_prefix: bytes, key_prefix: bytes | None)
     key_expr = "KP + " + " + ".join(f"x{i}" for i in keys) if keys and key_prefix is not None else "None"
     row.append(f"    return b''.join(v), {key_expr}, L, p")
     keyfn.append(f"    return {key_expr}, p")
-    copyfn = _copy_function(columns, key_expr)
     namespace_: dict[str, Any] = {
         "I": struct.Struct("!i").unpack_from,
         "lb": long_bytes,
@@ -194,29 +237,9 @@ def _generate(table: TableSchema, value_prefix: bytes, key_prefix: bytes | None)
         namespace_[f"c{c.i}"] = c.conv
         if isinstance(c.avro, dict) and c.avro.get("type") == "enum":
             namespace_[f"E{c.i}"] = {label.encode(): long_bytes(n) for n, label in enumerate(c.avro["symbols"])}
-    source = "\n\n".join("\n".join(lines) for lines in (row, keyfn, copyfn)) + "\n"
+    source = "\n\n".join("\n".join(lines) for lines in (row, keyfn)) + "\n"
     exec(compile(source, f"<transcoder {table.qualified}>", "exec"), namespace_)  # noqa: S102 - from a schema
-    return namespace_["row"], (namespace_["key"] if key_expr != "None" else None), namespace_["copy"]
-
-
-def _copy_function(columns: list[_Column], key_expr: str) -> list[str]:
-    """``copy(line)``: one line of COPY's text format (tab-separated, \\N for NULL) to (value, key, large)."""
-    lines = [
-        "def copy(line):",
-        "    F = line.split(b'\\t')",
-        f"    if len(F) != {len(columns)}:",
-        "        return None",
-        "    v = [VP]",
-        "    a = v.append",
-        "    L = None",
-    ]
-    for c in columns:
-        lines += [f"    t = F[{c.i}]", "    if t == b'\\\\N':", *("        " + s for s in c.null()), "    else:"]
-        if not c.plain:  # an escaped character: the general path unescapes
-            lines += ["        if 92 in t:", "            return None"]
-        lines += ["        n = len(t)", *("        " + s for s in c.statements())]
-    lines.append(f"    return b''.join(v), {key_expr}, L")
-    return lines
+    return namespace_["row"], (namespace_["key"] if key_expr != "None" else None)
 
 
 class Transcoder:
@@ -224,7 +247,23 @@ class Transcoder:
 
     def __init__(self, table: TableSchema, value_prefix: bytes, key_prefix: bytes | None) -> None:
         self.table = table
-        self.row, self.key, self.copy = _generate(table, value_prefix, key_prefix)
+        self.row, self.key = _generate(table, value_prefix, key_prefix)
+
+
+class CopierSpec(NamedTuple):
+    """What ``capture._copier.Copier`` needs of one table shape besides the envelope."""
+
+    columns: list[ColumnSpec]
+    value_prefix: bytes
+    key_prefix: bytes | None
+
+
+def copier_spec(encoder: RowEncoder) -> CopierSpec | None:
+    """The columns and frames of an Avro ``RowEncoder``'s table shape (None for the json format)."""
+    if not isinstance(encoder.value, AvroWriter):
+        return None
+    key = encoder.key.prefix if isinstance(encoder.key, AvroWriter) else None
+    return CopierSpec(copier_columns(encoder.table), encoder.value.prefix, key)
 
 
 def transcoder(encoder: RowEncoder) -> Transcoder | None:

@@ -19,6 +19,7 @@ import pytest
 
 from capture.decoder import parse_lsn
 from capture.state import snapshot_done
+from headwater.config import Settings
 from headwater.reconcile import apply_changes, assert_table_matches
 from headwater.stack import Broker, StackConfig
 from headwater.topics import AvroDecoder, read_topic
@@ -171,6 +172,11 @@ def copying(capture: Capture) -> bool:
     return bool(rows and rows[0] and rows[0] >= 60_000 and rows[1] == 0)
 
 
+# The snapshot copies 260,000 rows in about a second: a small local queue (most of each batch of
+# 5,000 then goes through the queue-full path) and a longer linger make it last several seconds.
+PACED = Settings({"queue.buffering.max.messages": "1000", "linger.ms": "50"})
+
+
 def spawn_into_a_long_snapshot(shop_db: Any, capture: Capture) -> Any:
     """260,000 more orders (above the size for worker processes); returns the process once it copies."""
     with shop_db, shop_db.cursor() as cur:
@@ -191,7 +197,7 @@ def test_snapshot_killed_midway_restarts_cleanly(
     pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
 ) -> None:
     before = snapshot_workers_running()
-    capture = capture_factory(pg_database)
+    capture = capture_factory(pg_database, producer=PACED)
     process = spawn_into_a_long_snapshot(shop_db, capture)
     process.kill()
     process.wait()
@@ -217,7 +223,7 @@ def test_snapshot_killed_midway_restarts_cleanly(
 def test_sigterm_during_snapshot_stops_promptly(
     pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
 ) -> None:
-    capture = capture_factory(pg_database)
+    capture = capture_factory(pg_database, producer=PACED)
     process = spawn_into_a_long_snapshot(shop_db, capture)
     c = capture.cfg
     status = subprocess.run(

@@ -1,7 +1,7 @@
-"""The transcoder (capture's fast path) writes exactly what the general path writes, or declines.
+"""The fast paths write exactly what the general path writes, or leave the row to it.
 
-Pure tests on hand-built pgoutput tuples; ``tests/capture/test_capture.py`` checks the same
-on real bytes from PostgreSQL, through the streamer.
+The transcoder (streaming) on hand-built pgoutput tuples, and the compiled snapshot
+``Copier`` on ``COPY`` text lines; then both on real bytes from PostgreSQL.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import pytest
 from capture import catalog
 from capture import decoder as pg
 from capture import types as t
+from capture._copier import Copier
 from capture.config import CaptureConfig
-from capture.encoder import RowEncoder
+from capture.encoder import ChangeWriter, RowEncoder
 from capture.schemas import NoRegistry
-from capture.snapshot import copy_field
+from capture.snapshot import _Lines, copy_field, general_path
 from capture.state import State
 from capture.stream import Streamer
-from capture.transcoder import Transcoder
+from capture.transcoder import Transcoder, copier_columns, copier_spec
 from tables.catalog import ColumnInfo, TableSchema
 from tests.capture.test_types import EVERY_TYPE, copy_row
 
@@ -92,6 +93,41 @@ def codecs() -> tuple[Transcoder, RowEncoder]:
     return Transcoder(TABLE, VALUE_FRAME, KEY_FRAME), enc
 
 
+WRITER = ChangeWriter(3, 4)
+TX = WRITER.transaction(1234, 0, 1_700_000_000_000_000)
+CHANGE_KEY = WRITER.encode_key("public", "every")
+READ = WRITER.read_encoder("public", "every", TABLE.topic, TX, WRITER.size(0))
+
+
+def read_message(position: int, row: list[Any]) -> bytes:
+    """The raw-topic READ change the general path writes for ``row``."""
+    value, key, _ = general(RowEncoder(TABLE, 7, 8), row)
+    return READ(position, key, value)
+
+
+def refuse(line: bytes) -> Any:
+    raise AssertionError(f"the general path was not expected for {line!r}")
+
+
+Batches = list[list[dict[str, bytes]]]
+
+
+def copier_for(fallback: Any, *, position: int = 0, stride: int = 1, batch_rows: int = 100,
+               on_batch: Any = None) -> tuple[Copier, Batches, list[tuple[bytes, int, str]]]:  # fmt: skip
+    """A Copier of TABLE with the envelope ``READ`` writes, collecting what it hands on."""
+    batches: list[list[dict[str, bytes]]] = []
+    large: list[tuple[bytes, int, str]] = []
+
+    def collect(batch: list[dict[str, bytes]], found: list[tuple[bytes, int, str]]) -> None:
+        batches.append(batch)
+        large.extend(found)
+
+    head = WRITER.read_head("public", "every", TABLE.topic, TX)
+    copier = Copier(copier_columns(TABLE), VALUE_FRAME, KEY_FRAME, head, WRITER.size(0), CHANGE_KEY, position,
+                    stride, fallback, on_batch or collect, batch_rows)  # fmt: skip
+    return copier, batches, large
+
+
 def general(enc: RowEncoder, values: list[Any]) -> tuple[bytes, bytes | None, list[tuple[int, str]]]:
     converted = enc.convert(values)
     return enc.encode_value(converted), enc.encode_key(converted), enc.large_values(values)
@@ -130,14 +166,13 @@ def test_rows_equal_the_general_path(row: list[Any]) -> None:
     assert (value, key, large or []) == general(enc, row)
     key_tuple = tup([v if c[4] else None for v, c in zip(row, COLUMNS, strict=True)])
     assert fast.key is not None and fast.key(b"K" + key_tuple, 1) == (key, len(key_tuple) + 1)
-    # the snapshot's COPY lines: the same bytes, or declined when a value holds an escaped character
-    copied = fast.copy(copy_line(row))
-    fields = [copy_field(f) for f in copy_line(row).decode().split("\t")]
-    assert fields == row
-    if any("\\" in v or "\t" in v for v in row if v is not None):
-        assert copied is None
-    else:
-        assert copied is not None and (copied[0], copied[1], copied[2] or []) == general(enc, row)
+    # the snapshot's COPY lines: the same bytes, escapes included, as whole raw-topic messages
+    assert [copy_field(f) for f in copy_line(row).decode().split("\t")] == row
+    copier, batches, _ = copier_for(refuse)
+    copier.write(copy_line(row) + b"\n")
+    copier.finish()
+    assert copier.fast == copier.rows == 1
+    assert batches == [[{"value": read_message(0, row), "key": CHANGE_KEY}]]
 
 
 @pytest.mark.unit
@@ -249,3 +284,111 @@ def test_streamer_takes_the_fast_path_for_real_messages(pg_database: str, unique
     conn.close()
     assert kinds == [b"I", b"I", b"UN", b"UK", b"DK", b"UO", b"DO"]
     assert streamer.fast_rows == len(kinds)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "line",
+    [
+        copy_line(with_(i4=None)),  # NULL in a non-null column: the general path names table and column
+        copy_line(with_(mood="angry")),  # a label the schema does not have: the enum's encoder refuses it
+        copy_line(ROW[:-1]),  # a field too few
+        copy_line(ROW) + b"\tspare",  # a field too many
+        copy_line(with_(day="2024-13-45")),  # a value its column's own encoder refuses too
+    ],
+)
+def test_copier_leaves_rows_it_cannot_write_to_the_general_path(line: bytes) -> None:
+    seen: list[bytes] = []
+
+    def fallback(raw: bytes) -> tuple[bytes, bytes | None, None]:
+        seen.append(raw)
+        return b"value", b"\x00\x00\x00\x00\x08key", None
+
+    copier, batches, _ = copier_for(fallback, position=7)
+    copier.write(line + b"\n")
+    copier.finish()
+    assert seen == [line] and copier.rows == 1 and copier.fast == 0
+    # whatever the general path answers is wrapped in the same envelope, at the row's position
+    assert batches == [[{"value": READ(7, b"\x00\x00\x00\x00\x08key", b"value"), "key": CHANGE_KEY}]]
+
+
+@pytest.mark.unit
+def test_copier_counts_positions_batches_and_toast_sized_values_across_any_chunking() -> None:
+    rows = [
+        with_(id=str(n), name="é" * 200, code="ü" * 300 if n % 2 else "short", doc="d" * (250 + n)) for n in range(1, 8)
+    ]
+    data = b"".join(copy_line(row) + b"\n" for row in rows)
+    copier, batches, large = copier_for(refuse, position=5, stride=3, batch_rows=3)
+    for start in range(0, len(data), 97):  # lines cut anywhere, as a file object may be written to
+        copier.write(data[start : start + 97])
+    copier.finish()
+    assert [len(b) for b in batches] == [3, 3, 1] and copier.rows == copier.fast == 7
+    assert copier.position == 5 + 7 * 3
+    messages = [m["value"] for batch in batches for m in batch]
+    assert messages == [read_message(5 + 3 * i, row) for i, row in enumerate(rows)]
+    enc = RowEncoder(TABLE, 7, 8)
+    expected = [(k[5:], i, text) for row in rows for _, k, found in [general(enc, row)] for i, text in found if k]
+    assert large == expected and len(large) == 4 + 2  # code of odd ids (300 characters), doc of ids 6 and 7
+
+
+@pytest.mark.unit
+def test_copier_takes_a_last_line_without_newline_and_raises_what_on_batch_raises() -> None:
+    copier, batches, _ = copier_for(refuse)
+    copier.write(copy_line(ROW))
+    assert batches == []
+    copier.finish()
+    assert copier.rows == 1 and batches[0][0]["value"] == read_message(0, ROW)
+
+    class Refused(Exception):
+        pass
+
+    def on_batch(batch: list[Any], large: list[Any]) -> None:
+        raise Refused("the broker said no")
+
+    copier, _, _ = copier_for(refuse, batch_rows=1, on_batch=on_batch)
+    with pytest.raises(Refused, match="the broker said no"):
+        copier.write(copy_line(ROW) + b"\n")
+
+
+@pytest.mark.usefixtures("local_stack")
+def test_copier_writes_what_the_general_path_writes_for_real_copy_output(pg_database: str, unique_name: str) -> None:
+    """Every type, as ``COPY ... TO STDOUT`` prints it (escapes, NULLs, NaN, infinities, TOAST-sized
+    text), through psycopg2 into the Copier: every row on its own path, each message equal."""
+    conn = catalog.connect(pg_database)
+    conn.autocommit = True
+    extra = """
+    INSERT INTO every (id, t, vc, n_nan, ts, tstz, dt, d, atx) VALUES
+      (10, E'tab\\there\\nnew line \\\\ back', E'a\\rb', 'NaN', 'infinity', '-infinity', 'infinity',
+       'NaN', '{"a\\tb"}'),
+      (11, repeat('ü', 300), repeat('x', 20), 99999999.99, '0001-01-01 00:00:00', '1970-01-01 00:00:00+00',
+       '0001-01-01', -0.0, '{}');
+    """
+    with conn.cursor() as cur:
+        cur.execute(EVERY_TYPE)
+        cur.execute(extra)
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute("SELECT 'every'::regclass::oid")
+        oid = cur.fetchone()[0]  # type: ignore[index]
+    conn.commit()
+    shape = catalog.table_schema(conn, catalog.TypeCache(conn), "p", catalog.TableRef(oid, "public", "every", True))
+    enc = RowEncoder(shape, 7, 8)
+    spec = copier_spec(enc)
+    assert spec is not None
+    query = "COPY (SELECT * FROM every ORDER BY id) TO STDOUT"
+    lines: list[bytes] = []
+    with conn.cursor() as cur:
+        cur.copy_expert(query, _Lines(lines.append))
+    read = WRITER.read_encoder("public", "every", shape.topic, TX, WRITER.size(0))
+    expected = [read(n, key, value) for n, (value, key, _) in enumerate(map(general_path(enc), lines))]
+    batches: list[list[dict[str, bytes]]] = []
+    head = WRITER.read_head("public", "every", shape.topic, TX)
+    copier = Copier(spec.columns, spec.value_prefix, spec.key_prefix, head, WRITER.size(0), CHANGE_KEY, 0, 1,
+                    refuse, lambda batch, large: batches.append(batch), 2)  # fmt: skip
+    with conn.cursor() as cur:
+        cur.copy_expert(query, copier)
+    copier.finish()
+    conn.close()
+    assert len(lines) == 4 and any(b"\\t" in line for line in lines)  # an escaped tab came through
+    assert copier.fast == copier.rows == 4
+    assert [m["value"] for batch in batches for m in batch] == expected

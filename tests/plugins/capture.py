@@ -79,6 +79,7 @@ class Capture:
             "--include", c.include, "--state-dir", str(c.state_dir), "--bootstrap", c.bootstrap,
             "--registry-url", c.registry_url, "--status-interval", str(c.status_interval),
             "--heartbeat-interval", str(c.heartbeat_interval), "--on-error", c.on_error, "--format", c.format,
+            *(["--producer", ",".join(f"{k}={v}" for k, v in c.producer.items())] if c.producer else []),
         ]  # fmt: skip
 
     def spawn(self, *extra: str) -> subprocess.Popen[bytes]:

@@ -1,0 +1,774 @@
+/* capture._copier: the snapshot's COPY text straight to raw-topic messages, in C.
+ *
+ * Promise: a Copier is the file object ``cursor.copy_expert`` writes to. Every
+ * line of ``COPY ... TO STDOUT`` (text format) becomes one READ change of the raw
+ * topic -- the envelope (head, position, tx size), the framed Avro key and the
+ * framed Avro value -- exactly the bytes the general path writes
+ * (``snapshot.copy_field`` + ``RowEncoder`` + ``ChangeWriter.read_encoder``).
+ * Columns come as specs from ``capture.transcoder.copier_columns``: a kind this
+ * file encodes itself (integers, text, exact-scale decimals, timestamps, dates,
+ * enums, booleans, doubles) and the column's general encoder, called for any
+ * value the kind does not cover (NaN, infinity, other types). A row it cannot
+ * write (wrong field count, NULL in a non-null column, an encoder that raised)
+ * goes whole to the ``fallback`` callable, which is the general path and raises
+ * its errors naming table and column. Messages are handed to ``on_batch`` in
+ * lists of ``{"value", "key"}`` dicts (``Producer.produce_batch``'s shape), with
+ * the values long enough to be TOASTed as ``(key, column index, text)``.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    K_LONG = 0,
+    K_STRING = 1,
+    K_DECIMAL = 2,
+    K_TIMESTAMP = 3,
+    K_DATE = 4,
+    K_ENUM = 5,
+    K_BOOL = 6,
+    K_DOUBLE = 7,
+    K_OTHER = 8,
+};
+
+#define TOAST_MIN 256
+
+typedef struct {
+    int kind;
+    int nullable;
+    int key;
+    int toastable;
+    int scale;
+    Py_ssize_t nlabels;
+    PyObject *labels; /* tuple of bytes (enums) */
+    PyObject *field;  /* callable(bytes) -> bytes: the general encoding, union tag included */
+} Column;
+
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+} Buf;
+
+typedef struct {
+    PyObject_HEAD
+    Column *cols;
+    Py_ssize_t ncols;
+    PyObject *value_prefix, *key_prefix, *head, *size, *kafka_key;
+    PyObject *fallback, *on_batch;
+    PyObject *batch, *large, *pool; /* pool: message dicts to reuse once on_batch let go of them */
+    long long position, stride;
+    Py_ssize_t batch_rows;
+    long long rows, fast;
+    Buf rest, value, keybuf, text, msg;
+    Py_ssize_t *key_start, *key_end;
+} Copier;
+
+static PyObject *s_value, *s_key;
+
+/* ---- buffers -------------------------------------------------------------------------- */
+
+static int buf_reserve(Buf *b, Py_ssize_t more) {
+    if (b->n + more <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + more)
+        cap *= 2;
+    char *p = PyMem_Realloc(b->p, cap);
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_add(Buf *b, const char *data, Py_ssize_t n) {
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+    return 0;
+}
+
+static inline int buf_byte(Buf *b, char c) {
+    if (b->n >= b->cap && buf_reserve(b, 1) < 0)
+        return -1;
+    b->p[b->n++] = c;
+    return 0;
+}
+
+/* Avro's zig-zag varint of a long */
+static inline int varint(char *out, int64_t v) {
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int n = 0;
+    while (z >= 0x80) {
+        out[n++] = (char)((z & 0x7F) | 0x80);
+        z >>= 7;
+    }
+    out[n++] = (char)z;
+    return n;
+}
+
+static inline int buf_long(Buf *b, int64_t v) {
+    if (buf_reserve(b, 10) < 0)
+        return -1;
+    b->n += varint(b->p + b->n, v);
+    return 0;
+}
+
+/* ---- values: 1 written, 0 not this kind's (the column's general encoder takes it), -1 error */
+
+static int parse_long(const char *t, Py_ssize_t n, int64_t *out) {
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (n && t[0] == '-') {
+        neg = 1;
+        i = 1;
+    }
+    if (i == n || n - i > 19)
+        return 0;
+    uint64_t v = 0;
+    for (; i < n; i++) {
+        unsigned d = (unsigned char)t[i] - '0';
+        if (d > 9)
+            return 0;
+        v = v * 10 + d;
+    }
+    if (v > (uint64_t)INT64_MAX + neg)
+        return 0;
+    *out = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 1;
+}
+
+static int digits(const char *t, Py_ssize_t n, int64_t *out) {
+    int64_t v = 0;
+    if (n <= 0)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned d = (unsigned char)t[i] - '0';
+        if (d > 9)
+            return 0;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil) */
+static int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static const int MONTH_DAYS[13] = {0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+
+/* 'YYYY-MM-DD', years 1 to 9999 (what parse_date takes without raising) */
+static int parse_day(const char *t, int64_t *out) {
+    int64_t y, m, d;
+    if (t[4] != '-' || t[7] != '-' || !digits(t, 4, &y) || !digits(t + 5, 2, &m) || !digits(t + 8, 2, &d))
+        return 0;
+    if (y < 1 || m < 1 || m > 12 || d < 1 || d > MONTH_DAYS[m])
+        return 0;
+    if (m == 2 && d == 29 && !((y % 4 == 0 && y % 100 != 0) || y % 400 == 0))
+        return 0;
+    *out = days_from_civil(y, m, d);
+    return 1;
+}
+
+/* 'YYYY-MM-DD HH:MM:SS[.f{1,6}][+00]': parse_timestamp's common case */
+static int parse_stamp(const char *t, Py_ssize_t n, int64_t *out) {
+    if (n >= 22 && t[n - 3] == '+' && t[n - 2] == '0' && t[n - 1] == '0')
+        n -= 3;
+    if (n < 19 || t[10] != ' ' || t[13] != ':' || t[16] != ':')
+        return 0;
+    int64_t days, h, mi, s, frac = 0;
+    if (!parse_day(t, &days) || !digits(t + 11, 2, &h) || !digits(t + 14, 2, &mi) || !digits(t + 17, 2, &s))
+        return 0;
+    if (n > 19) {
+        Py_ssize_t f = n - 20;
+        if (t[19] != '.' || f < 1 || f > 6 || !digits(t + 20, f, &frac))
+            return 0;
+        for (; f < 6; f++)
+            frac *= 10;
+    }
+    *out = (days * 86400 + h * 3600 + mi * 60 + s) * 1000000 + frac;
+    return 1;
+}
+
+/* numeric(p, s) printed with exactly s decimals, at most 38 digits: Avro decimal bytes */
+static int put_decimal(Buf *b, const char *t, Py_ssize_t n, int scale) {
+    Py_ssize_t i = 0, count = 0, after = -1;
+    int neg = 0;
+    __int128 u = 0;
+    if (n && t[0] == '-') {
+        neg = 1;
+        i = 1;
+    }
+    for (; i < n; i++) {
+        char c = t[i];
+        if (c == '.') {
+            if (after >= 0 || scale == 0)
+                return 0;
+            after = 0;
+            continue;
+        }
+        unsigned d = (unsigned char)c - '0';
+        if (d > 9 || ++count > 38)
+            return 0;
+        u = u * 10 + d;
+        if (after >= 0)
+            after++;
+    }
+    if (count == 0 || (scale ? after != scale : after >= 0))
+        return 0;
+    /* Python: u.to_bytes((u.bit_length() + 8) // 8, 'big', signed=True) */
+    unsigned __int128 mag = (unsigned __int128)u;
+    int bits = 0;
+    while (mag) {
+        bits++;
+        mag >>= 1;
+    }
+    int len = (bits + 8) / 8;
+    if (neg)
+        u = -u;
+    if (buf_reserve(b, 11 + len) < 0)
+        return -1;
+    b->n += varint(b->p + b->n, len);
+    for (int k = len - 1; k >= 0; k--)
+        b->p[b->n++] = (char)(unsigned char)(u >> (8 * k));
+    return 1;
+}
+
+static int put_double(Buf *b, const char *t, Py_ssize_t n) {
+    char tmp[64];
+    if (n == 0 || n >= (Py_ssize_t)sizeof(tmp))
+        return 0;
+    unsigned char c = (unsigned char)t[0];
+    if (!(c == '-' || (c >= '0' && c <= '9')) || (c == '-' && n > 1 && !(t[1] >= '0' && t[1] <= '9')))
+        return 0; /* NaN, Infinity: the general encoder */
+    memcpy(tmp, t, n);
+    tmp[n] = 0;
+    char *end;
+    double v = strtod(tmp, &end);
+    if (end != tmp + n)
+        return 0;
+    if (buf_reserve(b, 8) < 0)
+        return -1;
+    memcpy(b->p + b->n, &v, 8); /* x86-64 and arm64: little-endian, as Avro wants */
+    b->n += 8;
+    return 1;
+}
+
+static int put_enum(Buf *b, Column *c, const char *t, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < c->nlabels; k++) {
+        PyObject *label = PyTuple_GET_ITEM(c->labels, k);
+        if (PyBytes_GET_SIZE(label) == n && memcmp(PyBytes_AS_STRING(label), t, n) == 0)
+            return buf_long(b, k) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* one non-NULL value of column c; the union tag first where the column is nullable */
+static int put_value(Buf *b, Column *c, const char *t, Py_ssize_t n) {
+    int64_t v;
+    switch (c->kind) {
+    case K_LONG:
+        return parse_long(t, n, &v) ? (buf_long(b, v) < 0 ? -1 : 1) : 0;
+    case K_STRING:
+        if (buf_long(b, n) < 0 || buf_add(b, t, n) < 0)
+            return -1;
+        return 1;
+    case K_DECIMAL:
+        return put_decimal(b, t, n, c->scale);
+    case K_TIMESTAMP:
+        return parse_stamp(t, n, &v) ? (buf_long(b, v) < 0 ? -1 : 1) : 0;
+    case K_DATE:
+        return n == 10 && parse_day(t, &v) ? (buf_long(b, v) < 0 ? -1 : 1) : 0;
+    case K_ENUM:
+        return put_enum(b, c, t, n);
+    case K_BOOL:
+        if (n != 1 || (t[0] != 't' && t[0] != 'f'))
+            return 0;
+        return buf_byte(b, t[0] == 't' ? 1 : 0) < 0 ? -1 : 1;
+    case K_DOUBLE:
+        return put_double(b, t, n);
+    default:
+        return 0;
+    }
+}
+
+/* 1 written, 0 the general encoder raised (the row goes to the fallback), -1 error */
+static int put_field(Buf *b, Column *c, const char *t, Py_ssize_t n) {
+    Py_ssize_t mark = b->n;
+    if (c->kind != K_OTHER) {
+        /* decimals are a union of (decimal, string) even when not null: the decimal branch */
+        if (c->kind == K_DECIMAL ? buf_byte(b, c->nullable ? 2 : 0) < 0 : (c->nullable && buf_byte(b, 2) < 0))
+            return -1;
+        int done = put_value(b, c, t, n);
+        if (done)
+            return done;
+        b->n = mark;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize(t, n);
+    if (!raw)
+        return -1;
+    PyObject *out = PyObject_CallOneArg(c->field, raw);
+    Py_DECREF(raw);
+    if (!out) {
+        PyErr_Clear(); /* the general path reports it, naming table and column */
+        return 0;
+    }
+    int rc = PyBytes_Check(out) ? buf_add(b, PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out)) : -1;
+    if (rc < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "a column encoder returned something other than bytes");
+    Py_DECREF(out);
+    return rc < 0 ? -1 : 1;
+}
+
+/* COPY's text escapes (\b \f \n \r \t \v \\, anything else stands for itself) */
+static int unescape(Buf *out, const char *t, Py_ssize_t n) {
+    out->n = 0;
+    if (buf_reserve(out, n) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = t[i];
+        if (c == '\\' && i + 1 < n) {
+            c = t[++i];
+            switch (c) {
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'n': c = '\n'; break;
+            case 'r': c = '\r'; break;
+            case 't': c = '\t'; break;
+            case 'v': c = '\v'; break;
+            default: break;
+            }
+        }
+        out->p[out->n++] = c;
+    }
+    return 0;
+}
+
+static Py_ssize_t utf8_chars(const char *t, Py_ssize_t n) {
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        count += ((unsigned char)t[i] & 0xC0) != 0x80;
+    return count;
+}
+
+/* ---- rows ----------------------------------------------------------------------------- */
+
+/* The framed value and key of one line, and its large values: 1, 0 (not ours), -1 error */
+static int transcode(Copier *self, const char *line, Py_ssize_t len, PyObject **value, PyObject **key,
+                     PyObject **large) {
+    Buf *v = &self->value;
+    v->n = 0;
+    *value = *key = *large = NULL;
+    if (buf_add(v, PyBytes_AS_STRING(self->value_prefix), PyBytes_GET_SIZE(self->value_prefix)) < 0)
+        return -1;
+    const char *p = line, *end = line + len;
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        Column *c = &self->cols[i];
+        const char *tab = memchr(p, '\t', end - p);
+        const char *stop = tab ? tab : end;
+        if ((tab == NULL) != (i == self->ncols - 1))
+            goto not_ours; /* a field too many or too few */
+        const char *t = p;
+        Py_ssize_t n = stop - p;
+        p = stop + 1;
+        if (n == 2 && t[0] == '\\' && t[1] == 'N') {
+            if (!c->nullable || c->key)
+                goto not_ours; /* the general path names the table and column */
+            if (buf_byte(v, 0) < 0)
+                goto error;
+            continue;
+        }
+        if (memchr(t, '\\', n)) {
+            if (unescape(&self->text, t, n) < 0)
+                goto error;
+            t = self->text.p;
+            n = self->text.n;
+        }
+        if (c->key)
+            self->key_start[i] = v->n;
+        int done = put_field(v, c, t, n);
+        if (done < 0)
+            goto error;
+        if (done == 0)
+            goto not_ours;
+        if (c->key)
+            self->key_end[i] = v->n;
+        if (c->toastable && n >= TOAST_MIN && utf8_chars(t, n) >= TOAST_MIN) {
+            PyObject *text = PyUnicode_DecodeUTF8(t, n, "strict");
+            if (!text)
+                goto error;
+            if (!*large && !(*large = PyList_New(0))) {
+                Py_DECREF(text);
+                goto error;
+            }
+            PyObject *item = Py_BuildValue("(nN)", i, text);
+            if (!item || PyList_Append(*large, item) < 0) {
+                Py_XDECREF(item);
+                goto error;
+            }
+            Py_DECREF(item);
+        }
+    }
+    if (self->key_prefix != Py_None) {
+        Buf *k = &self->keybuf;
+        k->n = 0;
+        if (buf_add(k, PyBytes_AS_STRING(self->key_prefix), PyBytes_GET_SIZE(self->key_prefix)) < 0)
+            goto error;
+        for (Py_ssize_t i = 0; i < self->ncols; i++)
+            if (self->cols[i].key && buf_add(k, v->p + self->key_start[i], self->key_end[i] - self->key_start[i]) < 0)
+                goto error;
+        if (!(*key = PyBytes_FromStringAndSize(k->p, k->n)))
+            goto error;
+    } else {
+        *key = Py_NewRef(Py_None);
+    }
+    if (!(*value = PyBytes_FromStringAndSize(v->p, v->n)))
+        goto error;
+    return 1;
+not_ours:
+    Py_CLEAR(*large);
+    return 0;
+error:
+    Py_CLEAR(*large);
+    Py_CLEAR(*key);
+    return -1;
+}
+
+/* The raw-topic READ change around a row: what ChangeWriter.read_encoder writes */
+static PyObject *envelope(Copier *self, PyObject *key, PyObject *after) {
+    Buf *m = &self->msg;
+    m->n = 0;
+    if (buf_add(m, PyBytes_AS_STRING(self->head), PyBytes_GET_SIZE(self->head)) < 0 || buf_long(m, self->position) < 0 ||
+        buf_add(m, PyBytes_AS_STRING(self->size), PyBytes_GET_SIZE(self->size)) < 0)
+        return NULL;
+    if (key == Py_None) {
+        if (buf_byte(m, 0) < 0)
+            return NULL;
+    } else if (buf_byte(m, 2) < 0 || buf_long(m, PyBytes_GET_SIZE(key)) < 0 ||
+               buf_add(m, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) < 0) {
+        return NULL;
+    }
+    if (buf_add(m, "\x00\x02", 2) < 0 || buf_long(m, PyBytes_GET_SIZE(after)) < 0 ||
+        buf_add(m, PyBytes_AS_STRING(after), PyBytes_GET_SIZE(after)) < 0)
+        return NULL;
+    return PyBytes_FromStringAndSize(m->p, m->n);
+}
+
+static int flush_batch(Copier *self) {
+    if (PyList_GET_SIZE(self->batch) == 0 && PyList_GET_SIZE(self->large) == 0)
+        return 0;
+    PyObject *batch = self->batch, *large = self->large;
+    self->batch = PyList_New(0);
+    self->large = PyList_New(0);
+    if (!self->batch || !self->large) {
+        Py_DECREF(batch);
+        Py_DECREF(large);
+        return -1;
+    }
+    PyObject *out = PyObject_CallFunctionObjArgs(self->on_batch, batch, large, NULL);
+    Py_DECREF(batch);
+    Py_DECREF(large);
+    if (!out)
+        return -1;
+    Py_DECREF(out);
+    return 0;
+}
+
+static int general_row(Copier *self, const char *line, Py_ssize_t len, PyObject **value, PyObject **key,
+                       PyObject **large) {
+    PyObject *raw = PyBytes_FromStringAndSize(line, len);
+    if (!raw)
+        return -1;
+    PyObject *found = PyObject_CallOneArg(self->fallback, raw);
+    Py_DECREF(raw);
+    if (!found)
+        return -1;
+    if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 3 || !PyBytes_Check(PyTuple_GET_ITEM(found, 0)) ||
+        !(PyBytes_Check(PyTuple_GET_ITEM(found, 1)) || PyTuple_GET_ITEM(found, 1) == Py_None)) {
+        Py_DECREF(found);
+        PyErr_SetString(PyExc_TypeError, "the fallback must return (value, key or None, large or None)");
+        return -1;
+    }
+    *value = Py_NewRef(PyTuple_GET_ITEM(found, 0));
+    *key = Py_NewRef(PyTuple_GET_ITEM(found, 1));
+    PyObject *l = PyTuple_GET_ITEM(found, 2);
+    *large = (l == Py_None || (PyList_Check(l) && PyList_GET_SIZE(l) == 0)) ? NULL : Py_NewRef(l);
+    Py_DECREF(found);
+    return 0;
+}
+
+static int add_large(Copier *self, PyObject *key, PyObject *large) {
+    if (!large || key == Py_None)
+        return 0;
+    PyObject *body = PySequence_GetSlice(key, 5, PY_SSIZE_T_MAX); /* the key without its frame */
+    if (!body)
+        return -1;
+    PyObject *iter = PyObject_GetIter(large), *item;
+    int rc = iter ? 0 : -1;
+    while (rc == 0 && (item = PyIter_Next(iter))) {
+        PyObject *index, *text;
+        if (!PyArg_ParseTuple(item, "OO", &index, &text)) {
+            rc = -1;
+        } else {
+            PyObject *entry = PyTuple_Pack(3, body, index, text);
+            rc = entry && PyList_Append(self->large, entry) == 0 ? 0 : -1;
+            Py_XDECREF(entry);
+        }
+        Py_DECREF(item);
+    }
+    if (rc == 0 && PyErr_Occurred())
+        rc = -1;
+    Py_XDECREF(iter);
+    Py_DECREF(body);
+    return rc;
+}
+
+/* A {"value": msg, "key": kafka_key} dict (new reference): the pool's next one when nobody else holds it */
+static PyObject *message(Copier *self, PyObject *msg) {
+    Py_ssize_t i = PyList_GET_SIZE(self->batch);
+    PyObject *item = i < PyList_GET_SIZE(self->pool) ? PyList_GET_ITEM(self->pool, i) : NULL;
+    if (item && Py_REFCNT(item) == 1 && PyDict_GET_SIZE(item) == 2) {
+        if (PyDict_SetItem(item, s_value, msg) < 0)
+            return NULL;
+        return Py_NewRef(item);
+    }
+    item = PyDict_New();
+    if (!item || PyDict_SetItem(item, s_value, msg) < 0 || PyDict_SetItem(item, s_key, self->kafka_key) < 0) {
+        Py_XDECREF(item);
+        return NULL;
+    }
+    int rc = i < PyList_GET_SIZE(self->pool) ? PyList_SetItem(self->pool, i, Py_NewRef(item))
+                                             : PyList_Append(self->pool, item);
+    if (rc < 0) {
+        Py_DECREF(item);
+        return NULL;
+    }
+    return item;
+}
+
+static int row(Copier *self, const char *line, Py_ssize_t len) {
+    PyObject *value, *key, *large;
+    int found = transcode(self, line, len, &value, &key, &large);
+    if (found < 0)
+        return -1;
+    if (found)
+        self->fast++;
+    else if (general_row(self, line, len, &value, &key, &large) < 0)
+        return -1;
+    int rc = -1;
+    PyObject *msg = envelope(self, key, value);
+    PyObject *item = msg ? message(self, msg) : NULL;
+    if (item && PyList_Append(self->batch, item) == 0 && add_large(self, key, large) == 0) {
+        rc = 0;
+        self->position += self->stride;
+        self->rows++;
+    }
+    Py_XDECREF(item);
+    Py_XDECREF(msg);
+    Py_DECREF(value);
+    Py_DECREF(key);
+    Py_XDECREF(large);
+    if (rc == 0 && PyList_GET_SIZE(self->batch) >= self->batch_rows)
+        rc = flush_batch(self);
+    return rc;
+}
+
+/* ---- the Python type ------------------------------------------------------------------ */
+
+static PyObject *Copier_write(Copier *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const char *p = view.buf, *end = p + view.len;
+    Py_ssize_t written = view.len;
+    int rc = 0;
+    while (rc == 0 && p < end) {
+        const char *nl = memchr(p, '\n', end - p);
+        if (!nl) {
+            rc = buf_add(&self->rest, p, end - p);
+            break;
+        }
+        if (self->rest.n) {
+            rc = buf_add(&self->rest, p, nl - p);
+            if (rc == 0)
+                rc = row(self, self->rest.p, self->rest.n);
+            self->rest.n = 0;
+        } else {
+            rc = row(self, p, nl - p);
+        }
+        p = nl + 1;
+    }
+    PyBuffer_Release(&view);
+    return rc < 0 ? NULL : PyLong_FromSsize_t(written);
+}
+
+static PyObject *Copier_finish(Copier *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->rest.n) {
+        int rc = row(self, self->rest.p, self->rest.n);
+        self->rest.n = 0;
+        if (rc < 0)
+            return NULL;
+    }
+    if (flush_batch(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static void Copier_dealloc(Copier *self) {
+    for (Py_ssize_t i = 0; i < self->ncols; i++) {
+        Py_XDECREF(self->cols[i].labels);
+        Py_XDECREF(self->cols[i].field);
+    }
+    PyMem_Free(self->cols);
+    PyMem_Free(self->key_start);
+    PyMem_Free(self->key_end);
+    Py_XDECREF(self->value_prefix);
+    Py_XDECREF(self->key_prefix);
+    Py_XDECREF(self->head);
+    Py_XDECREF(self->size);
+    Py_XDECREF(self->kafka_key);
+    Py_XDECREF(self->fallback);
+    Py_XDECREF(self->on_batch);
+    Py_XDECREF(self->batch);
+    Py_XDECREF(self->large);
+    Py_XDECREF(self->pool);
+    PyMem_Free(self->rest.p);
+    PyMem_Free(self->value.p);
+    PyMem_Free(self->keybuf.p);
+    PyMem_Free(self->text.p);
+    PyMem_Free(self->msg.p);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int parse_column(Column *c, PyObject *spec) {
+    PyObject *labels, *field;
+    if (!PyArg_ParseTuple(spec, "iiiiiOO;a column spec is (kind, nullable, key, toastable, scale, labels, field)",
+                          &c->kind, &c->nullable, &c->key, &c->toastable, &c->scale, &labels, &field))
+        return -1;
+    if (c->kind < K_LONG || c->kind > K_OTHER || !PyTuple_Check(labels) || !PyCallable_Check(field)) {
+        PyErr_SetString(PyExc_ValueError, "bad column spec: unknown kind, labels not a tuple or field not callable");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(labels); k++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(labels, k))) {
+            PyErr_SetString(PyExc_TypeError, "enum labels must be bytes");
+            return -1;
+        }
+    if (c->kind == K_DECIMAL && (c->scale < 0 || c->scale > 38)) {
+        PyErr_SetString(PyExc_ValueError, "decimal scale out of range");
+        return -1;
+    }
+    c->nlabels = PyTuple_GET_SIZE(labels);
+    c->labels = Py_NewRef(labels);
+    c->field = Py_NewRef(field);
+    return 0;
+}
+
+static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
+    static char *kws[] = {"columns", "value_prefix", "key_prefix", "head", "size", "kafka_key", "position",
+                          "stride", "fallback", "on_batch", "batch_rows", NULL};
+    PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch;
+    long long position, stride;
+    Py_ssize_t batch_rows;
+    if (self->cols) {
+        PyErr_SetString(PyExc_RuntimeError, "a Copier is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn", kws, &columns, &vp, &kp, &head, &size, &kk,
+                                     &position, &stride, &fallback, &on_batch, &batch_rows))
+        return -1;
+    if (!PyList_Check(columns) || PyList_GET_SIZE(columns) == 0 || !(kp == Py_None || PyBytes_Check(kp)) ||
+        !PyCallable_Check(fallback) || !PyCallable_Check(on_batch) || batch_rows < 1 || stride < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad Copier arguments");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(columns);
+    self->cols = PyMem_Calloc(n, sizeof(Column));
+    self->key_start = PyMem_Calloc(n, sizeof(Py_ssize_t));
+    self->key_end = PyMem_Calloc(n, sizeof(Py_ssize_t));
+    if (!self->cols || !self->key_start || !self->key_end) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (parse_column(&self->cols[i], PyList_GET_ITEM(columns, i)) < 0)
+            return -1;
+        self->ncols = i + 1;
+    }
+    self->value_prefix = Py_NewRef(vp);
+    self->key_prefix = Py_NewRef(kp);
+    self->head = Py_NewRef(head);
+    self->size = Py_NewRef(size);
+    self->kafka_key = Py_NewRef(kk);
+    self->fallback = Py_NewRef(fallback);
+    self->on_batch = Py_NewRef(on_batch);
+    self->position = position;
+    self->stride = stride;
+    self->batch_rows = batch_rows;
+    self->batch = PyList_New(0);
+    self->large = PyList_New(0);
+    self->pool = PyList_New(0);
+    return self->batch && self->large && self->pool ? 0 : -1;
+}
+
+static PyMethodDef Copier_methods[] = {
+    {"write", (PyCFunction)Copier_write, METH_O, "write(data): COPY output; every complete line becomes a message"},
+    {"finish", (PyCFunction)Copier_finish, METH_NOARGS, "finish(): the last line and the last batch to on_batch"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Copier_members[] = {
+    {"position", T_LONGLONG, offsetof(Copier, position), READONLY, "the next row's position"},
+    {"rows", T_LONGLONG, offsetof(Copier, rows), READONLY, "rows written"},
+    {"fast", T_LONGLONG, offsetof(Copier, fast), READONLY, "rows written without the fallback"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CopierType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "capture._copier.Copier",
+    .tp_basicsize = sizeof(Copier),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "COPY text lines to raw-topic READ messages (see the module's promise)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Copier_init,
+    .tp_dealloc = (destructor)Copier_dealloc,
+    .tp_methods = Copier_methods,
+    .tp_members = Copier_members,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_copier", "The snapshot's COPY text to raw-topic messages, in C.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__copier(void) {
+    if (PyType_Ready(&CopierType) < 0)
+        return NULL;
+    s_value = PyUnicode_InternFromString("value");
+    s_key = PyUnicode_InternFromString("key");
+    PyObject *m = PyModule_Create(&module);
+    if (!m || !s_value || !s_key)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Copier", (PyObject *)&CopierType) < 0 ||
+        PyModule_AddIntConstant(m, "LONG", K_LONG) < 0 || PyModule_AddIntConstant(m, "STRING", K_STRING) < 0 ||
+        PyModule_AddIntConstant(m, "DECIMAL", K_DECIMAL) < 0 || PyModule_AddIntConstant(m, "TIMESTAMP", K_TIMESTAMP) < 0 ||
+        PyModule_AddIntConstant(m, "DATE", K_DATE) < 0 || PyModule_AddIntConstant(m, "ENUM", K_ENUM) < 0 ||
+        PyModule_AddIntConstant(m, "BOOL", K_BOOL) < 0 || PyModule_AddIntConstant(m, "DOUBLE", K_DOUBLE) < 0 ||
+        PyModule_AddIntConstant(m, "OTHER", K_OTHER) < 0 || PyModule_AddIntConstant(m, "TOAST_MIN", TOAST_MIN) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,12 @@
+"""The one compiled part: capture._copier, the snapshot's COPY text to raw-topic messages.
+
+Everything else about the build is in pyproject.toml.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension("capture._copier", ["capture/_copier.c"], extra_compile_args=["-O2", "-Wall"]),
+    ]
+)
