@@ -12,9 +12,8 @@ from the table's columns and registered schemas, each a pure function of its byt
 They give ``None`` (or raise) for anything off the common path: an unchanged TOAST value,
 a binary column, NULL in a non-null column, a numeric that is NaN or not at the column's
 scale, a malformed message. The caller then takes the general path (``capture.decoder``,
-then ``RowEncoder``),
-which is the reference: whenever a transcoder answers, its bytes are exactly what the
-general path writes (tests check both on the same rows). Fusing decoding, text
+then ``RowEncoder``), which is the reference: whenever a transcoder answers, its bytes are
+exactly what the general path writes (tests check both on the same rows). Fusing decoding, text
 conversion and Avro encoding into one straight function per table skips the
 intermediate tuples, lists and calls: about half of capture's per-change work. Text
 passes through as bytes, which is valid only for a UTF8 server, so capture uses
