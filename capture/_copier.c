@@ -761,12 +761,18 @@ PyMODINIT_FUNC PyInit__copier(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m || !s_value || !s_key)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Copier", (PyObject *)&CopierType) < 0 ||
-        PyModule_AddIntConstant(m, "LONG", K_LONG) < 0 || PyModule_AddIntConstant(m, "STRING", K_STRING) < 0 ||
-        PyModule_AddIntConstant(m, "DECIMAL", K_DECIMAL) < 0 || PyModule_AddIntConstant(m, "TIMESTAMP", K_TIMESTAMP) < 0 ||
-        PyModule_AddIntConstant(m, "DATE", K_DATE) < 0 || PyModule_AddIntConstant(m, "ENUM", K_ENUM) < 0 ||
-        PyModule_AddIntConstant(m, "BOOL", K_BOOL) < 0 || PyModule_AddIntConstant(m, "DOUBLE", K_DOUBLE) < 0 ||
-        PyModule_AddIntConstant(m, "OTHER", K_OTHER) < 0 || PyModule_AddIntConstant(m, "TOAST_MIN", TOAST_MIN) < 0) {
+    static const struct {
+        const char *name;
+        int value;
+    } constants[] = {
+        {"LONG", K_LONG}, {"STRING", K_STRING}, {"DECIMAL", K_DECIMAL}, {"TIMESTAMP", K_TIMESTAMP},
+        {"DATE", K_DATE}, {"ENUM", K_ENUM}, {"BOOL", K_BOOL}, {"DOUBLE", K_DOUBLE}, {"OTHER", K_OTHER},
+        {"TOAST_MIN", TOAST_MIN},
+    };
+    int rc = PyModule_AddObjectRef(m, "Copier", (PyObject *)&CopierType);
+    for (size_t i = 0; rc == 0 && i < sizeof(constants) / sizeof(constants[0]); i++)
+        rc = PyModule_AddIntConstant(m, constants[i].name, constants[i].value);
+    if (rc < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -82,15 +82,16 @@ class ChangeProducer:
 
     def __init__(self, cfg: CaptureConfig) -> None:
         self.topic = cfg.changes_topic
+        settings = producer_settings(cfg)
         self.producer = Producer(
             {
-                **producer_settings(cfg),
+                **settings,
                 "error_cb": self._on_error,
                 "on_delivery": self._on_failed_delivery,
                 "delivery.report.only.error": True,
             }
         )
-        self._queue_max = int(producer_settings(cfg).get("queue.buffering.max.messages", 100000))
+        self._queue_max = int(settings.get("queue.buffering.max.messages", 100000))
         self._sent = 0
         self._marks: deque[tuple[int, int]] = deque()
         self._last_acked_lsn: int | None = None
@@ -130,8 +131,8 @@ class ChangeProducer:
         """``send`` each of ``messages`` (``{"value", "key"}`` dicts) with one call into librdkafka.
 
         Waits for room in the local queue first. A message the queue still refuses (its byte
-        limit) is sent again after the others: order within a batch is kept only then not,
-        which is why this is for the snapshot's READ rows (their positions identify them).
+        limit) is sent again after the others, so only then is the batch's order not kept:
+        this is for the snapshot's READ rows, whose positions identify them.
         """
         while len(self.producer) and len(self.producer) + len(messages) > self._queue_max:
             self.producer.poll(0.05)

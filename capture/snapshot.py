@@ -8,9 +8,10 @@ on the raw topic with the slot's consistent point as its commit LSN and a positi
 unique within the snapshot. In the Avro format on a UTF8 server the COPY text goes
 straight into the compiled ``capture._copier.Copier`` (whole messages in C, handed
 to librdkafka a batch at a time); rows it cannot write, and the json format, take
-the general path (``copy_field`` + ``RowEncoder``), which is the reference. Progress (rows done per table, rate,
-ETA) is logged and kept in the state. ``run`` returns only after Kafka acknowledged
-every row; the caller then writes SNAPSHOT_END and marks the snapshot done.
+the general path (``copy_field`` + ``RowEncoder``), which is the reference.
+Progress (rows done per table, rate, ETA) is logged and kept in the state. ``run``
+returns only after Kafka acknowledged every row; the caller then writes SNAPSHOT_END
+and marks the snapshot done.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Promise: ``Streamer.handle`` folds decoded pgoutput messages into transactions a
 at each commit, emits the transaction's changes with their positions; rows are
 encoded with the schema registered for the table's current shape (a changed shape
 registers a new version first) — by the shape's transcoder when it can, else by the
-general decoder and ``RowEncoder``, with the same bytes either way. Unchanged TOASTed values are filled in from the old
-row (REPLICA IDENTITY FULL), the TOAST cache, or as a last resort the table.
+general decoder and ``RowEncoder``, with the same bytes either way. Unchanged TOASTed
+values are filled in from the old row (REPLICA IDENTITY FULL), the TOAST cache, or as
+a last resort the table.
 ``replicate`` is the thin loop around it: read, handle, and every status interval
 checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats.
 """
