@@ -1,0 +1,47 @@
+"""Registering schemas with the real registry: ids, reuse, and what a refusal says."""
+
+from __future__ import annotations
+
+import pytest
+import httpx
+
+from capture.errors import RegistryUnavailableError
+from capture.schemas import Registrar, shown
+from headwater.errors import FatalError
+from headwater.stack import StackConfig
+from tests.plugins.stack import free_port
+
+RECORD = {"type": "record", "name": "r", "fields": [{"name": "a", "type": "long"}]}
+
+
+@pytest.mark.unit
+def test_a_password_in_the_url_is_never_shown() -> None:
+    assert shown("https://user:s3cret@registry.example:8081/base") == "https://user:***@registry.example:8081/base"
+    assert shown("http://127.0.0.1:8081") == "http://127.0.0.1:8081"
+
+
+def test_ids_come_from_the_registry_and_are_asked_once(local_stack: StackConfig, unique_name: str) -> None:
+    registrar = Registrar(local_stack.registry_url + "/")
+    first = registrar.register(f"{unique_name}-value", RECORD)
+    again = registrar.register(f"{unique_name}-value", RECORD)
+    other = registrar.register(f"{unique_name}-key", {"type": "string"})
+    registrar.close()
+    answer = httpx.get(f"{local_stack.registry_url}/subjects/{unique_name}-value/versions/latest", timeout=10).json()
+    assert first == again == answer["id"] and other != first
+
+
+def test_a_refused_schema_names_the_subject_and_the_registry_reason(
+    local_stack: StackConfig, unique_name: str
+) -> None:
+    registrar = Registrar(local_stack.registry_url)
+    with pytest.raises(FatalError, match=f"refused '{unique_name}-value'"):
+        registrar.register(f"{unique_name}-value", {"type": "record", "name": "r"})  # no fields: not Avro
+    registrar.close()
+
+
+def test_an_unreachable_registry_is_retryable_and_hides_the_password() -> None:
+    registrar = Registrar(f"http://user:s3cret@127.0.0.1:{free_port()}")
+    with pytest.raises(RegistryUnavailableError, match="is unreachable") as failed:
+        registrar.register("s-value", RECORD)
+    registrar.close()
+    assert "s3cret" not in str(failed.value) and "user:***@127.0.0.1" in str(failed.value)
