@@ -13,7 +13,9 @@
  * goes whole to the ``fallback`` callable, which is the general path and raises
  * its errors naming table and column. Messages are handed to ``on_batch`` in
  * lists of ``{"value", "key"}`` dicts (``Producer.produce_batch``'s shape), with
- * the values long enough to be TOASTed as ``(key, column index, text)``.
+ * the values long enough to be TOASTed as ``(key, column index, text)``. Given a
+ * ``Sender``, the Copier sends each message itself, from its own buffer, and hands
+ * ``on_batch`` the number of messages sent instead of the list.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,6 +23,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_sender.h"
 
 enum {
     K_LONG = 0,
@@ -57,10 +61,10 @@ typedef struct {
     Column *cols;
     Py_ssize_t ncols;
     PyObject *value_prefix, *key_prefix, *head, *size, *kafka_key;
-    PyObject *fallback, *on_batch;
+    PyObject *fallback, *on_batch, *sender; /* sender: a Sender, or NULL for batches of dicts */
     PyObject *batch, *large, *pool; /* pool: message dicts to reuse once on_batch let go of them */
     long long position, stride;
-    Py_ssize_t batch_rows;
+    Py_ssize_t batch_rows, pending; /* pending: messages sent through the sender since the last on_batch */
     long long rows, fast;
     Buf rest, value, keybuf, text, msg;
     Py_ssize_t *key_start, *key_end;
@@ -447,34 +451,35 @@ error:
     return -1;
 }
 
-/* The raw-topic READ change around a row: what ChangeWriter.read_encoder writes */
-static PyObject *envelope(Copier *self, PyObject *key, PyObject *after) {
+/* The raw-topic READ change around a row, into self->msg: what ChangeWriter.read_encoder writes */
+static int envelope(Copier *self, PyObject *key, PyObject *after) {
     Buf *m = &self->msg;
     m->n = 0;
     if (buf_add(m, PyBytes_AS_STRING(self->head), PyBytes_GET_SIZE(self->head)) < 0 || buf_long(m, self->position) < 0 ||
         buf_add(m, PyBytes_AS_STRING(self->size), PyBytes_GET_SIZE(self->size)) < 0)
-        return NULL;
+        return -1;
     if (key == Py_None) {
         if (buf_byte(m, 0) < 0)
-            return NULL;
+            return -1;
     } else if (buf_byte(m, 2) < 0 || buf_long(m, PyBytes_GET_SIZE(key)) < 0 ||
                buf_add(m, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) < 0) {
-        return NULL;
+        return -1;
     }
     if (buf_add(m, "\x00\x02", 2) < 0 || buf_long(m, PyBytes_GET_SIZE(after)) < 0 ||
         buf_add(m, PyBytes_AS_STRING(after), PyBytes_GET_SIZE(after)) < 0)
-        return NULL;
-    return PyBytes_FromStringAndSize(m->p, m->n);
+        return -1;
+    return 0;
 }
 
 static int flush_batch(Copier *self) {
-    if (PyList_GET_SIZE(self->batch) == 0 && PyList_GET_SIZE(self->large) == 0)
+    if (PyList_GET_SIZE(self->batch) == 0 && PyList_GET_SIZE(self->large) == 0 && self->pending == 0)
         return 0;
-    PyObject *batch = self->batch, *large = self->large;
-    self->batch = PyList_New(0);
+    PyObject *batch = self->sender ? PyLong_FromSsize_t(self->pending) : self->batch, *large = self->large;
+    self->pending = 0;
+    self->batch = self->sender ? self->batch : PyList_New(0);
     self->large = PyList_New(0);
-    if (!self->batch || !self->large) {
-        Py_DECREF(batch);
+    if (!batch || !self->batch || !self->large) {
+        Py_XDECREF(batch);
         Py_DECREF(large);
         return -1;
     }
@@ -559,6 +564,23 @@ static PyObject *message(Copier *self, PyObject *msg) {
     return item;
 }
 
+/* The message in self->msg: through the sender, or as a dict into the batch */
+static int send(Copier *self) {
+    Buf *m = &self->msg;
+    if (self->sender) {
+        if (sender_send(self->sender, m->p, m->n, PyBytes_AS_STRING(self->kafka_key), PyBytes_GET_SIZE(self->kafka_key)) < 0)
+            return -1;
+        self->pending++;
+        return 0;
+    }
+    PyObject *msg = PyBytes_FromStringAndSize(m->p, m->n);
+    PyObject *item = msg ? message(self, msg) : NULL;
+    int rc = item && PyList_Append(self->batch, item) == 0 ? 0 : -1;
+    Py_XDECREF(item);
+    Py_XDECREF(msg);
+    return rc;
+}
+
 static int row(Copier *self, const char *line, Py_ssize_t len) {
     PyObject *value, *key, *large;
     int found = transcode(self, line, len, &value, &key, &large);
@@ -568,20 +590,17 @@ static int row(Copier *self, const char *line, Py_ssize_t len) {
         self->fast++;
     else if (general_row(self, line, len, &value, &key, &large) < 0)
         return -1;
-    int rc = -1;
-    PyObject *msg = envelope(self, key, value);
-    PyObject *item = msg ? message(self, msg) : NULL;
-    if (item && PyList_Append(self->batch, item) == 0 && add_large(self, key, large) == 0) {
-        rc = 0;
+    int rc = envelope(self, key, value) == 0 ? send(self) : -1;
+    if (rc == 0 && add_large(self, key, large) == 0) {
         self->position += self->stride;
         self->rows++;
+    } else {
+        rc = -1;
     }
-    Py_XDECREF(item);
-    Py_XDECREF(msg);
     Py_DECREF(value);
     Py_DECREF(key);
     Py_XDECREF(large);
-    if (rc == 0 && PyList_GET_SIZE(self->batch) >= self->batch_rows)
+    if (rc == 0 && PyList_GET_SIZE(self->batch) + self->pending >= self->batch_rows)
         rc = flush_batch(self);
     return rc;
 }
@@ -642,6 +661,7 @@ static void Copier_dealloc(Copier *self) {
     Py_XDECREF(self->kafka_key);
     Py_XDECREF(self->fallback);
     Py_XDECREF(self->on_batch);
+    Py_XDECREF(self->sender);
     Py_XDECREF(self->batch);
     Py_XDECREF(self->large);
     Py_XDECREF(self->pool);
@@ -679,19 +699,20 @@ static int parse_column(Column *c, PyObject *spec) {
 
 static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     static char *kws[] = {"columns", "value_prefix", "key_prefix", "head", "size", "kafka_key", "position",
-                          "stride", "fallback", "on_batch", "batch_rows", NULL};
-    PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch;
+                          "stride", "fallback", "on_batch", "batch_rows", "sender", NULL};
+    PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch, *sender = Py_None;
     long long position, stride;
     Py_ssize_t batch_rows;
     if (self->cols) {
         PyErr_SetString(PyExc_RuntimeError, "a Copier is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn", kws, &columns, &vp, &kp, &head, &size, &kk,
-                                     &position, &stride, &fallback, &on_batch, &batch_rows))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn|O", kws, &columns, &vp, &kp, &head, &size, &kk,
+                                     &position, &stride, &fallback, &on_batch, &batch_rows, &sender))
         return -1;
     if (!PyList_Check(columns) || PyList_GET_SIZE(columns) == 0 || !(kp == Py_None || PyBytes_Check(kp)) ||
-        !PyCallable_Check(fallback) || !PyCallable_Check(on_batch) || batch_rows < 1 || stride < 1) {
+        !PyCallable_Check(fallback) || !PyCallable_Check(on_batch) || batch_rows < 1 || stride < 1 ||
+        !(sender == Py_None || Py_IS_TYPE(sender, &SenderType))) {
         PyErr_SetString(PyExc_ValueError, "bad Copier arguments");
         return -1;
     }
@@ -715,6 +736,7 @@ static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     self->kafka_key = Py_NewRef(kk);
     self->fallback = Py_NewRef(fallback);
     self->on_batch = Py_NewRef(on_batch);
+    self->sender = sender == Py_None ? NULL : Py_NewRef(sender);
     self->position = position;
     self->stride = stride;
     self->batch_rows = batch_rows;
@@ -754,7 +776,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__copier(void) {
-    if (PyType_Ready(&CopierType) < 0)
+    if (PyType_Ready(&CopierType) < 0 || PyType_Ready(&SenderType) < 0)
         return NULL;
     s_value = PyUnicode_InternFromString("value");
     s_key = PyUnicode_InternFromString("key");
@@ -770,6 +792,8 @@ PyMODINIT_FUNC PyInit__copier(void) {
         {"TOAST_MIN", TOAST_MIN},
     };
     int rc = PyModule_AddObjectRef(m, "Copier", (PyObject *)&CopierType);
+    if (rc == 0)
+        rc = PyModule_AddObjectRef(m, "Sender", (PyObject *)&SenderType);
     for (size_t i = 0; rc == 0 && i < sizeof(constants) / sizeof(constants[0]); i++)
         rc = PyModule_AddIntConstant(m, constants[i].name, constants[i].value);
     if (rc < 0) {

@@ -27,8 +27,9 @@ from capture.encoder import change_writer
 from capture.errors import CheckpointMismatchError, SlotLostError
 from capture.producer import ChangeProducer, ensure_changes_topic
 from capture.schemas import NoRegistry, Registrar, register_table
-from capture.state import State
+from capture.state import State, snapshot_done
 from capture.stream import Loop, Streamer
+from capture.workers import Workers
 from headwater.errors import RetryableError
 from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
 
@@ -64,6 +65,7 @@ class Parts:
     registrar: Registrar | NoRegistry
     sink: ChangeSink
     producer: ChangeProducer
+    workers: Workers | None
 
 
 class Session:
@@ -81,9 +83,11 @@ class Session:
         registrar: Registrar | NoRegistry = Registrar(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
         repl: Connection | None = None
+        workers: Workers | None = None
         try:
             catalog.check_source(conn)
             tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
+            workers = self._workers()  # before any Kafka client: forked while this process has one thread
             writer = change_writer(
                 cfg.format,
                 registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
@@ -93,7 +97,7 @@ class Session:
             producer = ChangeProducer(cfg)
             sink = ChangeSink(writer, producer)
             types = TypeCache(conn)
-            parts = Parts(conn, state, tables, types, registrar, sink, producer)
+            parts = Parts(conn, state, tables, types, registrar, sink, producer, workers)
             try:
                 repl, start_lsn = self._position(parts, stop)
             except snapshot.Interrupted as exc:
@@ -112,6 +116,8 @@ class Session:
         except psycopg2.OperationalError as exc:
             raise RetryableError(f"lost the PostgreSQL connection: {str(exc).strip()}") from exc
         finally:
+            if workers is not None:
+                workers.close()
             for closable in (repl, conn):
                 if closable is not None and not closable.closed:
                     closable.close()
@@ -119,6 +125,14 @@ class Session:
                 producer.poll(0)
             registrar.close()
             state.close()
+
+    def _workers(self) -> Workers | None:
+        """Snapshot workers, started now when this run will take a snapshot (no finished one in the
+        state), so that they connect while the schemas and the slot are done."""
+        cfg = self.cfg
+        if cfg.skip_snapshot or cfg.snapshot_workers < 2 or snapshot_done(cfg.state_dir, cfg.slot):
+            return None
+        return Workers(cfg, cfg.snapshot_workers)
 
     def _position(self, parts: Parts, stop: threading.Event) -> tuple[Connection, int]:
         """Where to stream from: an existing slot's position, or a new slot after its snapshot."""
@@ -172,7 +186,11 @@ class Session:
         job = snapshot.Job(cfg, name, lsn, time_us, ids, (sink.writer.key_id, sink.writer.value_id))
         sink.start_snapshot(lsn, time_us)
         started = time.monotonic()
-        rows, next_position = snapshot.run(job, chunks, progress, cfg.snapshot_workers, stop)
+        try:
+            rows, next_position = snapshot.run(job, chunks, progress, parts.workers, stop)
+        finally:
+            if parts.workers is not None:
+                parts.workers.close()
         sink.end_snapshot(rows, next_position)
         sink.events += rows  # the workers' rows count as this run's events too
         parts.producer.flush(timeout=600)

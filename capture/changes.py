@@ -36,15 +36,22 @@ class RowChange(NamedTuple):
 
 
 class ChangeSink:
-    def __init__(self, writer: ChangeWriter | JsonChangeWriter, producer: ChangeProducer) -> None:
+    def __init__(self, writer: ChangeWriter | JsonChangeWriter, producer: ChangeProducer | None) -> None:
+        """``producer`` None: a snapshot worker whose messages the Copier sends (``snapshot_head``)."""
         self.writer = writer
-        self.producer = producer
+        self._producer = producer
         self._snapshot_lsn = 0
         self._snapshot_tx = b""
         self._zero = b""
         self._position = 0
         self._stride = 1
         self.events = 0
+
+    @property
+    def producer(self) -> ChangeProducer:
+        if self._producer is None:
+            raise RuntimeError("this sink has no producer: its snapshot rows are sent by the Copier")
+        return self._producer
 
     def _send(self, change: RowChange, transaction: bytes, position: int, size: bytes) -> None:
         c = change

@@ -6,9 +6,10 @@ and writing with its own producer, when the snapshot is big (big tables are spli
 into ranges of heap pages, so they go in parallel); each row becomes a READ change
 on the raw topic with the slot's consistent point as its commit LSN and a position
 unique within the snapshot. In the Avro format on a UTF8 server the COPY text goes
-straight into the compiled ``capture._copier.Copier`` (whole messages in C, handed
-to librdkafka a batch at a time); rows it cannot write, and the json format, take
-the general path (``copy_field`` + ``RowEncoder``), which is the reference.
+straight into the compiled ``capture._copier.Copier``, which writes whole messages
+and sends them itself through a ``SnapshotSender`` (librdkafka driven from C); rows
+it cannot write, and the json format, take the general path (``copy_field`` +
+``RowEncoder``), which is the reference. The worker processes are ``capture.workers``.
 Progress (rows done per table, rate, ETA) is logged and kept in the state. ``run``
 returns only after Kafka acknowledged every row; the caller then writes SNAPSHOT_END
 and marks the snapshot done.
@@ -16,16 +17,12 @@ and marks the snapshot done.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import multiprocessing
-import os
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg2
 from psycopg2 import sql
@@ -36,11 +33,14 @@ from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder, change_writer
 from capture.errors import SourceError
-from capture.producer import ChangeProducer
+from capture.producer import ChangeProducer, SnapshotSender
 from capture.state import State
 from capture.transcoder import CopierSpec, copier_spec
 from headwater.errors import HeadwaterError
 from tables.catalog import TableSchema
+
+if TYPE_CHECKING:
+    from capture.workers import Workers
 
 log = logging.getLogger("headwater.capture")
 PARALLEL_MIN_ROWS = 200_000  # below this, worker processes cost more to start than they save
@@ -180,37 +180,58 @@ class Job:
 Report = Callable[[str, int, bool], None]  # (table, rows copied since last report, chunk finished)
 
 
-def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int, int]:
-    """Copy ``chunks`` in this process with its own connections and producer.
+class Copying:
+    """One process's means to copy chunks: its connections and producer. Made from the config
+    alone, so worker processes make it while capture is still setting up the snapshot."""
 
-    Returns (rows, highest position used + 1); returns only after Kafka acknowledged every row.
-    """
-    dsn = job.cfg.dsn.reveal()
-    conn = _import(dsn, job.snapshot_name)
-    catalog_conn = connect(dsn)
-    producer = ChangeProducer(job.cfg)
-    sink = ChangeSink(change_writer(job.cfg.format, *job.change_ids), producer)
-    sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
-    state = State(job.cfg.state_dir, job.cfg.slot)
-    types = TypeCache(catalog_conn)
-    encoders: dict[str, tuple[RowEncoder, CopierSpec | None]] = {}
-    fast = job.cfg.format == "avro" and server_utf8(catalog_conn)
-    rows = 0
+    def __init__(self, cfg: CaptureConfig) -> None:
+        self.cfg = cfg
+        self.catalog_conn = connect(cfg.dsn.reveal())
+        try:
+            self.fast = cfg.format == "avro" and server_utf8(self.catalog_conn)
+            self.sender = SnapshotSender.open(cfg) if self.fast else None
+            self.producer = None if self.sender else ChangeProducer(cfg)
+        except BaseException:
+            self.catalog_conn.close()
+            raise
+
+    def run(self, job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int, int]:
+        """Copy ``chunks``; returns (rows, highest position used + 1) once Kafka acknowledged every row."""
+        conn = _import(job.cfg.dsn.reveal(), job.snapshot_name)
+        sink = ChangeSink(change_writer(job.cfg.format, *job.change_ids), self.producer)
+        sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
+        state = State(job.cfg.state_dir, job.cfg.slot)
+        types = TypeCache(self.catalog_conn)
+        encoders: dict[str, tuple[RowEncoder, CopierSpec | None]] = {}
+        rows = 0
+        try:
+            for chunk in chunks:
+                name = chunk.table.qualified
+                if name not in encoders:
+                    shape = table_schema(self.catalog_conn, types, job.cfg.topic_prefix, chunk.table)
+                    encoder = RowEncoder(shape, *job.ids[name], job.cfg.format)
+                    encoders[name] = (encoder, copier_spec(encoder) if self.fast else None)
+                rows += _copy_chunk(conn, chunk, *encoders[name], sink, self.sender, report, state, job.lsn)
+            (self.sender or sink.producer).flush(timeout=600)
+            state.db.commit()
+        finally:
+            state.close()
+            conn.close()
+        return rows, sink.next_position()
+
+    def close(self) -> None:
+        if self.sender:
+            self.sender.close()
+        self.catalog_conn.close()
+
+
+def copy_chunks(job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int, int]:
+    """Copy ``chunks`` in this process (see ``Copying.run``)."""
+    copying = Copying(job.cfg)
     try:
-        for chunk in chunks:
-            name = chunk.table.qualified
-            if name not in encoders:
-                shape = table_schema(catalog_conn, types, job.cfg.topic_prefix, chunk.table)
-                encoder = RowEncoder(shape, *job.ids[name], job.cfg.format)
-                encoders[name] = (encoder, copier_spec(encoder) if fast else None)
-            rows += _copy_chunk(conn, chunk, *encoders[name], sink, report, state, job.lsn)
-        producer.flush(timeout=600)
-        state.db.commit()
+        return copying.run(job, chunks, report)
     finally:
-        state.close()
-        conn.close()
-        catalog_conn.close()
-    return rows, sink.next_position()
+        copying.close()
 
 
 BATCH_ROWS = 5000  # rows per call into librdkafka and per progress report
@@ -235,13 +256,13 @@ def general_path(encoder: RowEncoder) -> GeneralRow:
 
 
 def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, spec: CopierSpec | None, sink: ChangeSink,
-                report: Report, state: State, lsn: int) -> int:  # fmt: skip
+                sender: SnapshotSender | None, report: Report, state: State, lsn: int) -> int:  # fmt: skip
     """COPY one chunk to the raw topic: through the compiled ``Copier`` (Avro on a UTF8 server), or
     line by line through the general path. Returns the rows copied."""
     table = encoder.table
     query = chunk.query(tuple(c.name for c in table.columns))
     if spec is not None:
-        return _copy_compiled(conn, query, table, spec, general_path(encoder), sink, report, state, lsn)
+        return _copy_compiled(conn, query, table, spec, general_path(encoder), sink, sender, report, state, lsn)
     general, emit, qualified = general_path(encoder), sink.snapshot_emitter(table), table.qualified
     rows = 0
 
@@ -263,19 +284,22 @@ def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, spec: Copie
 
 
 def _copy_compiled(conn: Connection, query: sql.Composed, table: TableSchema, spec: CopierSpec, general: GeneralRow,
-                   sink: ChangeSink, report: Report, state: State, lsn: int) -> int:  # fmt: skip
-    """COPY straight into ``capture._copier.Copier``: no Python per row unless a row needs the general path."""
+                   sink: ChangeSink, sender: SnapshotSender | None, report: Report, state: State,
+                   lsn: int) -> int:  # fmt: skip
+    """COPY straight into ``capture._copier.Copier``: no Python per row unless a row needs the general
+    path. With a ``sender`` the Copier also sends each message itself; else in batches of dicts."""
     kafka_key, head, size, position, stride = sink.snapshot_head(table)
     qualified = table.qualified
 
-    def on_batch(batch: list[dict[str, Any]], large: list[tuple[bytes, int, str]]) -> None:
-        sink.producer.send_batch(batch)
+    def on_batch(batch: list[dict[str, Any]] | int, large: list[tuple[bytes, int, str]]) -> None:
+        if isinstance(batch, list):
+            sink.producer.send_batch(batch)
         for key, i, value in large:
             state.remember(qualified, key, i, lsn, value)
-        report(qualified, len(batch), False)
+        report(qualified, batch if isinstance(batch, int) else len(batch), False)
 
     copier = Copier(spec.columns, spec.value_prefix, spec.key_prefix, head, size, kafka_key, position, stride,
-                    general, on_batch, BATCH_ROWS)  # fmt: skip
+                    general, on_batch, BATCH_ROWS, sender.handle if sender else None)  # fmt: skip
     try:
         with conn.cursor() as cur:
             cur.copy_expert(query, copier)
@@ -286,102 +310,31 @@ def _copy_compiled(conn: Connection, query: sql.Composed, table: TableSchema, sp
     return copier.rows
 
 
-def _exit_with_parent() -> None:
-    """A worker must not outlive capture (after a kill -9 it would go on writing an abandoned snapshot)."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _worker(job: Job, todo: Any, events: Any) -> None:
-    """A snapshot worker process: pulls chunks until the sentinel, reports progress and the result."""
-    logging.basicConfig(level=logging.WARNING)
-    _exit_with_parent()
-
-    def chunks() -> Iterator[Chunk]:
-        while (chunk := todo.get()) is not None:
-            yield chunk
-
-    try:
-        rows, next_position = copy_chunks(job, chunks(), lambda t, n, done: events.put(("progress", t, n, done)))
-        events.put(("done", job.index, rows, next_position))
-    except BaseException as exc:  # reported to the parent, which raises it
-        events.put(("error", job.index, f"{type(exc).__name__}: {exc}", 0))
-
-
 class Interrupted(HeadwaterError):
     """Capture was asked to stop during the snapshot; the next run starts the snapshot over."""
 
 
-def run(
-    job: Job, chunks: list[Chunk], progress: Progress, workers: int, stop: threading.Event | None = None
-) -> tuple[int, int]:
-    """Copy every chunk, in this process or in ``workers`` processes; returns (rows, next position).
+def run(job: Job, chunks: list[Chunk], progress: Progress, pool: Workers | None,
+        stop: threading.Event | None = None) -> tuple[int, int]:  # fmt: skip
+    """Copy every chunk, in this process or by the ``pool``'s worker processes (when there is one
+    and the snapshot is big enough); returns (rows, next position).
 
     Raises ``Interrupted`` soon after ``stop`` is set.
     """
     stop = stop or threading.Event()
 
     def report(table: str, rows: int, chunk_done: bool) -> None:
-        _check(stop)
+        check(stop)
         progress.add(table, rows, chunk_done)
 
-    workers = min(workers, len(chunks))
-    if workers <= 1 or sum(progress.estimates.values()) < PARALLEL_MIN_ROWS:
+    if pool is None or len(chunks) <= 1 or sum(progress.estimates.values()) < PARALLEL_MIN_ROWS:
         result = copy_chunks(job, chunks, report)
     else:
-        result = _in_processes(job, chunks, workers, report, stop)
+        result = pool.run(job, chunks, report, lambda: check(stop))
     progress.report(force=True)
     return result
 
 
-def _check(stop: threading.Event) -> None:
+def check(stop: threading.Event) -> None:
     if stop.is_set():
         raise Interrupted("stopped during the snapshot; the next run starts it over")
-
-
-def _in_processes(
-    job: Job, chunks: list[Chunk], workers: int, report: Report, stop: threading.Event
-) -> tuple[int, int]:
-    ctx = multiprocessing.get_context("spawn")
-    todo, events = ctx.Queue(), ctx.Queue()
-    for chunk in chunks:
-        todo.put(chunk)
-    for _ in range(workers):
-        todo.put(None)
-    jobs = [dataclasses.replace(job, index=i, stride=workers) for i in range(workers)]
-    procs = [ctx.Process(target=_worker, args=(j, todo, events), name=f"snapshot-{j.index}") for j in jobs]
-    for proc in procs:
-        proc.start()
-    try:
-        return _collect(procs, events, report, stop)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(timeout=30)
-
-
-def _collect(procs: list[Any], events: Any, report: Report, stop: threading.Event) -> tuple[int, int]:
-    rows, next_position, done = 0, 0, 0
-    while done < len(procs):
-        _check(stop)
-        try:
-            kind, a, b, c = events.get(timeout=1.0)
-        except queue.Empty:
-            if any(not p.is_alive() and p.exitcode for p in procs):
-                raise SourceError("a snapshot worker process died; see the log above") from None
-            continue
-        if kind == "progress":
-            report(a, b, c)
-        elif kind == "error":
-            raise SourceError(f"snapshot worker {a} failed: {b}")
-        else:
-            rows, next_position, done = rows + b, max(next_position, c), done + 1
-    return rows, next_position

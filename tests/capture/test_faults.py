@@ -145,16 +145,25 @@ def test_on_error_exit_ends_non_zero_when_kafka_stops_answering(
     assert "headwater: error:" in log and "timed out" in log.lower()
 
 
-def snapshot_workers_running() -> int:
-    count = 0
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (snapshot workers are forked: their command line is capture's)."""
+    found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if b"multiprocessing.spawn" in (proc / "cmdline").read_bytes():
-                    count += 1
+                stat = (proc / "stat").read_text()
             except OSError:
                 continue
-    return count
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def copying(capture: Capture) -> bool:
@@ -196,15 +205,16 @@ def spawn_into_a_long_snapshot(shop_db: Any, capture: Capture) -> Any:
 def test_snapshot_killed_midway_restarts_cleanly(
     pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
 ) -> None:
-    before = snapshot_workers_running()
     capture = capture_factory(pg_database, producer=PACED)
     process = spawn_into_a_long_snapshot(shop_db, capture)
+    workers = children(process.pid)
+    assert len(workers) == 2, "the snapshot is copied by two worker processes"
     process.kill()
     process.wait()
     partial = capture.changes()
     assert partial and not any(c["op"] == "SNAPSHOT_END" for c in partial), "killed too late to test this"
     time.sleep(2)
-    assert snapshot_workers_running() == before, "snapshot workers outlived the killed capture"
+    assert not [w for w in workers if running(w)], "snapshot workers outlived the killed capture"
 
     capture.spawn()
     capture.wait_caught_up(pg_database, timeout=300)

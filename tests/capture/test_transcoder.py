@@ -113,8 +113,8 @@ def refuse(line: bytes) -> Any:
 Batches = list[list[dict[str, bytes]]]
 
 
-def copier_for(fallback: Any, *, position: int = 0, stride: int = 1, batch_rows: int = 100,
-               on_batch: Any = None) -> tuple[Copier, Batches, list[tuple[bytes, int, str]]]:  # fmt: skip
+def copier_for(fallback: Any, *, position: int = 0, stride: int = 1, batch_rows: int = 100, on_batch: Any = None,
+               sender: Any = None) -> tuple[Copier, Batches, list[tuple[bytes, int, str]]]:  # fmt: skip
     """A Copier of TABLE with the envelope ``READ`` writes, collecting what it hands on."""
     batches: list[list[dict[str, bytes]]] = []
     large: list[tuple[bytes, int, str]] = []
@@ -125,7 +125,7 @@ def copier_for(fallback: Any, *, position: int = 0, stride: int = 1, batch_rows:
 
     head = WRITER.read_head("public", "every", TABLE.topic, TX)
     copier = Copier(copier_columns(TABLE), VALUE_FRAME, KEY_FRAME, head, WRITER.size(0), CHANGE_KEY, position,
-                    stride, fallback, on_batch or collect, batch_rows)  # fmt: skip
+                    stride, fallback, on_batch or collect, batch_rows, sender)  # fmt: skip
     return copier, batches, large
 
 

@@ -1,0 +1,365 @@
+/* capture._copier.Sender: the snapshot's messages straight into librdkafka, no Python per message.
+ *
+ * Promise: a Sender is a librdkafka producer of its own, made from the settings
+ * capture's ChangeProducer uses (idempotence, acks=all, compression, SASL/TLS:
+ * whatever the dict says, passed through as text), on the librdkafka confluent-kafka
+ * itself loaded (opened by path, so the process holds one copy). ``sender_send`` copies
+ * one message into the local queue, waiting with the GIL released while the queue is
+ * full; the topic is first looked up then (the Sender may be made before the topic is). Kafka's acknowledgements are not reported one by one
+ * (``delivery.report.only.error``): a failed delivery or a fatal producer error is kept
+ * as ``failure`` and makes every later send raise ``error``. So ``flush`` returning 0
+ * with ``failure`` still None means Kafka acknowledged every message sent.
+ *
+ * librdkafka's API is declared here, not included: only the stable C ABI below is used
+ * (rdkafka.h, unchanged since librdkafka 1.0), and no header package is needed to build.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "_sender.h"
+
+typedef struct rd_kafka_s rd_kafka_t;
+typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+typedef struct rd_kafka_conf_s rd_kafka_conf_t;
+typedef struct {
+    int err;
+    rd_kafka_topic_t *rkt;
+    int32_t partition;
+    void *payload;
+    size_t len;
+    void *key;
+    size_t key_len;
+    int64_t offset;
+    void *_private;
+} rd_kafka_message_t;
+
+#define RD_KAFKA_PRODUCER 0
+#define RD_KAFKA_MSG_F_COPY 0x2
+#define RD_KAFKA_CONF_OK 0
+#define RD_KAFKA_RESP_ERR__FATAL (-150)
+#define RD_KAFKA_RESP_ERR__QUEUE_FULL (-184)
+#define POLL_EVERY 1024 /* sends between two serves of librdkafka's events (failed deliveries, errors) */
+
+typedef void (*dr_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *);
+typedef void (*error_cb)(rd_kafka_t *, int, const char *, void *);
+typedef void (*log_cb)(const rd_kafka_t *, int, const char *, const char *);
+
+static struct {
+    void *lib;
+    rd_kafka_conf_t *(*conf_new)(void);
+    int (*conf_set)(rd_kafka_conf_t *, const char *, const char *, char *, size_t);
+    void (*conf_set_dr_msg_cb)(rd_kafka_conf_t *, dr_cb);
+    void (*conf_set_error_cb)(rd_kafka_conf_t *, error_cb);
+    void (*conf_set_log_cb)(rd_kafka_conf_t *, log_cb);
+    void (*conf_set_opaque)(rd_kafka_conf_t *, void *);
+    void (*conf_destroy)(rd_kafka_conf_t *);
+    rd_kafka_t *(*create)(int, rd_kafka_conf_t *, char *, size_t);
+    rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
+    int (*produce)(rd_kafka_topic_t *, int32_t, int, void *, size_t, const void *, size_t, void *);
+    int (*last_error)(void);
+    int (*poll)(rd_kafka_t *, int);
+    int (*flush)(rd_kafka_t *, int);
+    int (*outq_len)(rd_kafka_t *);
+    const char *(*err2str)(int);
+    int (*fatal_error)(rd_kafka_t *, char *, size_t);
+    void (*topic_destroy)(rd_kafka_topic_t *);
+    void (*destroy)(rd_kafka_t *);
+} rd;
+
+static int load(const char *path) {
+    if (rd.lib)
+        return 0;
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        PyErr_Format(PyExc_OSError, "cannot open librdkafka (%s): %s", path, dlerror());
+        return -1;
+    }
+    const struct {
+        const char *name;
+        void **slot;
+    } symbols[] = {
+        {"rd_kafka_conf_new", (void **)&rd.conf_new},
+        {"rd_kafka_conf_set", (void **)&rd.conf_set},
+        {"rd_kafka_conf_set_dr_msg_cb", (void **)&rd.conf_set_dr_msg_cb},
+        {"rd_kafka_conf_set_error_cb", (void **)&rd.conf_set_error_cb},
+        {"rd_kafka_conf_set_log_cb", (void **)&rd.conf_set_log_cb},
+        {"rd_kafka_conf_set_opaque", (void **)&rd.conf_set_opaque},
+        {"rd_kafka_conf_destroy", (void **)&rd.conf_destroy},
+        {"rd_kafka_new", (void **)&rd.create},
+        {"rd_kafka_topic_new", (void **)&rd.topic_new},
+        {"rd_kafka_produce", (void **)&rd.produce},
+        {"rd_kafka_last_error", (void **)&rd.last_error},
+        {"rd_kafka_poll", (void **)&rd.poll},
+        {"rd_kafka_flush", (void **)&rd.flush},
+        {"rd_kafka_outq_len", (void **)&rd.outq_len},
+        {"rd_kafka_err2str", (void **)&rd.err2str},
+        {"rd_kafka_fatal_error", (void **)&rd.fatal_error},
+        {"rd_kafka_topic_destroy", (void **)&rd.topic_destroy},
+        {"rd_kafka_destroy", (void **)&rd.destroy},
+    };
+    for (size_t i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++) {
+        if (!(*symbols[i].slot = dlsym(lib, symbols[i].name))) {
+            PyErr_Format(PyExc_OSError, "%s has no %s: not a librdkafka this Sender can use", path, symbols[i].name);
+            dlclose(lib);
+            return -1;
+        }
+    }
+    rd.lib = lib;
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    rd_kafka_t *rk;
+    rd_kafka_topic_t *rkt;
+    PyObject *error; /* the exception type a failure is raised as */
+    char topic[256];
+    char failure[512];
+    long long sent;
+} Sender;
+
+static void fail(Sender *self, const char *fmt, ...) {
+    if (self->failure[0])
+        return; /* the first failure is the one to report */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(self->failure, sizeof(self->failure), fmt, ap);
+    va_end(ap);
+}
+
+/* Served by rd_kafka_poll/flush on the calling thread: only failed deliveries come here. */
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
+    Sender *self = opaque;
+    if (msg->err)
+        fail(self, "delivery to %s failed: %s", self->topic, rd.err2str(msg->err));
+}
+
+static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
+    Sender *self = opaque;
+    if (err == RD_KAFKA_RESP_ERR__FATAL) {
+        char text[256];
+        int code = rd.fatal_error(rk, text, sizeof(text));
+        fail(self, "fatal producer error: %s (%s)", text, rd.err2str(code));
+    } else {
+        fprintf(stderr, "WARNING:headwater.kafka:%s: %s\n", rd.err2str(err), reason);
+    }
+}
+
+/* librdkafka's own threads: warnings and worse to stderr, as the workers' logging writes them. */
+static void on_log(const rd_kafka_t *rk, int level, const char *facility, const char *text) {
+    if (level <= 4)
+        fprintf(stderr, "%s:headwater.kafka:%s: %s\n", level <= 3 ? "ERROR" : "WARNING", facility, text);
+}
+
+static int raise_failure(Sender *self) {
+    PyErr_SetString(self->error, self->failure);
+    return -1;
+}
+
+int sender_send(PyObject *sender, const char *value, size_t value_len, const char *key, size_t key_len) {
+    Sender *self = (Sender *)sender;
+    if (!self->rk) {
+        PyErr_SetString(PyExc_RuntimeError, "the Sender is closed");
+        return -1;
+    }
+    /* the topic handle only now: asking for its metadata earlier could create it with the broker's
+     * default partitions, before capture created it with one */
+    if (!self->rkt && !(self->rkt = rd.topic_new(self->rk, self->topic, NULL))) {
+        PyErr_Format(self->error, "topic %s: %s", self->topic, rd.err2str(rd.last_error()));
+        return -1;
+    }
+    for (;;) {
+        if (self->failure[0])
+            return raise_failure(self);
+        if (rd.produce(self->rkt, 0, RD_KAFKA_MSG_F_COPY, (void *)value, value_len, key, key_len, NULL) == 0)
+            break;
+        int err = rd.last_error();
+        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+            PyErr_Format(self->error, "cannot send to %s: %s", self->topic, rd.err2str(err));
+            return -1;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        rd.poll(self->rk, 50);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+    if (++self->sent % POLL_EVERY == 0)
+        rd.poll(self->rk, 0);
+    return 0;
+}
+
+/* ---- the Python type ------------------------------------------------------------------ */
+
+static int configure(rd_kafka_conf_t *conf, PyObject *settings) {
+    PyObject *name, *value;
+    Py_ssize_t pos = 0;
+    char errstr[512];
+    while (PyDict_Next(settings, &pos, &name, &value)) {
+        if (!PyUnicode_Check(name) || !PyUnicode_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "Sender settings are text: {name: value}");
+            return -1;
+        }
+        const char *n = PyUnicode_AsUTF8(name), *v = PyUnicode_AsUTF8(value);
+        if (!n || !v)
+            return -1;
+        if (rd.conf_set(conf, n, v, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK) {
+            PyErr_Format(PyExc_ValueError, "producer setting %s: %s", n, errstr);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int Sender_init(Sender *self, PyObject *args, PyObject *kwargs) {
+    static char *kws[] = {"library", "settings", "topic", "error", NULL};
+    const char *library, *topic;
+    PyObject *settings, *error;
+    char errstr[512];
+    if (self->rk) {
+        PyErr_SetString(PyExc_RuntimeError, "a Sender is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO!sO", kws, &library, &PyDict_Type, &settings, &topic, &error))
+        return -1;
+    if (!PyExceptionClass_Check(error) || strlen(topic) >= sizeof(self->topic)) {
+        PyErr_SetString(PyExc_ValueError, "bad Sender arguments: error must be an exception type, topic < 256 bytes");
+        return -1;
+    }
+    if (load(library) < 0)
+        return -1;
+    rd_kafka_conf_t *conf = rd.conf_new();
+    if (configure(conf, settings) < 0 ||
+        rd.conf_set(conf, "delivery.report.only.error", "true", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "librdkafka: %s", errstr);
+        rd.conf_destroy(conf);
+        return -1;
+    }
+    rd.conf_set_dr_msg_cb(conf, on_delivery);
+    rd.conf_set_error_cb(conf, on_error);
+    rd.conf_set_log_cb(conf, on_log);
+    rd.conf_set_opaque(conf, self);
+    if (!(self->rk = rd.create(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr)))) {
+        rd.conf_destroy(conf);
+        PyErr_Format(PyExc_ValueError, "cannot create a producer: %s", errstr);
+        return -1;
+    }
+    strcpy(self->topic, topic);
+    self->error = Py_NewRef(error);
+    return 0;
+}
+
+static int closed(Sender *self) {
+    if (self->rk)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the Sender is closed");
+    return 1;
+}
+
+static PyObject *Sender_send(Sender *self, PyObject *args) {
+    Py_buffer value, key;
+    if (!PyArg_ParseTuple(args, "y*y*", &value, &key))
+        return NULL;
+    int rc = sender_send((PyObject *)self, value.buf, value.len, key.buf, key.len);
+    PyBuffer_Release(&value);
+    PyBuffer_Release(&key);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Sender_flush(Sender *self, PyObject *arg) {
+    double timeout = PyFloat_AsDouble(arg);
+    if ((timeout == -1.0 && PyErr_Occurred()) || closed(self))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rd.flush(self->rk, (int)(timeout * 1000));
+    rd.poll(self->rk, 0);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rd.outq_len(self->rk));
+}
+
+static PyObject *Sender_poll(Sender *self, PyObject *arg) {
+    double timeout = PyFloat_AsDouble(arg);
+    if ((timeout == -1.0 && PyErr_Occurred()) || closed(self))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rd.poll(self->rk, (int)(timeout * 1000));
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static void destroy(Sender *self) {
+    if (!self->rk)
+        return;
+    rd_kafka_t *rk = self->rk;
+    rd_kafka_topic_t *rkt = self->rkt;
+    self->rk = NULL;
+    self->rkt = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (rkt)
+        rd.topic_destroy(rkt);
+    rd.destroy(rk);
+    Py_END_ALLOW_THREADS
+}
+
+static PyObject *Sender_close(Sender *self, PyObject *Py_UNUSED(ignored)) {
+    destroy(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Sender_failure(Sender *self, void *Py_UNUSED(closure)) {
+    if (!self->failure[0])
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(self->failure, strlen(self->failure), "replace");
+}
+
+static Py_ssize_t Sender_len(Sender *self) {
+    return self->rk ? rd.outq_len(self->rk) : 0;
+}
+
+static void Sender_dealloc(Sender *self) {
+    destroy(self);
+    Py_XDECREF(self->error);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Sender_methods[] = {
+    {"send", (PyCFunction)Sender_send, METH_VARARGS, "send(value, key): one message into the local queue"},
+    {"flush", (PyCFunction)Sender_flush, METH_O, "flush(timeout) -> messages not yet acknowledged (or failed)"},
+    {"poll", (PyCFunction)Sender_poll, METH_O, "poll(timeout): serve librdkafka's events (failures)"},
+    {"close", (PyCFunction)Sender_close, METH_NOARGS, "close(): destroy the producer (unsent messages are lost)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Sender_getset[] = {
+    {"failure", (getter)Sender_failure, NULL, "the first failed delivery or fatal error, or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef Sender_members[] = {
+    {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "messages queued so far"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods Sender_sequence = {.sq_length = (lenfunc)Sender_len};
+
+PyTypeObject SenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "capture._copier.Sender",
+    .tp_basicsize = sizeof(Sender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Sender(library, settings, topic, error): a librdkafka producer driven from C (see _sender.c)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Sender_init,
+    .tp_dealloc = (destructor)Sender_dealloc,
+    .tp_methods = Sender_methods,
+    .tp_members = Sender_members,
+    .tp_getset = Sender_getset,
+    .tp_as_sequence = &Sender_sequence,
+};

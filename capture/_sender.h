@@ -1,0 +1,13 @@
+/* capture._copier.Sender, as the Copier sees it (see _sender.c). */
+#ifndef HEADWATER_SENDER_H
+#define HEADWATER_SENDER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+extern PyTypeObject SenderType;
+
+/* Copy one message into the sender's local queue, waiting while it is full; -1 with an exception set. */
+int sender_send(PyObject *sender, const char *value, size_t value_len, const char *key, size_t key_len);
+
+#endif

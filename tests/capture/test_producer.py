@@ -1,0 +1,123 @@
+"""The snapshot's own producer (``SnapshotSender`` over ``capture._copier.Sender``), on the real broker.
+
+What the Copier sends through it reaches the topic byte for byte as the batches the
+``ChangeProducer`` path sends; a full local queue is waited out; a delivery that fails
+is reported, never taken for acknowledged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from capture._copier import Sender
+from capture.config import CaptureConfig
+from capture.errors import BrokerError
+from capture.producer import SnapshotSender, librdkafka_library, librdkafka_settings
+from headwater.config import Secret, Settings
+from headwater.errors import FatalError
+from headwater.stack import StackConfig
+from headwater.topics import read_topic
+from tests.capture.test_transcoder import CHANGE_KEY, ROW, copier_for, copy_line, with_
+from tests.plugins.stack import free_port
+
+
+def config(bootstrap: str, topic_prefix: str, **producer: Any) -> CaptureConfig:
+    return CaptureConfig(dsn=Secret("postgresql:///unused"), bootstrap=bootstrap, topic_prefix=topic_prefix,
+                         producer=Settings(producer))  # fmt: skip
+
+
+def test_settings_are_librdkafka_text_without_the_python_logger() -> None:
+    settings = librdkafka_settings(config("127.0.0.1:9", "p", **{"socket.keepalive.enable": True}))
+    assert settings["enable.idempotence"] == "true" and settings["acks"] == "all"
+    assert settings["socket.keepalive.enable"] == "true" and settings["batch.num.messages"] == "10000"
+    assert "logger" not in settings and all(isinstance(v, str) for v in settings.values())
+    with pytest.raises(FatalError, match=r"sasl\.password must be text") as refused:
+        librdkafka_settings(config("127.0.0.1:9", "p", **{"sasl.password": ["s3cret"]}))
+    assert "s3cret" not in str(refused.value)
+
+
+def test_a_bad_setting_is_refused_by_name() -> None:
+    library = librdkafka_library()
+    assert library is not None, "confluent-kafka's wheel ships librdkafka beside the package"
+    with pytest.raises(ValueError, match=r"no\.such\.property"):
+        Sender(library, {"no.such.property": "1"}, "t", BrokerError)
+
+
+def test_copier_sends_through_the_sender_what_it_would_batch(
+    local_stack: StackConfig, topic_factory: Callable[..., str]
+) -> None:
+    """Rows of every kind (one left to the general path), written in odd pieces: the topic holds the
+    messages the batch path hands to librdkafka, in order, each with the raw topic's key."""
+    topic = topic_factory()
+    rows = [with_(id=str(n), doc="d" * (250 + n)) for n in range(1, 12)] + [ROW]
+    fallback_line = copy_line(with_(id="99", i4=None))  # NULL in a non-null column: the general path
+    data = b"".join(copy_line(row) + b"\n" for row in rows) + fallback_line + b"\n"
+
+    def general(line: bytes) -> tuple[bytes, bytes | None, None]:
+        assert line == fallback_line
+        return b"\x00fallback value", b"\x00\x00\x00\x00\x08key", None
+
+    batched, batches, large = copier_for(general, position=4, stride=2, batch_rows=5)
+    batched.write(data)
+    batched.finish()
+    expected = [m["value"] for batch in batches for m in batch]
+    assert len(expected) == 13 and large
+
+    library = librdkafka_library()
+    assert library is not None
+    handle = Sender(library, librdkafka_settings(config(local_stack.bootstrap, "p")), topic, BrokerError)
+    counts: list[int] = []
+    sent_large: list[tuple[bytes, int, str]] = []
+
+    def on_batch(batch: Any, found: list[tuple[bytes, int, str]]) -> None:
+        counts.append(batch)
+        sent_large.extend(found)
+
+    direct, _, _ = copier_for(general, position=4, stride=2, batch_rows=5, on_batch=on_batch, sender=handle)
+    for start in range(0, len(data), 61):
+        direct.write(data[start : start + 61])
+    direct.finish()
+    assert handle.flush(30.0) == 0 and handle.failure is None and handle.sent == 13
+    handle.close()
+    assert counts == [5, 5, 3] and sent_large == large and direct.position == batched.position
+    records = read_topic(local_stack.bootstrap, topic)
+    assert [r.value for r in records] == expected
+    assert {r.key for r in records} == {CHANGE_KEY}
+
+
+def test_a_full_local_queue_is_waited_out(local_stack: StackConfig, topic_factory: Callable[..., str]) -> None:
+    topic = topic_factory()
+    settings = librdkafka_settings(config(local_stack.bootstrap, "p", **{"queue.buffering.max.messages": "10"}))
+    sender = Sender(librdkafka_library() or "", settings, topic, BrokerError)
+    for n in range(500):
+        sender.send(b"value %d" % n, b"key")
+    assert sender.flush(30.0) == 0 and sender.failure is None
+    sender.close()
+    assert [r.value for r in read_topic(local_stack.bootstrap, topic)] == [b"value %d" % n for n in range(500)]
+
+
+def test_a_failed_delivery_is_raised_not_taken_for_acknowledged() -> None:
+    cfg = config(f"127.0.0.1:{free_port()}", "nobody", **{"message.timeout.ms": "500"})  # no broker there
+    sender = SnapshotSender(cfg, librdkafka_library() or "")
+    sender.handle.send(b"value", b"key")
+    with pytest.raises(BrokerError, match=r"delivery to nobody\.changes failed"):
+        sender.flush(10.0)
+    with pytest.raises(BrokerError, match=r"delivery to nobody\.changes failed"):
+        sender.handle.send(b"later", b"key")
+    sender.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        sender.handle.send(b"after close", b"key")
+
+
+def test_making_a_sender_does_not_create_its_topic(local_stack: StackConfig, unique_name: str) -> None:
+    """Workers make their sender before capture created the raw topic (with one partition): asking
+    for the topic's metadata then would have the broker create it with its default partitions."""
+    sender = SnapshotSender(config(local_stack.bootstrap, unique_name), librdkafka_library() or "")
+    sender.handle.poll(1.0)
+    sender.close()
+    admin = AdminClient({"bootstrap.servers": local_stack.bootstrap})
+    assert f"{unique_name}.changes" not in admin.list_topics(timeout=10).topics
