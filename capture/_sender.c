@@ -274,23 +274,35 @@ static PyObject *Sender_send(Sender *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Sender_flush(Sender *self, PyObject *arg) {
+/* A timeout argument in seconds, as librdkafka's milliseconds; -1 with an exception set (or closed). */
+static int timeout_ms(Sender *self, PyObject *arg) {
     double timeout = PyFloat_AsDouble(arg);
     if ((timeout == -1.0 && PyErr_Occurred()) || closed(self))
+        return -1;
+    if (timeout < 0 || timeout > 86400) {
+        PyErr_SetString(PyExc_ValueError, "timeout: 0 to 86400 seconds");
+        return -1;
+    }
+    return (int)(timeout * 1000);
+}
+
+static PyObject *Sender_flush(Sender *self, PyObject *arg) {
+    int ms = timeout_ms(self, arg);
+    if (ms < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    rd.flush(self->rk, (int)(timeout * 1000));
+    rd.flush(self->rk, ms);
     rd.poll(self->rk, 0);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rd.outq_len(self->rk));
 }
 
 static PyObject *Sender_poll(Sender *self, PyObject *arg) {
-    double timeout = PyFloat_AsDouble(arg);
-    if ((timeout == -1.0 && PyErr_Occurred()) || closed(self))
+    int ms = timeout_ms(self, arg);
+    if (ms < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    rd.poll(self->rk, (int)(timeout * 1000));
+    rd.poll(self->rk, ms);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import fastavro
-import httpx
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -150,6 +149,8 @@ class AvroDecoder:
 
     def get(self, path: str) -> Any:
         """The registry's JSON answer to ``GET path`` (None for 404)."""
+        import httpx  # here: capture imports this module, and starts faster without httpx
+
         try:
             response = httpx.get(self.url + path, timeout=10)
         except httpx.HTTPError as exc:

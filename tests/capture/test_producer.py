@@ -104,6 +104,8 @@ def test_a_failed_delivery_is_raised_not_taken_for_acknowledged() -> None:
     cfg = config(f"127.0.0.1:{free_port()}", "nobody", **{"message.timeout.ms": "500"})  # no broker there
     sender = SnapshotSender(cfg, librdkafka_library() or "")
     sender.handle.send(b"value", b"key")
+    with pytest.raises(ValueError, match="timeout"):
+        sender.handle.flush(-1.0)
     with pytest.raises(BrokerError, match=r"delivery to nobody\.changes failed"):
         sender.flush(10.0)
     with pytest.raises(BrokerError, match=r"delivery to nobody\.changes failed"):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import httpx
+import pytest
 
 from capture.errors import RegistryUnavailableError
 from capture.schemas import Registrar, shown
@@ -17,7 +17,7 @@ RECORD = {"type": "record", "name": "r", "fields": [{"name": "a", "type": "long"
 @pytest.mark.unit
 def test_a_password_in_the_url_is_never_shown() -> None:
     assert shown("https://user:s3cret@registry.example:8081/base") == "https://user:***@registry.example:8081/base"
-    assert shown("http://127.0.0.1:8081") == "http://127.0.0.1:8081"
+    assert shown("http://[::1]:8081") == "http://[::1]:8081" and shown("http://u:p@[::1]:1") == "http://u:***@[::1]:1"
 
 
 def test_ids_come_from_the_registry_and_are_asked_once(local_stack: StackConfig, unique_name: str) -> None:
@@ -30,9 +30,7 @@ def test_ids_come_from_the_registry_and_are_asked_once(local_stack: StackConfig,
     assert first == again == answer["id"] and other != first
 
 
-def test_a_refused_schema_names_the_subject_and_the_registry_reason(
-    local_stack: StackConfig, unique_name: str
-) -> None:
+def test_a_refused_schema_names_the_subject_and_the_registry_reason(local_stack: StackConfig, unique_name: str) -> None:
     registrar = Registrar(local_stack.registry_url)
     with pytest.raises(FatalError, match=f"refused '{unique_name}-value'"):
         registrar.register(f"{unique_name}-value", {"type": "record", "name": "r"})  # no fields: not Avro
@@ -45,3 +43,17 @@ def test_an_unreachable_registry_is_retryable_and_hides_the_password() -> None:
         registrar.register("s-value", RECORD)
     registrar.close()
     assert "s3cret" not in str(failed.value) and "user:***@127.0.0.1" in str(failed.value)
+
+
+def test_basic_auth_comes_from_the_url_and_is_sent(local_stack: StackConfig, unique_name: str) -> None:
+    """A registry that wants a user and password gets them from the URL (the local one accepts any)."""
+    port = local_stack.registry_url.rpartition(":")[2]
+    registrar = Registrar(f"http://me:p%40ss@127.0.0.1:{port}")
+    assert registrar._headers["Authorization"] == "Basic bWU6cEBzcw=="  # me:p@ss
+    assert registrar.register(f"{unique_name}-value", RECORD) > 0
+
+
+def test_a_url_that_is_not_http_is_named() -> None:
+    for url in ("nowhere", "file:///etc/passwd", "http://"):
+        with pytest.raises(FatalError, match=r"registry_url = '.*' is not an http\(s\) URL"):
+            Registrar(url)
