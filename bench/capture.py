@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
-from confluent_kafka import Producer
 
 from capture import slot
+from capture._copier import Sender
+from capture.config import CaptureConfig
 from capture.decoder import parse_lsn
-from capture.producer import DEFAULTS
-from capture.snapshot import BATCH_ROWS
+from capture.producer import DEFAULTS, librdkafka_library, librdkafka_settings
 from capture.state import snapshot_done
 from headwater import shop, stack
 from headwater.topics import read_topic
@@ -157,7 +157,7 @@ def snapshot(cfg: stack.StackConfig, dsn: str, rows: int, work: Path) -> tuple[f
 
 
 def _snapshot_phase(log: Path) -> float:
-    """Seconds capture itself reports for the snapshot (workers' start to the last acknowledgement:
+    """Seconds capture itself reports for the snapshot (the copy's start to the last acknowledgement:
     without the process start, the checks, the slot and the schemas before it)."""
     found = re.findall(r"snapshot done: \d+ rows from \d+ tables in ([\d.]+) s", log.read_text())
     if not found:
@@ -166,23 +166,22 @@ def _snapshot_phase(log: Path) -> float:
 
 
 def _produce(bootstrap: str, topic: str, count: int, size: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, **DEFAULTS})
-    value, key = b"v" * size, b"k" * 16
-    batch = [{"value": value, "key": key} for _ in range(BATCH_ROWS)]  # as the snapshot sends them
-    limit = int(DEFAULTS["queue.buffering.max.messages"])  # type: ignore[call-overload]
-    for start in range(0, count, BATCH_ROWS):
-        messages = batch[: min(BATCH_ROWS, count - start)]
-        while len(producer) and len(producer) + len(messages) > limit:
-            producer.poll(0.05)
-        if producer.produce_batch(topic, messages, partition=0) != len(messages):
-            raise RuntimeError("the local queue refused messages")
-    if producer.flush(600):
-        raise RuntimeError("messages not acknowledged")
+    library = librdkafka_library()
+    if library is None:
+        raise RuntimeError("confluent-kafka's librdkafka not found")
+    # the snapshot's producer, with capture's settings; one Python call per message here
+    sender = Sender(library, librdkafka_settings(CaptureConfig(bootstrap=bootstrap)), topic, RuntimeError)
+    value, key, send = b"v" * size, b"k" * 16, sender.send
+    for _ in range(count):
+        send(value, key)
+    if sender.flush(600) or sender.failure:
+        raise RuntimeError(f"messages not acknowledged: {sender.failure}")
+    sender.close()
 
 
 def kafka_alone(cfg: stack.StackConfig, messages: int, workers: int, size: int = 110) -> float:
-    """Seconds for ``workers`` processes to produce ``messages`` pre-encoded messages (capture's
-    producer settings and batches, no database, no encoding): the ceiling of one message per row here."""
+    """Seconds for ``workers`` processes to produce ``messages`` pre-encoded messages (the snapshot's
+    producer and settings, no database, no encoding): the ceiling of one message per row here."""
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_produce, args=(cfg.bootstrap, "ceiling", messages // workers, size))
              for _ in range(workers)]  # fmt: skip
@@ -231,7 +230,7 @@ def main(changes: int, rows: int) -> None:
     print(f"  headwater snapshot (-> Kafka, Avro):    {snap:7.1f} s  {total / snap:9.0f} rows/s")
     print(f"  ratio: {copy / snap:.0%} of COPY")
     print(
-        f"  the snapshot phase alone (capture's own log: workers' start to the last ack): {phase:.1f} s"
+        f"  the snapshot phase alone (capture's own log: the copy's start to the last ack): {phase:.1f} s"
         f"  {total / phase:9.0f} rows/s = {copy / phase:.0%} of COPY"
     )
     print(f"  Kafka alone (2 processes producing {total} pre-encoded 110-byte messages, same settings):")

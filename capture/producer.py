@@ -9,6 +9,7 @@ raised as ``BrokerError`` by the next call, so nothing after it is confirmed.
 
 from __future__ import annotations
 
+import ctypes.util
 import logging
 from collections import deque
 from collections.abc import Iterable
@@ -64,11 +65,13 @@ def librdkafka_settings(cfg: CaptureConfig) -> dict[str, str]:
 
 
 def librdkafka_library() -> str | None:
-    """The librdkafka confluent-kafka loaded (its wheel ships one beside the package), or None
-    (confluent-kafka built against a system librdkafka: its path is not known here)."""
+    """The librdkafka confluent-kafka loaded: the one its wheel ships beside the package, else the
+    system's (what a confluent-kafka built from source links to); None if neither is found."""
     libs = Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs"
     found = sorted(libs.glob("librdkafka*.so*"))
-    return str(found[0]) if len(found) == 1 else None
+    if len(found) == 1:
+        return str(found[0])
+    return ctypes.util.find_library("rdkafka")
 
 
 class SnapshotSender:

@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from capture._copier import Sender
 from capture.config import CaptureConfig
 from capture.errors import BrokerError
-from capture.producer import SnapshotSender, librdkafka_library, librdkafka_settings
+from capture.producer import ChangeProducer, SnapshotSender, librdkafka_library, librdkafka_settings
 from headwater.config import Secret, Settings
 from headwater.errors import FatalError
 from headwater.stack import StackConfig
@@ -123,3 +123,14 @@ def test_making_a_sender_does_not_create_its_topic(local_stack: StackConfig, uni
     sender.close()
     admin = AdminClient({"bootstrap.servers": local_stack.bootstrap})
     assert f"{unique_name}.changes" not in admin.list_topics(timeout=10).topics
+
+
+def test_batches_without_a_sender_wait_for_room_too(local_stack: StackConfig, unique_name: str) -> None:
+    """Where no librdkafka can be opened directly, the Copier's batches go through confluent-kafka's
+    ``produce_batch``: a batch bigger than the local queue is sent in full all the same."""
+    cfg = config(local_stack.bootstrap, unique_name, **{"queue.buffering.max.messages": "10"})
+    producer = ChangeProducer(cfg)
+    producer.send_batch([{"value": b"value %d" % n, "key": b"key"} for n in range(500)])
+    producer.flush(30.0)
+    values = [r.value for r in read_topic(local_stack.bootstrap, cfg.changes_topic)]
+    assert sorted(values) == sorted(b"value %d" % n for n in range(500))
