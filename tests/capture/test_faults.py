@@ -250,3 +250,37 @@ def test_sigterm_during_snapshot_stops_promptly(
     assert capture.log is not None and "stopped during the snapshot" in capture.log.read_text()
     assert not snapshot_done(capture.cfg.state_dir, capture.cfg.slot)
     assert not any(c["op"] == "SNAPSHOT_END" for c in capture.changes())
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_snapshot_stops_capture_and_its_workers(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+) -> None:
+    """Ctrl-C signals every process of the terminal's group: the forked workers inherit capture's
+    handlers, so they must leave SIGINT to capture, which stops the snapshot and then them."""
+    capture = capture_factory(pg_database, producer=PACED)
+    process = spawn_into_a_long_snapshot(shop_db, capture)
+    workers = children(process.pid)
+    assert len(workers) == 2, "the snapshot is copied by two worker processes"
+    for pid in (process.pid, *workers):
+        os.kill(pid, signal.SIGINT)
+    assert process.wait(timeout=20) == 0
+    assert capture.log is not None and "stopped during the snapshot" in capture.log.read_text()
+    assert not [w for w in workers if running(w)], "a snapshot worker outlived capture"
+    assert not snapshot_done(capture.cfg.state_dir, capture.cfg.slot)
+    copied = len(read_topic(capture.cfg.bootstrap, capture.cfg.changes_topic))
+    assert copied < 260_000, "the workers went on copying after capture was stopped"
+
+
+def test_workers_started_for_a_small_snapshot_do_not_linger(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+) -> None:
+    """Workers are forked before capture knows the snapshot's size; a small one is copied in capture
+    itself, and the workers are stopped, not left beside the stream."""
+    capture = capture_factory(pg_database)
+    process = capture.spawn()
+    capture.wait_caught_up(pg_database)
+    assert snapshot_done(capture.cfg.state_dir, capture.cfg.slot)
+    assert process.poll() is None and children(process.pid) == []
+    ends = [c for c in capture.changes() if c["op"] == "SNAPSHOT_END"]
+    assert len(ends) == 1 and ends[0]["tx_size"] > 0
