@@ -6,8 +6,10 @@ state), spawned otherwise — and each makes its connections and producer
 (``snapshot.Copying``) while capture is still registering schemas and creating the
 slot. ``run`` hands them the job and the chunks and returns once every worker
 reported its rows acknowledged; a worker's error is raised as ``SourceError``.
-``close`` stops whatever is still running (unused workers, or all after an error or
-an interruption). A worker never outlives capture: it exits when its parent is gone.
+``close`` kills whatever is still running (unused workers, or all after an error or an
+interruption). Workers ignore SIGINT and SIGTERM, which Ctrl-C and service managers send
+to the whole group: capture handles them. A worker never outlives capture: it exits when
+its parent is gone.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class Workers:
     def close(self) -> None:
         for proc in self.procs:
             if proc.is_alive():
-                proc.terminate()
+                proc.kill()  # they ignore SIGTERM; an abandoned snapshot has nothing to save
         for proc in self.procs:
             proc.join(timeout=30)
 
@@ -98,8 +100,10 @@ def _exit_with_parent() -> None:
 
 def _worker(cfg: CaptureConfig, jobs: Any, todo: Any, events: Any) -> None:
     """A worker process: set up, wait for its job (None: not needed), copy chunks until the sentinel."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits capture's handlers
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches capture, which stops the workers
+    # Ctrl-C and a service manager's stop signal the whole group: capture handles them and then
+    # kills its workers (a forked worker would otherwise run capture's handlers, which stop nothing here)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
     _exit_with_parent()
     index = "?"

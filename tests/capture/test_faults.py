@@ -230,7 +230,7 @@ def test_snapshot_killed_midway_restarts_cleanly(
 
 
 @pytest.mark.slow
-def test_sigterm_during_snapshot_stops_promptly(
+def test_sigterm_to_capture_and_its_workers_during_snapshot_stops_promptly(
     pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
 ) -> None:
     capture = capture_factory(pg_database, producer=PACED)
@@ -245,11 +245,14 @@ def test_sigterm_during_snapshot_stops_promptly(
     )
     assert "snapshot: in progress or interrupted" in status.stdout
     assert re.search(r"public\.orders: \d+/\d+ rows", status.stdout), status.stdout
-    process.terminate()
+    workers = children(process.pid)
+    for pid in (process.pid, *workers):  # a service manager's stop: SIGTERM to every process of the unit
+        os.kill(pid, signal.SIGTERM)
     assert process.wait(timeout=20) == 0
     assert capture.log is not None and "stopped during the snapshot" in capture.log.read_text()
     assert not snapshot_done(capture.cfg.state_dir, capture.cfg.slot)
     assert not any(c["op"] == "SNAPSHOT_END" for c in capture.changes())
+    assert len(workers) == 2 and not [w for w in workers if running(w)], "a snapshot worker outlived capture"
 
 
 @pytest.mark.slow
