@@ -27,10 +27,9 @@ from pathlib import Path
 import psycopg2
 
 from capture import slot
-from capture._copier import Sender
 from capture.config import CaptureConfig
 from capture.decoder import parse_lsn
-from capture.producer import DEFAULTS, librdkafka_library, librdkafka_settings
+from capture.producer import DEFAULTS, SnapshotSender
 from capture.state import snapshot_done
 from headwater import shop, stack
 from headwater.topics import read_topic
@@ -165,17 +164,15 @@ def _snapshot_phase(log: Path) -> float:
     return float(found[-1])
 
 
-def _produce(bootstrap: str, topic: str, count: int, size: int) -> None:
-    library = librdkafka_library()
-    if library is None:
-        raise RuntimeError("confluent-kafka's librdkafka not found")
+def _produce(bootstrap: str, prefix: str, count: int, size: int) -> None:
     # the snapshot's producer, with capture's settings; one Python call per message here
-    sender = Sender(library, librdkafka_settings(CaptureConfig(bootstrap=bootstrap)), topic, RuntimeError)
-    value, key, send = b"v" * size, b"k" * 16, sender.send
+    sender = SnapshotSender.open(CaptureConfig(bootstrap=bootstrap, topic_prefix=prefix))
+    if sender is None:
+        raise RuntimeError("confluent-kafka's librdkafka not found")
+    value, key, send = b"v" * size, b"k" * 16, sender.handle.send
     for _ in range(count):
         send(value, key)
-    if sender.flush(600) or sender.failure:
-        raise RuntimeError(f"messages not acknowledged: {sender.failure}")
+    sender.flush(600)  # raises unless every message was acknowledged
     sender.close()
 
 

@@ -80,7 +80,6 @@ class SnapshotSender:
     or fatal error is raised as ``BrokerError`` by the next send or by ``flush``."""
 
     def __init__(self, cfg: CaptureConfig, library: str) -> None:
-        self.topic = cfg.changes_topic
         self.handle = Sender(library, librdkafka_settings(cfg), cfg.changes_topic, BrokerError)
 
     @classmethod

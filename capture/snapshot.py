@@ -292,11 +292,14 @@ def _copy_compiled(conn: Connection, query: sql.Composed, table: TableSchema, sp
     qualified = table.qualified
 
     def on_batch(batch: list[dict[str, Any]] | int, large: list[tuple[bytes, int, str]]) -> None:
-        if isinstance(batch, list):
+        if isinstance(batch, int):  # the Copier sent them through the sender
+            sent = batch
+        else:
             sink.producer.send_batch(batch)
+            sent = len(batch)
         for key, i, value in large:
             state.remember(qualified, key, i, lsn, value)
-        report(qualified, batch if isinstance(batch, int) else len(batch), False)
+        report(qualified, sent, False)
 
     copier = Copier(spec.columns, spec.value_prefix, spec.key_prefix, head, size, kafka_key, position, stride,
                     general, on_batch, BATCH_ROWS, sender.handle if sender else None)  # fmt: skip

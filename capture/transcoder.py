@@ -234,7 +234,7 @@ def _generate(table: TableSchema, value_prefix: bytes, key_prefix: bytes | None)
     for c in columns:
         namespace_[f"f{c.i}"] = c.encoder
         namespace_[f"c{c.i}"] = c.conv
-        if isinstance(c.avro, dict) and c.avro.get("type") == "enum":
+        if c.kind == _copier.ENUM:
             namespace_[f"E{c.i}"] = {label.encode(): long_bytes(n) for n, label in enumerate(c.avro["symbols"])}
     source = "\n\n".join("\n".join(lines) for lines in (row, keyfn)) + "\n"
     exec(compile(source, f"<transcoder {table.qualified}>", "exec"), namespace_)  # noqa: S102 - from a schema
