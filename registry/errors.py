@@ -2,14 +2,16 @@
 
 Promise: each error renders as Confluent's JSON body ``{"error_code", "message"}``
 with the status clients expect, so real clients raise their usual exceptions.
+``RegistryError`` refuses a request for good; ``RegistryUnavailable`` (503) says the
+same request may succeed in a few seconds, and why it cannot now.
 """
 
 from __future__ import annotations
 
-from headwater.errors import FatalError
+from headwater.errors import FatalError, HeadwaterError, RetryableError
 
 
-class RegistryError(FatalError):
+class HttpError(HeadwaterError):
     """An error answered to an HTTP client."""
 
     def __init__(self, status: int, code: int, message: str) -> None:
@@ -19,6 +21,14 @@ class RegistryError(FatalError):
 
     def body(self) -> dict[str, object]:
         return {"error_code": self.code, "message": self.message}
+
+
+class RegistryError(HttpError, FatalError):
+    """A request the registry refuses: sent again unchanged, it gets the same answer."""
+
+
+class RegistryUnavailable(HttpError, RetryableError):
+    """The registry cannot take writes right now; the message says why and when to retry."""
 
 
 def subject_not_found(subject: str) -> RegistryError:
@@ -73,3 +83,13 @@ def invalid_compatibility(level: object) -> RegistryError:
 
 def store_error(detail: str) -> RegistryError:
     return RegistryError(500, 50001, f"Error in the backend data store: {detail}")
+
+
+def log_unavailable(topic: str, bootstrap: str, problem: str) -> RegistryUnavailable:
+    return RegistryUnavailable(
+        503,
+        50001,
+        f"Error in the backend data store: the schema log '{topic}' on {bootstrap} cannot take writes: {problem}. "
+        "The registry reconnects by itself and rewrites the log from memory if it was lost; "
+        "retry in a few seconds (reads still work).",
+    )

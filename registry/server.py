@@ -3,6 +3,8 @@
 Promise: the routes, bodies, status codes and error codes that Confluent-compatible
 clients (confluent-kafka, python-schema-registry-client) use for Avro; every error
 is a JSON body ``{"error_code", "message"}``. Only AVRO schemas without references.
+A write is planned and appended under the log's lock (two registrations never get
+one id), and a registration answers an id only once this registry serves it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def reply(data: Any, status: int = 200) -> web.Response:
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except errors.RegistryError as exc:
+    except errors.HttpError as exc:
         return reply(exc.body(), exc.status)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -126,9 +128,10 @@ async def versions(request: web.Request) -> web.Response:
 
 @routes.post("/subjects/{subject}/versions")
 async def register(request: web.Request) -> web.Response:
-    text = await _schema_text(request)
-    answer, records = request.app[STORE].plan_register(request.match_info["subject"], text)
-    await request.app[LOG].append(records)
+    text, store, subject = await _schema_text(request), request.app[STORE], request.match_info["subject"]
+    answer = await request.app[LOG].write(lambda: store.plan_register(subject, text))
+    if answer["id"] not in store.schemas:  # never acknowledge an id that a GET would not find
+        raise errors.store_error(f"schema id {answer['id']} was written but not read back")
     return reply(answer)
 
 
@@ -147,10 +150,8 @@ async def version_schema(request: web.Request) -> web.Response:
 
 @routes.delete("/subjects/{subject}/versions/{version}")
 async def delete_version(request: web.Request) -> web.Response:
-    m = request.match_info
-    number, records = request.app[STORE].plan_delete_version(m["subject"], m["version"], _flag(request, "permanent"))
-    await request.app[LOG].append(records)
-    return reply(number)
+    m, store, permanent = request.match_info, request.app[STORE], _flag(request, "permanent")
+    return reply(await request.app[LOG].write(lambda: store.plan_delete_version(m["subject"], m["version"], permanent)))
 
 
 @routes.post("/subjects/{subject}")
@@ -161,11 +162,8 @@ async def lookup(request: web.Request) -> web.Response:
 
 @routes.delete("/subjects/{subject}")
 async def delete_subject(request: web.Request) -> web.Response:
-    numbers, records = request.app[STORE].plan_delete_subject(
-        request.match_info["subject"], _flag(request, "permanent")
-    )
-    await request.app[LOG].append(records)
-    return reply(numbers)
+    store, subject, permanent = request.app[STORE], request.match_info["subject"], _flag(request, "permanent")
+    return reply(await request.app[LOG].write(lambda: store.plan_delete_subject(subject, permanent)))
 
 
 def _subject(request: web.Request) -> str | None:
@@ -181,15 +179,18 @@ async def get_config(request: web.Request) -> web.Response:
 
 async def put_config(request: web.Request) -> web.Response:
     body = await _body(request)
-    level = body.get("compatibility", body.get("compatibilityLevel"))
-    records = request.app[STORE].plan_config(_subject(request), level)
-    await request.app[LOG].append(records)
+    level, store, subject = (
+        body.get("compatibility", body.get("compatibilityLevel")),
+        request.app[STORE],
+        _subject(request),
+    )
+    await request.app[LOG].write(lambda: (None, store.plan_config(subject, level)))
     return reply({"compatibility": str(level).upper()})
 
 
 async def delete_config(request: web.Request) -> web.Response:
-    previous, records = request.app[STORE].plan_delete_config(_subject(request))
-    await request.app[LOG].append(records)
+    store, subject = request.app[STORE], _subject(request)
+    previous = await request.app[LOG].write(lambda: store.plan_delete_config(subject))
     return reply({"compatibilityLevel": previous})
 
 

@@ -4,7 +4,9 @@ Promise: no I/O. ``Store.apply`` folds one record of the ``_schemas`` log into t
 state (records use Confluent's key/value JSON layout); every read answers from the
 state; every write is planned here as the records to append, after validating the
 request, so the state only ever changes by replaying the log. The same log replayed
-in the same order gives the same ids and versions on every instance.
+in the same order gives the same ids and versions on every instance, and
+``Store.snapshot`` gives records that rebuild the whole state in a fresh log, ids and
+versions unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ def _json(data: object) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=False).encode()
 
 
+def _schema_key(subject: str, version: int) -> bytes:
+    return _json({"keytype": "SCHEMA", "subject": subject, "version": version, "magic": 1})
+
+
+def _config_key(subject: str | None) -> bytes:
+    return _json({"keytype": "CONFIG", "subject": subject, "magic": 0})
+
+
 @dataclass
 class Version:
     version: int
@@ -40,6 +50,8 @@ class Store:
         self.subjects: dict[str, dict[int, Version]] = {}
         self.global_level = DEFAULT_LEVEL
         self.subject_levels: dict[str, str] = {}
+        # where each id was first registered: a rebuilt log keeps the ids of permanently deleted versions
+        self.homes: dict[int, tuple[str, int]] = {}
 
     # ---- applying the log -------------------------------------------------------------
     def apply(self, key: bytes | None, value: bytes | None) -> None:
@@ -66,6 +78,7 @@ class Store:
             schema = parse(v["schema"])
             self.schemas[schema_id] = schema
             self.ids.setdefault(schema.canonical, schema_id)
+            self.homes.setdefault(schema_id, (subject, version))
         versions[version] = Version(version, schema_id, bool(v.get("deleted", False)))
 
     def _apply_config(self, subject: str | None, v: dict[str, Any] | None) -> None:
@@ -161,24 +174,15 @@ class Store:
             raise errors.incompatible(problems)
         schema_id = self.ids.get(candidate.canonical, max(self.schemas, default=0) + 1)
         version = max(self.subjects.get(subject, {}), default=0) + 1
-        key = _json({"keytype": "SCHEMA", "subject": subject, "version": version, "magic": 1})
-        value = _json(
-            {"subject": subject, "version": version, "id": schema_id, "schema": candidate.canonical, "deleted": False}
-        )
-        return {"id": schema_id}, [(key, value)]
+        value = _schema_value(subject, Version(version, schema_id), candidate.canonical)
+        return {"id": schema_id}, [(_schema_key(subject, version), value)]
 
     def _version_record(self, subject: str, v: Version, *, permanent: bool) -> Record:
-        key = _json({"keytype": "SCHEMA", "subject": subject, "version": v.version, "magic": 1})
+        key = _schema_key(subject, v.version)
         if permanent:
             return key, None
-        value = {
-            "subject": subject,
-            "version": v.version,
-            "id": v.schema_id,
-            "schema": self.schemas[v.schema_id].canonical,
-            "deleted": True,
-        }
-        return key, _json(value)
+        deleted = Version(v.version, v.schema_id, deleted=True)
+        return key, _schema_value(subject, deleted, self.schemas[v.schema_id].canonical)
 
     def plan_delete_subject(self, subject: str, permanent: bool) -> tuple[list[int], list[Record]]:
         everything = self._live(subject, deleted=True)
@@ -204,13 +208,11 @@ class Store:
     def plan_config(self, subject: str | None, level: object) -> list[Record]:
         if not isinstance(level, str) or level.upper() not in LEVELS:
             raise errors.invalid_compatibility(level)
-        key = _json({"keytype": "CONFIG", "subject": subject, "magic": 0})
-        return [(key, _json({"compatibilityLevel": level.upper()}))]
+        return [(_config_key(subject), _json({"compatibilityLevel": level.upper()}))]
 
     def plan_delete_config(self, subject: str | None) -> tuple[str, list[Record]]:
         previous = self.level(subject)
-        key = _json({"keytype": "CONFIG", "subject": subject, "magic": 0})
-        return previous, [(key, None)]
+        return previous, [(_config_key(subject), None)]
 
     def test_compatibility(self, subject: str, version: str | None, text: str) -> list[str]:
         """Problems of ``text`` against one version (or, when None, the subject's history)."""
@@ -226,6 +228,40 @@ class Store:
                 return []  # nothing registered yet: anything is compatible
             raise
         return check(level.removesuffix("_TRANSITIVE"), candidate, [self.schemas[found.schema_id]])
+
+    # ---- rebuilding a lost log -----------------------------------------------------------
+    def snapshot(self) -> list[Record]:
+        """Records that rebuild this whole state in a fresh log, schemas in id order."""
+        return [*self._orphan_records(), *self._version_records(), *self._config_records()]
+
+    def _orphan_records(self) -> list[Record]:
+        """Ids no version uses any more (permanently deleted): registered then deleted again,
+        first, so the live versions written after them win any shared subject/version key."""
+        used = {v.schema_id for versions in self.subjects.values() for v in versions.values()}
+        records: list[Record] = []
+        for schema_id in sorted(set(self.schemas) - used):
+            subject, version = self.homes[schema_id]
+            gone = Version(version, schema_id, deleted=True)
+            value = _schema_value(subject, gone, self.schemas[schema_id].canonical)
+            records += [(_schema_key(subject, version), value), (_schema_key(subject, version), None)]
+        return records
+
+    def _version_records(self) -> list[Record]:
+        every = [(v.schema_id, subject, v.version, v) for subject, vs in self.subjects.items() for v in vs.values()]
+        return [
+            (_schema_key(subject, number), _schema_value(subject, v, self.schemas[v.schema_id].canonical))
+            for _, subject, number, v in sorted(every, key=lambda item: item[:3])
+        ]
+
+    def _config_records(self) -> list[Record]:
+        levels = [(None, self.global_level), *sorted(self.subject_levels.items())]
+        return [(_config_key(subject), _json({"compatibilityLevel": level})) for subject, level in levels]
+
+
+def _schema_value(subject: str, v: Version, canonical: str) -> bytes:
+    return _json(
+        {"subject": subject, "version": v.version, "id": v.schema_id, "schema": canonical, "deleted": v.deleted}
+    )
 
 
 def parse_version(version: str | int) -> int:

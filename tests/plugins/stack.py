@@ -154,3 +154,42 @@ def registry_factory(
     yield start
     for instance in started:
         instance.stop()
+
+
+class BrokerProcess:
+    """A Tansu broker of a test's own, started like the stack's; it can stop and start again on
+    the same port (memory storage: a restart empties it, as a user's ``stack down``/``up`` would)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.cfg = make_stack_config(data_dir)
+        self.service = stack.Broker(self.cfg)
+        self.start()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cfg.bootstrap
+
+    def start(self) -> None:
+        self.service.start()
+
+    def stop(self) -> None:
+        self.service.stop()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[Callable[[], BrokerProcess]]:
+    """Starts brokers of this test's own (not the session's); stops them afterwards."""
+    started: list[BrokerProcess] = []
+
+    def start() -> BrokerProcess:
+        broker = BrokerProcess(tmp_path / f"broker{len(started)}")
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()
