@@ -4,8 +4,10 @@ Promise: pure. ``JsonRowWriter`` writes a row (values from ``capture.types``'
 converters) as a JSON object keyed by column name, with exact, readable values:
 decimals and money as strings, timestamps as ISO-8601 (``Z`` for timestamptz),
 dates and times ISO, bytea as base64, json/jsonb embedded, NaN and infinities as
-strings. ``JsonChangeWriter`` writes raw-topic changes with the same fields as the
-Avro ``Change`` record, row images embedded as objects. No schema registry is used.
+strings (``infinity``/``-infinity`` dates and timestamps too, where Avro writes
+their sentinel: see ``capture.types.Infinite``). ``JsonChangeWriter`` writes
+raw-topic changes with the same fields as the Avro ``Change`` record, row images
+embedded as objects. No schema registry is used.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from capture.types import EPOCH_ORDINAL, INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, PgType
+from capture.types import EPOCH_ORDINAL, Infinite, PgType
 
 Change = tuple[str, str, str, str, bytes | None, bytes | None, bytes | None]  # as changes.RowChange
 
@@ -27,8 +29,8 @@ EPOCH = datetime(1970, 1, 1)
 
 
 def _timestamp(micros: int) -> str:
-    if micros in (LONG_MAX, LONG_MIN):
-        return "infinity" if micros == LONG_MAX else "-infinity"
+    if isinstance(micros, Infinite):
+        return micros.text
     return (EPOCH + timedelta(microseconds=micros)).isoformat()
 
 
@@ -38,8 +40,8 @@ def _timestamptz(micros: int) -> str:
 
 
 def _date(days: int) -> str:
-    if days in (INT_MAX, INT_MIN):
-        return "infinity" if days == INT_MAX else "-infinity"
+    if isinstance(days, Infinite):
+        return days.text
     return date.fromordinal(days + EPOCH_ORDINAL).isoformat()
 
 

@@ -7,6 +7,13 @@ the text PostgreSQL sends (pgoutput and COPY both send it) into the value fastav
 writes for that schema. Values are exact: numeric keeps its precision (NaN and
 infinities go to a string branch; unconstrained numeric travels as its exact text),
 timestamps keep microseconds, intervals keep months, days and microseconds apart.
+PostgreSQL's ``infinity`` and ``-infinity`` dates and timestamps become the
+largest and smallest values every standard Avro reader decodes (fastavro, hence
+confluent-kafka's AvroDeserializer, Python's ``date``/``datetime``, Spark):
+date 9999-12-31 / 0001-01-01, timestamp 9999-12-31T23:59:59.999999 / 0001-01-01T00:00
+(UTC for timestamptz) — ``date.max``/``date.min`` and ``datetime.max``/``datetime.min``,
+as psycopg2 reads them. They are ``Infinite`` ints, so the json format can still
+print ``infinity``; in Avro a real value at the sentinel reads the same.
 The session sending the text must use DateStyle=ISO, IntervalStyle=iso_8601,
 TimeZone=UTC and lc_monetary=C (``SESSION_OPTIONS``).
 """
@@ -22,8 +29,6 @@ from typing import Any
 
 SESSION_OPTIONS = "-c DateStyle=ISO -c IntervalStyle=iso_8601 -c TimeZone=UTC -c lc_monetary=C -c extra_float_digits=3"
 EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
-LONG_MAX, LONG_MIN = 2**63 - 1, -(2**63)
-INT_MAX, INT_MIN = 2**31 - 1, -(2**31)
 AVRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Converter = Callable[[str], Any]
@@ -31,6 +36,28 @@ Converter = Callable[[str], Any]
 
 class UnsupportedValue(ValueError):
     """A value the column's Avro type cannot hold (named with the column by the caller)."""
+
+
+class Infinite(int):
+    """PostgreSQL's ``infinity`` or ``-infinity`` as the sentinel written in Avro (the int's value);
+    ``text`` is what PostgreSQL printed."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> Infinite:
+        made = super().__new__(cls, value)
+        made.text = text
+        return made
+
+    def __reduce__(self) -> tuple[type[Infinite], tuple[int, str]]:
+        return Infinite, (int(self), self.text)
+
+
+DAY_MICROS = 86_400_000_000
+DATE_INFINITY = Infinite(date.max.toordinal() - EPOCH_ORDINAL, "infinity")  # 9999-12-31: 2,932,896
+DATE_MINUS_INFINITY = Infinite(date.min.toordinal() - EPOCH_ORDINAL, "-infinity")  # 0001-01-01: -719,162
+TIMESTAMP_INFINITY = Infinite((DATE_INFINITY + 1) * DAY_MICROS - 1, "infinity")  # 9999-12-31T23:59:59.999999
+TIMESTAMP_MINUS_INFINITY = Infinite(DATE_MINUS_INFINITY * DAY_MICROS, "-infinity")  # 0001-01-01T00:00:00
 
 
 @dataclass(frozen=True)
@@ -63,11 +90,11 @@ def parse_bytea(text: str) -> bytes:
 
 
 def parse_date(text: str) -> int:
-    """Days since 1970-01-01; ±infinity become the int range's ends."""
+    """Days since 1970-01-01; ±infinity become 9999-12-31 and 0001-01-01 (``Infinite``)."""
     if text == "infinity":
-        return INT_MAX
+        return DATE_INFINITY
     if text == "-infinity":
-        return INT_MIN
+        return DATE_MINUS_INFINITY
     if text.endswith(" BC") or len(text) != 10:
         raise UnsupportedValue(f"dates outside years 1 to 9999 are not supported: {text}")
     return date(int(text[0:4]), int(text[5:7]), int(text[8:10])).toordinal() - EPOCH_ORDINAL
@@ -94,7 +121,8 @@ def _days(text: str) -> int:
 
 
 def parse_timestamp(text: str) -> int:
-    """Microseconds since 1970-01-01 00:00 (of UTC for timestamptz, sent with TimeZone=UTC)."""
+    """Microseconds since 1970-01-01 00:00 (of UTC for timestamptz, sent with TimeZone=UTC);
+    ±infinity become 9999-12-31T23:59:59.999999 and 0001-01-01T00:00 (``Infinite``)."""
     size = len(text)
     if size >= 19 and text[10] == " " and text[4] == "-" and text[13] == ":":  # the common, fast case
         body = text[:-3] if text.endswith("+00") else text
@@ -103,9 +131,9 @@ def parse_timestamp(text: str) -> int:
             micros = int(body[20:].ljust(6, "0")) if len(body) > 20 else 0
             return (_days(body[:10]) * 86_400 + seconds) * 1_000_000 + micros
     if text == "infinity":
-        return LONG_MAX
+        return TIMESTAMP_INFINITY
     if text == "-infinity":
-        return LONG_MIN
+        return TIMESTAMP_MINUS_INFINITY
     if text.endswith(" BC"):
         raise UnsupportedValue(f"timestamps before year 1 are not supported: {text}")
     day_text, _, time_text = text.partition(" ")
@@ -117,7 +145,7 @@ def parse_timestamp(text: str) -> int:
         offset = sign * (parts[0] * 3600 + parts[1] * 60 + parts[2]) * 1_000_000
         time_text = time_text[: zone.start()]
     days = parse_date(day_text)
-    return days * 86_400_000_000 + parse_time(time_text) - offset
+    return days * DAY_MICROS + parse_time(time_text) - offset
 
 
 _ISO_INTERVAL = re.compile(

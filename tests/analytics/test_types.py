@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import types as T
 
 from analytics.types import UnsupportedSchema, arrow_type, column_array, plain, record_fields, struct_type
-from capture.types import INTERVAL_SCHEMA
+from capture.types import INTERVAL_SCHEMA, parse_date, parse_timestamp
 
 pytestmark = pytest.mark.unit
 
@@ -98,6 +98,19 @@ def test_raw_values_become_arrow_values_spark_reads_back_exactly() -> None:
     assert columns["span"] == {"months": 1, "days": -2, "microseconds": 3}
     assert columns["tags"] == ["a", None] and columns["mood"] == "sad" and columns["blob"] == b"\x00\xff"
     assert columns["attrs"] == [("k", 1)] and columns["either"] == "5"
+
+
+@pytest.mark.parametrize("text", ["infinity", "-infinity"])
+def test_infinite_dates_and_timestamps_arrive_as_the_ends_spark_holds(text: str) -> None:
+    """What capture writes for PostgreSQL's infinities (README "Types") is in Arrow's and Spark's range."""
+    ends = {"born": date.max, "at": datetime.max.replace(tzinfo=UTC), "local": datetime.max}
+    if text.startswith("-"):
+        ends = {"born": date.min, "at": datetime.min.replace(tzinfo=UTC), "local": datetime.min}
+    values = {"born": parse_date(text), "at": parse_timestamp(text), "local": parse_timestamp(text)}
+    for field in record_fields(SCHEMA):
+        if field.name in ends:
+            array = column_array([values[field.name]], field, arrow_type(field.spark))
+            assert array.to_pylist() == [ends[field.name]], field.name
 
 
 def test_time_of_day_keeps_microseconds() -> None:

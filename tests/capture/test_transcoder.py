@@ -6,11 +6,14 @@ The transcoder (streaming) on hand-built pgoutput tuples, and the compiled snaps
 
 from __future__ import annotations
 
+import io
 import random
 import struct
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 
 from capture import catalog
@@ -150,6 +153,7 @@ def with_(**changes: Any) -> list[Any]:
         with_(**{c[0]: None for c in COLUMNS if c[3]}),  # every nullable column NULL
         with_(price="-0.50", whole="-12", wide="-0.0000000001", flag="f", ratio="-Infinity", i4="-1"),
         with_(price="0.00", ratio="NaN", at="infinity", local="-infinity", day="infinity", free="NaN"),
+        with_(at="-infinity", local="infinity", day="-infinity"),
         with_(price="99999999999.99", id="9223372036854775807", i2="0", at="1970-01-01 00:00:00+00"),
         with_(name="", code="", doc="x" * 300, mood="ok", at="2024-02-29 07:04:56+00", local="0001-01-01 00:00:00"),
         with_(code="k-1", blob=None, doc='{"b": "x"}', ints="{1,2}"),  # no escapes: COPY lines on the fast path
@@ -174,6 +178,25 @@ def test_rows_equal_the_general_path(row: list[Any]) -> None:
     copier.finish()
     assert copier.fast == copier.rows == 1
     assert batches == [[{"value": read_message(0, row), "key": CHANGE_KEY}]]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("text", "ends"),
+    [("infinity", (datetime.max, date.max)), ("-infinity", (datetime.min, date.min))],
+)
+def test_infinities_are_written_as_the_ends_every_avro_reader_decodes(text: str, ends: tuple[Any, ...]) -> None:
+    """The streaming and snapshot fast paths write PostgreSQL's infinities as README "Types" says."""
+    row = with_(at=text, local=text, day=text)
+    fast, _ = codecs()
+    found = fast.row(tup(row), 0)
+    assert found is not None
+    copier, batches, _ = copier_for(refuse)
+    copier.write(copy_line(row) + b"\n")
+    copier.finish()
+    assert batches[0][0]["value"].endswith(found[0])  # the READ change ends with the framed row
+    decoded = fastavro.schemaless_reader(io.BytesIO(found[0][5:]), fastavro.parse_schema(TABLE.value_schema), None)
+    assert (decoded["at"], decoded["local"], decoded["day"]) == (ends[0].replace(tzinfo=UTC), *ends)
 
 
 @pytest.mark.unit
@@ -362,7 +385,8 @@ def test_copier_writes_what_the_general_path_writes_for_real_copy_output(pg_data
       (10, E'tab\\there\\nnew line \\\\ back', E'a\\rb', 'NaN', 'infinity', '-infinity', 'infinity',
        'NaN', '{"a\\tb"}'),
       (11, repeat('ü', 300), repeat('x', 20), 99999999.99, '0001-01-01 00:00:00', '1970-01-01 00:00:00+00',
-       '0001-01-01', -0.0, '{}');
+       '0001-01-01', -0.0, '{}'),
+      (12, '', '', NULL, '-infinity', 'infinity', '-infinity', 'Infinity', '{}');
     """
     with conn.cursor() as cur:
         cur.execute(EVERY_TYPE)
@@ -390,13 +414,13 @@ def test_copier_writes_what_the_general_path_writes_for_real_copy_output(pg_data
         cur.copy_expert(query, copier)
     copier.finish()
     conn.close()
-    assert len(lines) == 4 and any(b"\\t" in line for line in lines)  # an escaped tab came through
-    assert copier.fast == copier.rows == 4
+    assert len(lines) == 5 and any(b"\\t" in line for line in lines)  # an escaped tab came through
+    assert copier.fast == copier.rows == 5
     assert [m["value"] for batch in batches for m in batch] == expected
 
 
 FUZZ_PIECES = ["0", "7", "-", ".", "12.50", "9" * 20, "\\", "\\N", "\\t", "t", "f", "NaN", "Infinity", "é", "x",
-               " ", "2024-02-29", " 07:04:56", ".5", "+00", "+05:30", "sad", "e", "1e5", "00"]  # fmt: skip
+               " ", "2024-02-29", " 07:04:56", ".5", "+00", "+05:30", "sad", "e", "1e5", "00", "infinity"]  # fmt: skip
 
 
 @pytest.mark.unit

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import time
 from collections.abc import Callable
@@ -9,6 +11,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import fastavro
 import httpx
 import psycopg2
 import pytest
@@ -17,6 +20,9 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from capture import types as t
+from capture.avro import compile_schema
+from capture.jsonformat import JsonRowWriter
+from headwater.reconcile import same
 from tests.plugins.capture import Capture
 
 INT4 = t.PgType(23, "int4")
@@ -35,13 +41,58 @@ class TestParsers:
         assert t.parse_timestamp("2024-01-02 05:04:05.123456+02") == 1704164645123456
         assert t.parse_timestamp("2024-01-02 03:04:05.5-00:30") == 1704166445500000
         assert t.parse_timestamp("1969-12-31 23:59:59.5") == -500000
-        assert t.parse_timestamp("infinity") == t.LONG_MAX
 
     def test_dates_and_times(self) -> None:
         assert t.parse_date("1970-01-02") == 1 and t.parse_date("1969-12-31") == -1
         assert t.parse_time("00:00:01.000001") == 1_000_001 and t.parse_time("24:00:00") == 86_400_000_000
         with pytest.raises(t.UnsupportedValue):
             t.parse_date("0044-03-15 BC")
+
+    def test_infinities_become_the_ends_python_and_avro_readers_hold(self) -> None:
+        """date.max/min and datetime.max/min, as psycopg2 reads them; the text stays for the json format."""
+        assert t.parse_date("infinity") == t.parse_date("9999-12-31") == 2_932_896
+        assert t.parse_date("-infinity") == t.parse_date("0001-01-01") == -719_162
+        assert t.parse_timestamp("infinity") == t.parse_timestamp("9999-12-31 23:59:59.999999+00")
+        assert t.parse_timestamp("-infinity") == t.parse_timestamp("0001-01-01 00:00:00") == -62_135_596_800_000_000
+        infinite = [t.parse_date(x) for x in ("infinity", "-infinity")] + [
+            t.parse_timestamp(x) for x in ("infinity", "-infinity")
+        ]
+        assert [x.text for x in infinite if isinstance(x, t.Infinite)] == ["infinity", "-infinity"] * 2
+        assert not isinstance(t.parse_date("9999-12-31"), t.Infinite)
+        assert copy.deepcopy(t.DATE_INFINITY).text == "infinity"  # copies and pickles keep the text
+
+    @pytest.mark.parametrize(
+        ("logical", "text", "decoded"),
+        [
+            ("date", "infinity", date.max),
+            ("date", "-infinity", date.min),
+            ("local-timestamp-micros", "infinity", datetime.max),
+            ("local-timestamp-micros", "-infinity", datetime.min),
+            ("timestamp-micros", "infinity", datetime.max.replace(tzinfo=UTC)),
+            ("timestamp-micros", "-infinity", datetime.min.replace(tzinfo=UTC)),
+        ],
+    )
+    def test_infinities_decode_in_fastavro(self, logical: str, text: str, decoded: Any) -> None:
+        """fastavro is what confluent-kafka's AvroDeserializer decodes with: the int and long
+        range ends written before raised OverflowError there."""
+        pgtype = {"date": "date", "timestamp-micros": "timestamptz"}.get(logical, "timestamp")
+        entry, conv = t.field("at", t.PgType(0, pgtype), -1, nullable=True, seen=set())
+        assert entry["type"][1]["logicalType"] == logical
+        schema = fastavro.parse_schema({"type": "record", "name": "r", "fields": [entry]})
+        body = compile_schema(schema)([conv(text)])
+        assert fastavro.schemaless_reader(io.BytesIO(body), schema, None) == {"at": decoded}
+
+    def test_json_format_writes_infinities_as_postgres_prints_them(self) -> None:
+        types = [t.PgType(0, name) for name in ("date", "timestamp", "timestamptz")]
+        writer = JsonRowWriter(["d", "ts", "tz"], types)
+        convert = [t.field("x", p, -1, nullable=True, seen=set())[1] for p in types]
+        row = writer.encode([c("-infinity") for c in convert])
+        assert json.loads(row) == {"d": "-infinity", "ts": "-infinity", "tz": "-infinity"}
+        texts = ("9999-12-31", "9999-12-31 23:59:59.999999", "0001-01-01 00:00:00+00")
+        real = [c(text) for c, text in zip(convert, texts, strict=True)]
+        assert json.loads(writer.encode(real)) == {
+            "d": "9999-12-31", "ts": "9999-12-31T23:59:59.999999", "tz": "0001-01-01T00:00:00Z",
+        }  # fmt: skip
 
     def test_intervals_keep_months_days_micros_apart(self) -> None:
         assert t.parse_interval("P1Y2M3DT4H5M6.789S") == {"months": 14, "days": 3, "microseconds": 14_706_789_000}
@@ -125,6 +176,17 @@ def copy_row(source: int, new_id: int, n_nan: str = "n_nan") -> str:
 
 # streamed after the snapshot: both rows again (ids 3, 4), and row 1 with a finite n_nan (id 5)
 EVERY_AGAIN = "; ".join([copy_row(1, 3), copy_row(2, 4), copy_row(1, 5, "12.5")])
+# infinite dates and timestamps (ids 6, 7), and streamed again (ids 8, 9)
+INFINITIES = """
+INSERT INTO every (id, dt, ts, tstz) VALUES (6, 'infinity', 'infinity', 'infinity'),
+  (7, '-infinity', '-infinity', '-infinity');
+"""
+INFINITIES_AGAIN = "; ".join([copy_row(6, 8), copy_row(7, 9)])
+# what every standard Avro reader (fastavro, confluent-kafka, Spark) gives for them: README "Types"
+ENDS = {
+    6: {"dt": date.max, "ts": datetime.max, "tstz": datetime.max.replace(tzinfo=UTC)},
+    7: {"dt": date.min, "ts": datetime.min, "tstz": datetime.min.replace(tzinfo=UTC)},
+}
 
 
 def test_every_type_round_trips_through_confluent_deserializer(
@@ -134,22 +196,22 @@ def test_every_type_round_trips_through_confluent_deserializer(
     conn = psycopg2.connect(pg_database)
     conn.autocommit = True
     with conn.cursor() as cur:
-        cur.execute(EVERY_TYPE)
+        cur.execute(EVERY_TYPE + INFINITIES)
         cur.execute("SELECT * FROM every ORDER BY id")
         names = [d.name for d in cur.description]
-        expected = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        expected = {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
     capture = capture_factory(pg_database).start()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len([c for c in capture.changes() if c["op"] == "READ"]) < 2:
+    while time.monotonic() < deadline and len([c for c in capture.changes() if c["op"] == "READ"]) < 4:
         capture.raise_error()
         time.sleep(0.5)
     with conn.cursor() as cur:
-        cur.execute(EVERY_AGAIN)
+        cur.execute(EVERY_AGAIN + "; " + INFINITIES_AGAIN)
     capture.wait_caught_up(pg_database)
     capture.stop()
     conn.close()
     changes = [c for c in capture.changes() if c["op"] in ("READ", "INSERT")]
-    assert [c["op"] for c in changes] == ["READ"] * 2 + ["INSERT"] * 3
+    assert [c["op"] for c in changes] == ["READ"] * 4 + ["INSERT"] * 5
 
     topic = f"{capture.cfg.topic_prefix}.every"
     with SchemaRegistryClient({"url": capture.cfg.registry_url}) as client:
@@ -157,7 +219,8 @@ def test_every_type_round_trips_through_confluent_deserializer(
         ctx = SerializationContext(topic, MessageField.VALUE)
         rows = {row["id"]: row for row in (deserialize(c["after"], ctx) for c in changes)}
 
-    full = expected[0]
+    check_infinities(rows, expected)
+    full = expected[1]
     for got in (rows[1], rows[3], rows[5]):
         check_full_row(got, full, nan=got["id"] != 5)
     assert rows[5]["n_nan"] == Decimal("12.50")
@@ -173,6 +236,18 @@ def test_every_type_round_trips_through_confluent_deserializer(
     assert by_name["n"]["pg.type"] == "numeric(12,3)" and by_name["pt"]["pg.type"] == "point"
     assert by_name["tstz"]["type"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]
     assert by_name["id"]["type"] == "int"  # key columns are not nullable
+    parsed = fastavro.parse_schema(schema)  # fastavro alone, as any Python consumer decodes
+    decoded = [fastavro.schemaless_reader(io.BytesIO(c["after"][5:]), parsed, None) for c in changes]
+    assert {row["id"]: row for row in decoded} == rows
+
+
+def check_infinities(rows: dict[int, dict[str, Any]], pg: dict[int, dict[str, Any]]) -> None:
+    """Rows 6 and 7 of INFINITIES (snapshot) and 8 and 9 (streamed): the sentinels, equal (by
+    ``reconcile.same``) to what psycopg2 reads for PostgreSQL's infinities."""
+    for source, again in ((6, 8), (7, 9)):
+        for got in (rows[source], rows[again]):
+            assert {k: got[k] for k in ENDS[source]} == ENDS[source], got["id"]
+            assert all(same(pg[source][k], got[k]) for k in ENDS[source]), (pg[source], got)
 
 
 def check_full_row(got: dict[str, Any], full: dict[str, Any], *, nan: bool) -> None:
