@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.config import InvalidSetting, Secret, Settings, setting
+from headwater.config import InvalidSetting, Secret, Settings, check_dsn, setting
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -44,6 +44,7 @@ class CaptureConfig:
     state_dir: Path = setting(Path(".headwater/capture"), "checkpoint, TOAST cache and spill files")
 
     def __post_init__(self) -> None:
+        check_dsn("dsn", self.dsn.reveal())
         for key in ("slot", "publication"):
             if not NAME.match(getattr(self, key)):
                 raise InvalidSetting(

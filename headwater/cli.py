@@ -15,7 +15,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import psycopg2
 
@@ -69,8 +70,8 @@ def cmd_demo_seed(args: argparse.Namespace) -> int:
     cfg = stack_config(args)
     conn = _connect(cfg)
     try:
-        if shop.install(conn):
-            shop.seed(conn, shop.Scale(customers=args.customers, products=args.products, orders=args.orders))
+        scale = shop.Scale(customers=args.customers, products=args.products, orders=args.orders)
+        if shop.create(conn, scale):
             print(f"sample shop created and seeded in {cfg.display_dsn()}")
         else:
             print(f"sample shop already present in {cfg.display_dsn()}")
@@ -84,8 +85,7 @@ def cmd_demo_load(args: argparse.Namespace) -> int:
     cfg = stack_config(args)
     conn = _connect(cfg)
     try:
-        if shop.install(conn):
-            shop.seed(conn)
+        shop.create(conn)
         work = shop.Workload(conn, rng_seed=args.seed)
         started = time.monotonic()
         work.run(rate=args.rate, duration=args.duration)
@@ -253,6 +253,34 @@ def cmd_analytics(args: argparse.Namespace) -> int:
 
 
 # ---- parser ---------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as one line plus a hint, with exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n  hint: see '{self.prog} --help'\n")
+
+
+def _number(kind: type[int] | type[float], *, least: float, what: str) -> Callable[[str], float]:
+    """An argparse type: ``kind`` of the text, refused below ``least`` with ``what`` it must be."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not least <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE_INT = _number(int, least=1, what="a whole number of at least 1")
+COUNT = _number(int, least=0, what="a whole number of at least 0")
+POSITIVE = _number(float, least=sys.float_info.min, what="a number greater than 0")
+
+
 def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
     add_flags(parser.add_argument_group("local stack settings ([stack] in the config file)"), stack.StackConfig)
@@ -260,13 +288,18 @@ def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 
 def _workload_flags(parser: argparse.ArgumentParser, rate: float, duration: float) -> None:
-    parser.add_argument("--rate", type=float, default=rate, help="transactions per second (0: as fast as possible)")
-    parser.add_argument("--duration", type=float, default=duration, help="seconds to run")
+    parser.add_argument("--rate", type=POSITIVE, default=rate, help=f"transactions per second (default: {rate})")
+    parser.add_argument("--duration", type=POSITIVE, default=duration, help=f"seconds to run (default: {duration})")
     parser.add_argument("--seed", type=int, default=7, help="random seed of the workload")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="headwater", description="PostgreSQL change data capture into Kafka.")
+    parser = Parser(
+        prog="headwater",
+        description="PostgreSQL change data capture into Kafka.",
+        epilog="exit codes: 0 done, 1 a service failed, 2 bad config or command line,"
+        " 3 a service is down ('stack status') or there is no slot yet ('status'), 130 interrupted",
+    )
     parser.add_argument("--version", action="version", version=f"headwater {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -295,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     jobs = "; ".join(f"{k}: {v}" for k, v in JOB_HELP.items())
     analytics_cmd.add_argument("job", choices=sorted(JOB_HELP), help=jobs)
-    analytics_cmd.add_argument("--rows", type=int, default=50, help="rows of each result to print")
+    analytics_cmd.add_argument("--rows", type=POSITIVE_INT, default=50, help="rows of each result to print")
     add_flags(analytics_cmd.add_argument_group("analytics settings ([analytics] in the config file)"), AnalyticsConfig)
     analytics_cmd.set_defaults(func=cmd_analytics)
 
@@ -306,9 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(run.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
     run.set_defaults(func=cmd_demo, customers=200, products=50, orders=400)
     seed = _with_stack_flags(demo_sub.add_parser("seed", help="create and seed the sample shop (once)"))
-    seed.add_argument("--customers", type=int, default=200)
-    seed.add_argument("--products", type=int, default=50)
-    seed.add_argument("--orders", type=int, default=400)
+    seed.add_argument("--customers", type=POSITIVE_INT, default=200, help="customers (default: 200)")
+    seed.add_argument("--products", type=POSITIVE_INT, default=50, help="products (default: 50)")
+    seed.add_argument("--orders", type=COUNT, default=400, help="orders, each with 1 to 4 items (default: 400)")
     seed.set_defaults(func=cmd_demo_seed)
     load_cmd = _with_stack_flags(demo_sub.add_parser("load", help="run the shop's transaction mix"))
     _workload_flags(load_cmd, rate=100, duration=10)

@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
+import psycopg2
+import psycopg2.extensions
+
 from headwater.errors import ConfigError
 
 DEFAULT_FILE = "headwater.toml"
@@ -288,3 +291,54 @@ def check_port(name: str, port: int) -> None:
     """Raise InvalidSetting unless ``port`` is a usable TCP port."""
     if not 1 <= port <= 65535:
         raise InvalidSetting(name, f"must be a TCP port between 1 and 65535, got {port}")
+
+
+# libpq options whose values libpq refuses only when connecting; checked up front instead.
+DSN_INTEGERS = ("port", "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                "keepalives_count", "tcp_user_timeout")  # fmt: skip
+DSN_CHOICES = {"sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")}
+DSN_EXAMPLE = "host=HOST port=5432 dbname=DB user=USER or postgresql://USER@HOST:5432/DB"
+
+
+def _masked(message: str, dsn: str) -> str:
+    """libpq's message without any quoted piece of the DSN that could be (part of) a password."""
+
+    def keep(found: re.Match[str]) -> str:
+        piece = found.group(1)
+        punctuation = len(piece) == 1 and not piece.isalnum()
+        keyword = re.fullmatch(r"[a-z_]+", piece) is not None and re.search(rf"\b{piece}\s*=", dsn) is not None
+        return found.group(0) if punctuation or keyword else '"***"'
+
+    return re.sub(r'"([^"]*)"', keep, message.strip().removeprefix("invalid dsn: "))
+
+
+def _dsn_value_problem(key: str, value: str) -> str | None:
+    if key == "port":
+        for port in value.split(","):
+            if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+                return f"port must be a number between 1 and 65535, got {port!r}"
+    elif key in DSN_INTEGERS and value and not re.fullmatch(r"-?\d+", value):
+        return f"{key} must be an integer, got {value!r}"
+    elif key in DSN_CHOICES and value not in DSN_CHOICES[key]:
+        return f"{key} must be one of {', '.join(DSN_CHOICES[key])}, got {value!r}"
+    return None
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """What is wrong with a libpq connection string or URL (None if nothing); never echoes the password."""
+    try:
+        options = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError as exc:
+        return _masked(str(exc), dsn)
+    for key, value in options.items():
+        problem = _dsn_value_problem(key, value)
+        if problem:
+            return problem
+    return None
+
+
+def check_dsn(name: str, dsn: str) -> None:
+    """Raise InvalidSetting unless ``dsn`` is empty or a well-formed libpq connection string or URL."""
+    problem = dsn_problem(dsn) if dsn else None
+    if problem:
+        raise InvalidSetting(name, f"not a valid PostgreSQL connection string: {problem} (expected {DSN_EXAMPLE})")

@@ -11,11 +11,15 @@ Tests, benchmarks and the README demo all use it.
 from __future__ import annotations
 
 import base64
+import bisect
+import io
 import json
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
 from importlib import resources
 from typing import Any
 
@@ -38,6 +42,7 @@ KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items"
 REGIONS = ("north", "south", "east", "west", "central")
 CATEGORIES = ("books", "garden", "kitchen", "toys", "tools", "music")
 STATUSES = ("pending", "paid", "shipped", "delivered", "cancelled")
+SHOP_LOCK = 0x73686F70  # advisory lock taken while the shop is created ("shop")
 
 
 def schema_sql() -> str:
@@ -47,11 +52,17 @@ def schema_sql() -> str:
 def install(conn: Connection) -> bool:
     """Create the shop's tables unless they exist; True if this call created them."""
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT to_regclass('customers') IS NOT NULL")
-        if cur.fetchone()[0]:  # type: ignore[index]
+        if _present(cur):
             return False
         cur.execute(schema_sql())
     return True
+
+
+def _present(cur: Any) -> bool:
+    """Whether the shop's tables exist; waits for a concurrent ``create`` or ``install`` to end first."""
+    cur.execute("SELECT pg_advisory_xact_lock(%s)", (SHOP_LOCK,))
+    cur.execute("SELECT to_regclass('customers') IS NOT NULL")
+    return bool(cur.fetchone()[0])
 
 
 def _description(rng: random.Random, size: int) -> str:
@@ -67,19 +78,24 @@ class Scale:
     description_size: int = 4000
 
 
-def seed(conn: Connection, scale: Scale = Scale(), *, rng_seed: int = 1) -> dict[str, int]:
-    """Insert a starting population; returns the row count of each table afterwards."""
-    rng = random.Random(rng_seed)
+def create(conn: Connection, scale: Scale = Scale(), *, rng_seed: int = 1) -> bool:
+    """Create and seed the shop in one transaction unless it exists; True if this call did.
+
+    Interrupted at any point (an error, a lost connection, the process killed), it leaves
+    nothing behind: no tables, no rows, so the next call starts clean.
+    """
     with conn, conn.cursor() as cur:
-        for _ in range(scale.customers):
-            _insert_customer(cur, rng)
-        for _ in range(scale.products):
-            _insert_product(cur, rng, scale.description_size)
-        for _ in range(scale.orders):
-            _insert_order(cur, rng)
-        # seeded orders spread over the last two weeks, so reports by day have days to show
-        cur.execute("UPDATE orders SET placed_at = placed_at - (id % 14) * interval '1 day'"
-                    " - (id * 7919 % 86400) * interval '1 second'")  # fmt: skip
+        if _present(cur):
+            return False
+        cur.execute(schema_sql())
+        _load(cur, scale, random.Random(rng_seed))
+    return True
+
+
+def seed(conn: Connection, scale: Scale = Scale(), *, rng_seed: int = 1) -> dict[str, int]:
+    """Add a starting population in one transaction; returns the row count of each table afterwards."""
+    with conn, conn.cursor() as cur:
+        _load(cur, scale, random.Random(rng_seed))
     return counts(conn)
 
 
@@ -92,27 +108,108 @@ def counts(conn: Connection) -> dict[str, int]:
     return out
 
 
-def _insert_customer(cur: Any, rng: random.Random) -> None:
+# ---- the seed: rows made in memory, loaded with COPY ----------------------------------------
+# The random draws are the same, in the same order, as inserting row by row through the
+# workload's functions (``_insert_customer``, ``_insert_product``, ``_insert_order``) would make.
+CUSTOMER_COLUMNS = ("email", "name", "region", "profile")
+PRODUCT_COLUMNS = ("sku", "name", "category", "price", "description", "attributes")
+ORDER_COLUMNS = ("id", "customer_id", "total", "placed_at")
+ITEM_COLUMNS = ("order_id", "line_no", "product_id", "quantity", "unit_price")
+COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _load(cur: Any, scale: Scale, rng: random.Random) -> None:
+    _copy(cur, "customers", CUSTOMER_COLUMNS, [_customer_values(rng) for _ in range(scale.customers)])
+    products = [_product_values(rng, scale.description_size) for _ in range(scale.products)]
+    _copy(cur, "products", PRODUCT_COLUMNS, products)
+    cur.execute("SELECT id FROM customers ORDER BY id")
+    customers = [row[0] for row in cur.fetchall()]
+    if not customers:
+        return  # as row by row: an order needs a customer
+    cur.execute("SELECT id, price FROM products ORDER BY id")
+    prices = dict(cur.fetchall())
+    cur.execute("SELECT nextval(pg_get_serial_sequence('orders', 'id')) FROM generate_series(1, %s)", (scale.orders,))
+    order_ids = sorted(row[0] for row in cur.fetchall())
+    cur.execute("SELECT now()")
+    now = cur.fetchone()[0]
+    orders, items = _orders(rng, order_ids, customers, prices)
+    _copy(cur, "orders", ORDER_COLUMNS, [(o, c, total, _placed_at(now, o)) for o, c, total in orders])
+    _copy(cur, "order_items", ITEM_COLUMNS, items)
+
+
+def _pick(ids: list[int], rng: random.Random) -> int:
+    """As ``_random_id``: the first existing id at or after a random point between the lowest and highest."""
+    return ids[bisect.bisect_left(ids, rng.randint(ids[0], ids[-1]))]
+
+
+def _orders(
+    rng: random.Random, order_ids: list[int], customers: list[int], prices: dict[int, Decimal]
+) -> tuple[list[tuple[int, int, Decimal]], list[tuple[Any, ...]]]:
+    """Each order's (id, customer, total) and its 1 to 4 items (order, line, product, quantity, price)."""
+    products = sorted(prices)
+    orders, items = [], []
+    for order_id in order_ids:
+        customer, total = _pick(customers, rng), Decimal(0)
+        for line_no in range(1, rng.randint(1, 4) + 1):
+            if not products:
+                break
+            product = _pick(products, rng)
+            quantity = rng.randint(1, 5)
+            items.append((order_id, line_no, product, quantity, prices[product]))
+            total += quantity * prices[product]
+        orders.append((order_id, customer, total))
+    return orders, items
+
+
+def _placed_at(now: datetime, order_id: int) -> datetime:
+    """Seeded orders spread over the last two weeks, so reports by day have days to show."""
+    return now - timedelta(days=order_id % 14, seconds=order_id * 7919 % 86400)
+
+
+def _copy(cur: Any, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """``COPY table FROM STDIN`` of ``rows`` in PostgreSQL's text format, from a buffer in memory."""
+    buffer = io.StringIO()
+    for row in rows:
+        buffer.write("\t".join(_copy_text(value) for value in row) + "\n")
+    buffer.seek(0)
+    cur.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN", buffer, size=1 << 20)
+
+
+def _copy_text(value: Any) -> str:
+    if value is None:
+        return "\\N"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value).translate(COPY_ESCAPES) if isinstance(value, str) else str(value)
+
+
+def _customer_values(rng: random.Random) -> tuple[str, str, str, str]:
     tag = rng.getrandbits(48)
     profile = {"tier": rng.choice(["basic", "gold"]), "tags": rng.sample(["a", "b", "c", "d"], 2)}
-    cur.execute(
-        "INSERT INTO customers (email, name, region, profile) VALUES (%s, %s, %s, %s)",
-        (f"c{tag:x}@example.com", f"Customer {tag % 100000}", rng.choice(REGIONS), json.dumps(profile)),
+    return f"c{tag:x}@example.com", f"Customer {tag % 100000}", rng.choice(REGIONS), json.dumps(profile)
+
+
+def _product_values(rng: random.Random, description_size: int) -> tuple[str, ...]:
+    tag = rng.getrandbits(48)
+    return (
+        f"SKU-{tag:x}",
+        f"Product {tag % 10000}",
+        rng.choice(CATEGORIES),
+        f"{rng.randint(100, 99999) / 100:.2f}",
+        _description(rng, description_size),
+        json.dumps({"color": rng.choice(["red", "blue", "green"]), "weight_g": rng.randint(10, 5000)}),
     )
 
 
+# ---- row by row: the workload's inserts ------------------------------------------------
+def _insert_customer(cur: Any, rng: random.Random) -> None:
+    cur.execute("INSERT INTO customers (email, name, region, profile) VALUES (%s, %s, %s, %s)", _customer_values(rng))
+
+
 def _insert_product(cur: Any, rng: random.Random, description_size: int) -> None:
-    tag = rng.getrandbits(48)
     cur.execute(
         "INSERT INTO products (sku, name, category, price, description, attributes) VALUES (%s, %s, %s, %s, %s, %s)",
-        (
-            f"SKU-{tag:x}",
-            f"Product {tag % 10000}",
-            rng.choice(CATEGORIES),
-            f"{rng.randint(100, 99999) / 100:.2f}",
-            _description(rng, description_size),
-            json.dumps({"color": rng.choice(["red", "blue", "green"]), "weight_g": rng.randint(10, 5000)}),
-        ),
+        _product_values(rng, description_size),
     )
 
 

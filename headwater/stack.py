@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg2
+import psycopg2.extensions
 
 from headwater import process
 from headwater.config import InvalidSetting, Secret, check_port, setting
@@ -62,12 +63,17 @@ class StackConfig:
             check_port(name, port)
         if len(set(ports.values())) < len(ports):
             raise InvalidSetting("postgres_port", f"the four service ports must differ, got {ports}")
+        if not self.start_timeout > 0:
+            raise InvalidSetting("start_timeout", f"must be seconds greater than 0, got {self.start_timeout}")
 
     def dsn(self, database: str | None = None) -> str:
-        """libpq connection string, password included: pass it to a driver, never print it."""
-        return (
-            f"host={self.host} port={self.postgres_port} user={self.postgres_user} "
-            f"password={self.postgres_password.reveal()} dbname={database or self.database}"
+        """libpq connection string, password included (quoted as libpq needs): pass it to a driver, never print it."""
+        return psycopg2.extensions.make_dsn(
+            host=self.host,
+            port=self.postgres_port,
+            user=self.postgres_user,
+            password=self.postgres_password.reveal(),
+            dbname=database or self.database,
         )
 
     def display_dsn(self, database: str | None = None) -> str:
@@ -100,6 +106,13 @@ def _port_free(host: str, port: int) -> bool:
                 hint="set [stack] host (or --host) to an address of this machine, such as 127.0.0.1",
             ) from exc
     return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -259,6 +272,24 @@ class Postgres(Service):
             "-c", "max_replication_slots=64", "-c", "max_wal_senders=64",
             "-c", "max_connections=200", "-c", "logging_collector=off",
         ]  # fmt: skip
+
+    def pid(self) -> int | None:
+        """The postmaster's pid from ``postmaster.pid``: right after a ``pg_ctl restart`` too."""
+        try:
+            pid = int((self.dir / "postmaster.pid").read_text(encoding="utf-8").split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+        if not process.is_running(pid) or str(self.dir) not in _cmdline(pid):
+            return None  # a stale file, or the pid now belongs to another program
+        return pid
+
+    def stop(self) -> bool:
+        """Stop the postmaster that runs now (pg_ctl may have replaced the one this stack spawned)."""
+        pid = self.pid()
+        if pid is not None and process.recorded_pid(self.pidfile) != pid:
+            self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+            self.pidfile.write_text(f"{pid}\npostgres\n", encoding="utf-8")
+        return process.stop(self.pidfile, sig=self.stop_signal)
 
     def _connect(self, database: str) -> psycopg2.extensions.connection:
         return psycopg2.connect(self.cfg.dsn(database), connect_timeout=2)

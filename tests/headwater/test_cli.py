@@ -11,11 +11,15 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2
+import psycopg2.extensions
 import pytest
 
+from headwater import stack
 from tests.plugins.stack import free_ports, stack_dir
 
 
@@ -166,3 +170,129 @@ def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, st
     assert (cwd / "analytics-output" / "shop-report").is_dir()
     down = headwater("stack", "down", cwd=cwd)
     assert down.stdout.startswith("stopped: streams, capture, registry")
+
+
+def stack_flags(cfg: stack.StackConfig, database: str) -> list[str]:
+    """Flags that point a command at the session's stack (``local_stack``) and one database."""
+    return [
+        "--data-dir", str(cfg.data_dir), "--postgres-port", str(cfg.postgres_port),
+        "--kafka-port", str(cfg.kafka_port), "--registry-port", str(cfg.registry_port),
+        "--redis-port", str(cfg.redis_port), "--database", database,
+    ]  # fmt: skip
+
+
+def wait_for(query: str, params: tuple[object, ...], admin: psycopg2.extensions.connection, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with admin.cursor() as cur:
+        while time.monotonic() < deadline:
+            cur.execute(query, params)
+            if cur.fetchone()[0]:  # type: ignore[index]
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"not true after {timeout} s: {query}")
+
+
+@pytest.mark.slow
+def test_killed_seed_leaves_nothing_and_the_next_seed_starts_clean(
+    local_stack: stack.StackConfig, pg_database: str, unique_name: str, tmp_path: Path
+) -> None:
+    flags = stack_flags(local_stack, unique_name)
+    argv = [sys.executable, "-m", "headwater.cli", "demo", "seed", *flags, "--customers", "20000", "--orders", "200000"]
+    seeding = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    admin = psycopg2.connect(local_stack.dsn("postgres"))
+    admin.autocommit = True
+    try:
+        copying = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query LIKE 'COPY orders%%'"
+        wait_for(copying, (unique_name,), admin, timeout=60)  # the seed is well under way
+        seeding.kill()
+        seeding.wait(timeout=10)
+        gone = "SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = %s"
+        wait_for(gone, (unique_name,), admin, timeout=30)  # the server rolled the seed back
+    finally:
+        admin.close()
+        if seeding.poll() is None:
+            seeding.kill()
+            seeding.wait()
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('customers'), to_regclass('order_items'), to_regtype('order_status')")
+        assert cur.fetchone() == (None, None, None)
+    conn.close()
+    again = headwater("demo", "seed", *flags, "--customers", "7", "--products", "3", "--orders", "11", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "created and seeded" in again.stdout and "customers 7, products 3, orders 11" in again.stdout
+
+
+@pytest.mark.slow
+def test_postgres_restarted_by_pg_ctl_is_still_the_stacks(project: tuple[Path, dict[str, str]]) -> None:
+    cwd, _ = project
+    assert headwater("stack", "up", cwd=cwd).returncode == 0
+    pgdata = Path(cwd.joinpath("headwater.toml").read_text().split('"')[1]) / "postgres"
+    before = int((pgdata / "postmaster.pid").read_text().split()[0])
+    owner = "postgres" if os.geteuid() == 0 else None  # PostgreSQL refuses root
+    pg_ctl = [str(stack.Postgres.bindir() / "pg_ctl"), "restart", "-m", "fast", "-w", "-D", str(pgdata)]
+    subprocess.run(
+        pg_ctl, cwd=pgdata, user=owner, group=owner, extra_groups=[] if owner else None,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=60,
+    )  # fmt: skip
+    after = int((pgdata / "postmaster.pid").read_text().split()[0])
+    assert after != before
+
+    status = headwater("stack", "status", cwd=cwd)
+    assert status.returncode == 0, status.stdout
+    assert re.search(rf"^postgres +healthy .* pid {after}$", status.stdout, re.MULTILINE), status.stdout
+    up = headwater("stack", "up", cwd=cwd)
+    assert up.returncode == 0, up.stderr
+    assert "already running" in up.stdout and f"pid {after}" in up.stdout
+    down = headwater("stack", "down", cwd=cwd)
+    assert down.returncode == 0 and "postgres" in down.stdout  # the fixture checks no process is left
+
+
+def test_nonsensical_numbers_are_refused_in_one_line(tmp_path: Path) -> None:
+    for prog, value, flag in (
+        ("demo load", "0", "--rate"),
+        ("demo load", "-5", "--rate"),
+        ("demo load", "-1", "--duration"),
+        ("demo run", "nan", "--rate"),
+        ("demo seed", "-1", "--orders"),
+        ("demo seed", "0", "--customers"),
+        ("demo seed", "many", "--products"),
+        ("analytics", "-2", "--rows"),
+    ):
+        result = headwater(*prog.split(), flag, value, cwd=tmp_path)
+        assert result.returncode == 2, (prog, flag, value)
+        first, hint = result.stderr.splitlines()
+        assert first.startswith(f"headwater {prog}: error: argument {flag}: expected ") and repr(value) in first
+        assert hint == f"  hint: see 'headwater {prog} --help'"
+    result = headwater("stack", "up", "--start-timeout", "-3", cwd=tmp_path)
+    assert result.returncode == 2 and "start_timeout" in result.stderr and "Traceback" not in result.stderr
+    assert headwater("demo", "load", "--help", cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("dsn", "says"),
+    [
+        ("postgresql://x:hunter2@host:notaport/db", "port must be a number between 1 and 65535, got 'notaport'"),
+        ("garbage==", 'invalid connection option "garbage"'),
+        ("postgresql://x:hunter2@[host/db", "IPv6 host address"),
+        ("postgresql://x:hunter2%zz@host/db", "invalid percent-encoded token"),
+        ("host=h password=hunter2 sslmode=sure", "sslmode must be one of"),
+    ],
+)
+def test_malformed_dsn_is_one_line_naming_the_setting(tmp_path: Path, dsn: str, says: str) -> None:
+    for where, args, env in (
+        ("flag", ["--dsn", dsn], {}),
+        ("environment", [], {"HEADWATER_CAPTURE_DSN": dsn}),
+        ("file", [], {}),
+    ):
+        if where == "file":
+            escaped = dsn.replace("\\", "\\\\").replace('"', '\\"')
+            (tmp_path / "headwater.toml").write_text(f'[capture]\nslot = "s"\ndsn = "{escaped}"\n')
+        for command in ("capture", "status"):
+            result = headwater(command, *args, cwd=tmp_path, env=env)
+            assert result.returncode == 2, (where, command, result.stderr)
+            assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+            assert "'dsn'" in result.stderr and says in result.stderr
+            assert "hunter2" not in result.stderr
+            if where == "file":
+                assert "headwater.toml, line 3" in result.stderr

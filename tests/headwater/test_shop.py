@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 import psycopg2.extensions
+import pytest
 
 from headwater import shop
 
@@ -57,3 +60,94 @@ def test_workload_is_reproducible(pg_database: str) -> None:
         results.append((work.by_kind, shop.counts(conn)))
         conn.close()
     assert results[0] == results[1]
+
+
+def _connect_in(dsn: str, schema: str) -> psycopg2.extensions.connection:
+    """A connection whose unqualified names resolve in ``schema`` (two shops in one database)."""
+    conn = psycopg2.connect(dsn, options=f"-c search_path={schema}")
+    with conn, conn.cursor() as cur:
+        cur.execute(f"CREATE SCHEMA {schema}")
+    return conn
+
+
+def _rows(conn: psycopg2.extensions.connection, query: str) -> list[tuple[object, ...]]:
+    with conn, conn.cursor() as cur:
+        cur.execute(query)
+        return cur.fetchall()
+
+
+def test_create_loads_the_requested_shop_with_valid_keys(pg_database: str) -> None:
+    conn = psycopg2.connect(pg_database)
+    try:
+        assert shop.create(conn, shop.Scale(customers=50, products=8, orders=300, description_size=2500))
+        counts = shop.counts(conn)
+        assert (counts["customers"], counts["products"], counts["orders"]) == (50, 8, 300)
+        assert 300 <= counts["order_items"] <= 1200
+        assert _rows(conn, "SELECT min(id), max(id) FROM orders") == [(1, 300)]
+        dangling = (
+            "SELECT (SELECT count(*) FROM orders o LEFT JOIN customers c ON c.id = o.customer_id WHERE c.id IS NULL)"
+            " + (SELECT count(*) FROM order_items i LEFT JOIN products p ON p.id = i.product_id WHERE p.id IS NULL)"
+            " + (SELECT count(*) FROM orders o WHERE total <> (SELECT coalesce(sum(quantity * unit_price), 0)"
+            " FROM order_items i WHERE i.order_id = o.id))"
+        )
+        assert _rows(conn, dangling) == [(0,)]
+        days = "SELECT count(DISTINCT date_trunc('day', now() - placed_at)) FROM orders WHERE placed_at <= now()"
+        assert _rows(conn, days) == [(14,)]  # spread over the last two weeks
+        toast = _rows(conn, "SELECT reltoastrelid::regclass::text FROM pg_class WHERE relname = 'products'")[0][0]
+        assert _rows(conn, f"SELECT count(DISTINCT chunk_id) FROM {toast}") == [(8,)]  # noqa: S608 - a catalog name
+        assert shop.create(conn) is False  # present: left as it is
+        assert shop.counts(conn) == counts
+    finally:
+        conn.close()
+
+
+def test_seed_draws_the_same_rows_as_inserting_one_by_one(pg_database: str) -> None:
+    """The COPY seed keeps the row-by-row seed's data: same random draws, same rows."""
+    scale = shop.Scale(customers=40, products=6, orders=120, description_size=2100)
+    copied, one_by_one = _connect_in(pg_database, "copied"), _connect_in(pg_database, "one_by_one")
+    try:
+        shop.create(copied, scale, rng_seed=4)
+        shop.install(one_by_one)
+        rng = random.Random(4)
+        with one_by_one, one_by_one.cursor() as cur:
+            for _ in range(scale.customers):
+                shop._insert_customer(cur, rng)
+            for _ in range(scale.products):
+                shop._insert_product(cur, rng, scale.description_size)
+            for _ in range(scale.orders):
+                shop._insert_order(cur, rng)
+        for query in (
+            "SELECT id, email, name, region, profile FROM customers ORDER BY id",
+            "SELECT id, sku, name, category, price, description, attributes FROM products ORDER BY id",
+            "SELECT id, customer_id, status, total, note FROM orders ORDER BY id",
+            "SELECT * FROM order_items ORDER BY order_id, line_no",
+        ):
+            assert _rows(copied, query) == _rows(one_by_one, query), query
+    finally:
+        copied.close()
+        one_by_one.close()
+
+
+def test_a_failed_seed_leaves_nothing_and_the_next_starts_clean(
+    pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = psycopg2.connect(pg_database)
+    copy = shop._copy
+
+    def fail_on_items(cur: object, table: str, columns: tuple[str, ...], rows: list[tuple[object, ...]]) -> None:
+        if table == "order_items":
+            raise RuntimeError("interrupted")
+        copy(cur, table, columns, rows)
+
+    try:
+        monkeypatch.setattr(shop, "_copy", fail_on_items)
+        with pytest.raises(RuntimeError, match="interrupted"):
+            shop.create(conn, shop.Scale(customers=20, products=4, orders=50))
+        leftovers = "SELECT to_regclass('customers'), to_regclass('orders'), to_regtype('order_status')"
+        assert _rows(conn, leftovers) == [(None, None, None)]
+        monkeypatch.setattr(shop, "_copy", copy)
+        assert shop.create(conn, shop.Scale(customers=20, products=4, orders=50))
+        assert [shop.counts(conn)[t] for t in ("customers", "products", "orders")] == [20, 4, 50]
+        assert _rows(conn, "SELECT min(id) FROM customers UNION ALL SELECT min(id) FROM orders") == [(1,), (1,)]
+    finally:
+        conn.close()
