@@ -18,19 +18,20 @@ from dataclasses import dataclass
 
 import psycopg2
 
-from capture import catalog, slot, snapshot
+from capture import catalog, retract, slot, snapshot
 from capture.catalog import Connection, TableRef, TypeCache
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.decoder import lsn_text
 from capture.encoder import change_writer
-from capture.errors import CheckpointMismatchError, SlotLostError
+from capture.errors import CheckpointMismatchError, SlotLostError, SourceUnreachableError
 from capture.producer import ChangeProducer, ensure_changes_topic
 from capture.schemas import NoRegistry, Registrar, register_table
-from capture.state import State, snapshot_done
+from capture.state import Checkpoint, State, snapshot_done
 from capture.stream import Loop, Streamer
 from capture.workers import Workers
 from headwater.errors import RetryableError
+from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
 
 log = logging.getLogger("headwater.capture")
@@ -52,6 +53,31 @@ def run(cfg: CaptureConfig, stop: threading.Event | None = None) -> None:
             log.error("%s; retrying in %.0f s (on_error = log)", exc, delay)
             stop.wait(delay)
             delay = min(delay * 2, 30.0)
+
+
+def connection_lost(exc: psycopg2.Error) -> bool:
+    """The error says the connection is gone (server restart or shutdown, network), not that SQL failed."""
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    code = exc.pgcode or ""
+    return not code or code.startswith(("08", "57P"))  # no SQLSTATE: the protocol broke (e.g. "no COPY in progress")
+
+
+def follow(state: State, checkpoint: Checkpoint, slot_lsn: int | None) -> None:
+    """A slot ahead of the checkpoint: taken if capture was settled then (``capture.stream`` says why), else
+    refused (``CheckpointMismatchError``)."""
+    if slot_lsn is None or slot_lsn <= checkpoint.confirmed_lsn:
+        return
+    ahead = f"slot '{state.slot}' was confirmed up to {lsn_text(slot_lsn)}, past this checkpoint "
+    if not checkpoint.settled:
+        raise CheckpointMismatchError(
+            ahead + f"({lsn_text(checkpoint.confirmed_lsn)}) while changes were in flight: something else "
+            "advanced it; changes may be missing",
+            hint="drop the slot and start over with a snapshot, or restore the matching state_dir",
+        )
+    log.info("%s(%s) by the server's keepalives while nothing was in flight: resuming from the slot",
+             ahead, lsn_text(checkpoint.confirmed_lsn))  # fmt: skip
+    state.advance(slot_lsn)
 
 
 @dataclass(frozen=True)
@@ -93,7 +119,7 @@ class Session:
                 registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
                 registrar.register(f"{cfg.changes_topic}-value", CHANGE_VALUE_SCHEMA),
             )
-            ensure_changes_topic(cfg)
+            ensure_changes_topic(cfg, written=self._written(state))
             producer = ChangeProducer(cfg)
             sink = ChangeSink(writer, producer)
             types = TypeCache(conn)
@@ -113,8 +139,11 @@ class Session:
                 Loop(cfg, repl, heartbeat_conn, streamer, producer, state, confirmed).run(start_lsn, stop)
             finally:
                 heartbeat_conn.close()
-        except psycopg2.OperationalError as exc:
-            raise RetryableError(f"lost the PostgreSQL connection: {str(exc).strip()}") from exc
+        except psycopg2.Error as exc:
+            if not connection_lost(exc):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SourceUnreachableError(f"lost the PostgreSQL connection: {first}") from exc
         finally:
             if workers is not None:
                 workers.close()
@@ -122,9 +151,14 @@ class Session:
                 if closable is not None and not closable.closed:
                     closable.close()
             if producer is not None:
-                producer.poll(0)
+                producer.abandon()
             registrar.close()
             state.close()
+
+    def _written(self, state: State) -> bool:
+        """True when capture already wrote the raw topic for this slot (a finished snapshot, or streaming)."""
+        checkpoint = state.load()
+        return checkpoint is not None and checkpoint.snapshot_done
 
     def _workers(self) -> Workers | None:
         """Snapshot workers, started now when this run will take a snapshot (no finished one in the
@@ -150,13 +184,8 @@ class Session:
                 log.warning("the snapshot of slot %s was interrupted: starting it over on a new slot", cfg.slot)
                 slot.drop(conn, cfg.slot)
                 info = None
-            elif info.confirmed_lsn is not None and info.confirmed_lsn > checkpoint.confirmed_lsn:
-                raise CheckpointMismatchError(
-                    f"slot '{cfg.slot}' was confirmed up to {lsn_text(info.confirmed_lsn)}, past this checkpoint "
-                    f"({lsn_text(checkpoint.confirmed_lsn)}): something else advanced it; changes may be missing",
-                    hint="drop the slot and start over with a snapshot, or restore the matching state_dir",
-                )
             else:
+                follow(state, checkpoint, info.confirmed_lsn)
                 return catalog.connect(self.dsn, replication=True), 0
         elif checkpoint is not None and checkpoint.snapshot_done:
             raise SlotLostError(
@@ -177,9 +206,12 @@ class Session:
     def _snapshot(self, parts: Parts, lsn: int, name: str, stop: threading.Event) -> None:
         cfg, tables, registrar, sink = self.cfg, parts.tables, parts.registrar, parts.sink
         ids: dict[str, tuple[int, int | None]] = {}
+        shapes: list[TableSchema] = []
         for table in tables:
             shape = catalog.table_schema(parts.conn, parts.types, cfg.topic_prefix, table)
             ids[table.qualified] = register_table(registrar, shape)
+            shapes.append(shape)
+        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables])
         chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
         progress = snapshot.Progress(estimates, chunks, parts.state)
         time_us = int(time.time() * 1_000_000)
@@ -191,6 +223,8 @@ class Session:
         finally:
             if parts.workers is not None:
                 parts.workers.close()
+        if earlier is not None:
+            next_position = self._retract(parts, name, shapes, earlier, next_position)
         sink.end_snapshot(rows, next_position)
         sink.events += rows  # the workers' rows count as this run's events too
         parts.producer.flush(timeout=600)
@@ -203,3 +237,26 @@ class Session:
             elapsed,
             rows / max(elapsed, 1e-6),
         )
+
+    def _retract(self, parts: Parts, name: str, shapes: list[TableSchema], earlier: retract.LiveKeys,
+                 position: int) -> int:  # fmt: skip
+        """DELETEs for the keys the raw topic held before this snapshot that its tables do not hold."""
+        conn = snapshot.import_snapshot(self.dsn, name)
+        try:
+            for shape in shapes:
+                keys = list(earlier.keys.get((shape.schema, shape.name), ()))
+                if not keys or not shape.key_indexes:
+                    continue
+                gone = retract.missing(conn, shape, keys, self._key_decoder(parts, shape))
+                position = parts.sink.retract(shape, gone, position)
+                if gone:
+                    log.info("%s: %d of %d keys from before this snapshot are gone from the table: DELETE sent",
+                             shape.qualified, len(gone), len(keys))  # fmt: skip
+        finally:
+            conn.close()
+        return position
+
+    def _key_decoder(self, parts: Parts, shape: TableSchema) -> retract.KeyDecoder:
+        if self.cfg.format == "json" or not isinstance(parts.registrar, Registrar):
+            return retract.json_keys(shape)
+        return retract.avro_keys(shape, parts.registrar.schema)

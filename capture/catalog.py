@@ -16,18 +16,24 @@ import psycopg2.extensions
 from psycopg2 import sql
 
 from capture.config import CaptureConfig
-from capture.errors import SourceError
+from capture.errors import SourceError, SourceUnreachableError
 from capture.types import SESSION_OPTIONS, PgType
+from headwater.config import DSN_EXAMPLE, dsn_problem
+from headwater.errors import ConfigError
 from tables.catalog import ColumnInfo, TableSchema
 
 log = logging.getLogger("headwater.capture")
 Connection = psycopg2.extensions.connection
+DSN_HINT = f"set [capture] dsn (or --dsn, HEADWATER_CAPTURE_DSN) to {DSN_EXAMPLE}"
 
 
 def connect(dsn: str, *, replication: bool = False) -> Connection:
     """A connection with the session settings the type converters rely on."""
     from psycopg2.extras import LogicalReplicationConnection
 
+    problem = dsn_problem(dsn)
+    if problem:
+        raise ConfigError(f"not a valid PostgreSQL connection string: {problem}", key="dsn", hint=DSN_HINT)
     try:
         return psycopg2.connect(
             dsn,
@@ -38,7 +44,7 @@ def connect(dsn: str, *, replication: bool = False) -> Connection:
         )
     except psycopg2.OperationalError as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SourceError(
+        raise SourceUnreachableError(
             f"cannot connect to PostgreSQL: {detail}",
             hint="check [capture] dsn (host, port, user, password, dbname, sslmode); the password is not shown",
         ) from exc

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pickle
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, NamedTuple
 
@@ -98,6 +98,16 @@ class ChangeSink:
         self._position += rows * self._stride
         self.events += rows
 
+    def retract(self, table: TableSchema, keys: Iterable[bytes], position: int) -> int:
+        """A DELETE of each of ``keys`` as part of the snapshot, positions from ``position`` (``capture.retract``);
+        returns the next position. Their tx_size is 0, like READ rows: none ends a transaction."""
+        for key in keys:
+            change = RowChange("DELETE", table.schema, table.name, table.topic, key, None, None)
+            self._send(change, self._snapshot_tx, position, self._zero)
+            position += 1
+            self.events += 1
+        return position
+
     def end_snapshot(self, rows: int, position: int) -> None:
         """SNAPSHOT_END: the snapshot is complete; its tx_size is the number of rows."""
         marker = RowChange("SNAPSHOT_END", "", "", "", None, None, None)
@@ -132,7 +142,7 @@ class TxBuffer:
         self.items.append(change)
         self.bytes += 64 + len(change.after or b"") + len(change.key or b"") + len(change.before or b"")
         if self.bytes > self.limit:
-            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            self.spill_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.spill = tempfile.TemporaryFile(dir=self.spill_dir, prefix="tx-")  # noqa: SIM115 - closed by clear()
             for item in self.items:
                 pickle.dump(item, self.spill, protocol=pickle.HIGHEST_PROTOCOL)

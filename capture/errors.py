@@ -13,6 +13,10 @@ class SourceError(FatalError):
     """PostgreSQL cannot be used as configured (connection, settings, privileges)."""
 
 
+class SourceUnreachableError(RetryableError):
+    """PostgreSQL cannot be reached, or the connection to it was lost (a restart, a network fault)."""
+
+
 class SlotLostError(FatalError):
     """The replication slot is gone or invalidated: changes were lost on the server side."""
 
@@ -58,6 +62,22 @@ class UnsupportedValueError(FatalError):
 
 class BrokerError(RetryableError):
     """Kafka did not acknowledge a message (broker down, timeout)."""
+
+
+class TopicLostError(FatalError):
+    """The broker no longer has a topic capture wrote to: it was restarted without its data, or emptied."""
+
+    def __init__(self, topic: str, slot: str, state: str) -> None:
+        super().__init__(
+            f"the broker no longer has {topic}: it was restarted or emptied, and the changes capture wrote "
+            "to it are gone (capture does not create it again: the topic would start in the middle of the stream)",
+            hint=(
+                "to rebuild every topic from a fresh snapshot, drop the slot "
+                f"(SELECT pg_drop_replication_slot('{slot}')) and delete {state}, then run capture again; "
+                "if the broker keeps its data, check that capture points at the right one ([capture] bootstrap)"
+            ),
+        )
+        self.topic = topic
 
 
 class RegistryUnavailableError(RetryableError):

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from capture._copier import Sender
 from capture.config import CaptureConfig
-from capture.errors import BrokerError
+from capture.errors import BrokerError, TopicLostError
 from headwater.errors import FatalError
 from headwater.topics import create_topics, partition_counts
 
@@ -39,6 +39,9 @@ DEFAULTS = {
     # a tenth of the broker's work per message (the envelope's table and topic names repeat); cheap
     # for librdkafka, and every reader here has lz4 (librdkafka; aiokafka through cramjam)
     "compression.type": "lz4",
+    # the raw topic is made by ensure_changes_topic, never by a broker's auto-create (which would give
+    # it the broker's default partitions, or re-create it empty after the broker lost it)
+    "allow.auto.create.topics": False,
 }
 
 
@@ -103,8 +106,9 @@ class SnapshotSender:
         self.handle.close()
 
 
-def ensure_changes_topic(cfg: CaptureConfig) -> None:
-    """Create ``<prefix>.changes`` with one partition; refuse an existing one with more."""
+def ensure_changes_topic(cfg: CaptureConfig, *, written: bool = False) -> None:
+    """Create ``<prefix>.changes`` with one partition; refuse an existing one with more, and a missing one
+    that capture already ``written`` to (``TopicLostError``: the broker lost it)."""
     settings: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": log}
     admin = AdminClient(settings)
     try:
@@ -120,6 +124,8 @@ def ensure_changes_topic(cfg: CaptureConfig) -> None:
                 hint="delete it or choose another topic_prefix: total commit order needs a single partition",
             )
         return
+    if written:
+        raise TopicLostError(cfg.changes_topic, cfg.slot, str(cfg.state_dir / f"{cfg.slot}.sqlite"))
     config = {"cleanup.policy": "delete", **cfg.topic_config}
     try:
         create_topics(admin, [NewTopic(cfg.changes_topic, 1, cfg.replication_factor, config=config)])
@@ -167,6 +173,8 @@ class ChangeProducer:
             self.producer.produce(self.topic, value, key)
         except BufferError:
             self._produce_when_room(key, value)
+        except KafkaException as exc:
+            raise self._refused(exc) from exc
         self._sent += 1
 
     def send_all(self, records: Iterable[tuple[bytes, bytes]]) -> None:
@@ -179,8 +187,24 @@ class ChangeProducer:
                 except BufferError:
                     self._produce_when_room(key, value)
                 sent += 1
+        except KafkaException as exc:
+            raise self._refused(exc) from exc
         finally:
             self._sent += sent
+
+    def _refused(self, exc: KafkaException) -> BrokerError:
+        """librdkafka refused a message: its producer is in a fatal state (e.g. the broker lost its
+        producer ids when it restarted); the session ends and a new producer resumes from the slot."""
+        return BrokerError(f"cannot send to {self.topic}: {self.failure or exc}",
+                           hint="capture resumes from the last confirmed commit with a new producer")  # fmt: skip
+
+    def abandon(self) -> None:
+        """End of a session: drop what is still queued (the next session resends it from the slot)."""
+        try:
+            self.producer.purge(in_queue=True, in_flight=False, blocking=False)
+            self.producer.poll(0)
+        except KafkaException as exc:
+            log.debug("purging the producer: %s", exc)
 
     def send_batch(self, messages: list[dict[str, Any]]) -> None:
         """``send`` each of ``messages`` (``{"value", "key"}`` dicts) with one call into librdkafka.
@@ -214,6 +238,8 @@ class ChangeProducer:
                 return
             except BufferError:
                 continue
+            except KafkaException as exc:
+                raise self._refused(exc) from exc
 
     def mark(self, lsn: int) -> None:
         """A commit boundary: ``lsn`` may be confirmed once everything sent so far is acked."""

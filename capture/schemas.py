@@ -1,7 +1,7 @@
 """Registering table and raw-topic schemas with a Confluent-compatible registry.
 
 Promise: ``Registrar.register(subject, schema)`` returns the schema id, asking the
-registry once per distinct schema; an unreachable registry is a
+registry once per distinct schema (``schema(id)`` reads one back); an unreachable registry is a
 ``RegistryUnavailableError`` naming the URL, a refused (incompatible) table schema a
 ``SchemaChangeError`` naming the table and subject.
 """
@@ -66,10 +66,21 @@ class Registrar:
         code = body.get("error_code", status)
         raise FatalError(f"the schema registry at {shown(self.url)} refused '{subject}': {message} ({code})")
 
-    def _request(self, path: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """POST ``payload``: (HTTP status, the JSON answer, or {"text": ...} when it is not JSON)."""
-        data = json.dumps(payload).encode()
-        request = urllib.request.Request(self._base + path, data, self._headers, method="POST")  # noqa: S310 - http(s)
+    def schema(self, schema_id: int) -> dict[str, Any]:
+        """The schema registered under ``schema_id`` (``GET /schemas/ids/{id}``)."""
+        status, body = self._request(f"/schemas/ids/{schema_id}", None)
+        if status == 200 and isinstance(body.get("schema"), str):
+            return dict(json.loads(body["schema"]))
+        if status >= 500:
+            raise RegistryUnavailableError(f"schema registry at {shown(self.url)} failed: {body}")
+        raise FatalError(f"the schema registry at {shown(self.url)} has no schema {schema_id} ({status})",
+                         hint="point registry_url at the registry the raw topic was written with")  # fmt: skip
+
+    def _request(self, path: str, payload: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
+        """POST ``payload`` (GET when None): (HTTP status, the JSON answer, or {"text": ...} when it is not JSON)."""
+        data = None if payload is None else json.dumps(payload).encode()
+        method = "GET" if payload is None else "POST"
+        request = urllib.request.Request(self._base + path, data, self._headers, method=method)  # noqa: S310 - http(s)
         try:
             with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - checked in __init__
                 status, raw = response.status, response.read()

@@ -151,7 +151,8 @@ class Progress:
             self.state.progress(table, done, max(self.estimates[table], done), self.chunks_left[table] == 0)
 
 
-def _import(dsn: str, snapshot_name: str) -> Connection:
+def import_snapshot(dsn: str, snapshot_name: str) -> Connection:
+    """A connection inside the exported snapshot ``snapshot_name`` (a read-only repeatable-read transaction)."""
     conn = connect(dsn)
     with conn.cursor() as cur:
         cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -197,7 +198,7 @@ class Copying:
 
     def run(self, job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int, int]:
         """Copy ``chunks``; returns (rows, highest position used + 1) once Kafka acknowledged every row."""
-        conn = _import(job.cfg.dsn.reveal(), job.snapshot_name)
+        conn = import_snapshot(job.cfg.dsn.reveal(), job.snapshot_name)
         sink = ChangeSink(change_writer(job.cfg.format, *job.change_ids), self.producer)
         sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
         state = State(job.cfg.state_dir, job.cfg.slot)

@@ -7,8 +7,20 @@ registers a new version first) — by the shape's transcoder when it can, else b
 general decoder and ``RowEncoder``, with the same bytes either way. Unchanged TOASTed
 values are filled in from the old row (REPLICA IDENTITY FULL), the TOAST cache, or as
 a last resort the table.
-``replicate`` is the thin loop around it: read, handle, and every status interval
+``Loop`` is the thin loop around it: read, handle, and every status interval
 checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats.
+
+Which LSNs the slot is told (the checkpoint contract): the end LSN of a commit once
+Kafka acknowledged every message up to it (a heartbeat's empty transaction too), and,
+while capture is *settled* — every message it received is confirmed and no
+transaction is open — the server's position from its keepalives: the server had
+nothing more for this slot up to there, and a transaction still open on the server is
+sent again after a restart, because PostgreSQL decodes every transaction whose commit
+lies at or after the confirmed position. psycopg2 itself moves the slot that way on
+keepalives (``ReplicationCursor``: flush position forwarded to the keepalive's WAL end
+once the last message is confirmed), possibly before capture could checkpoint it; so a
+slot may be found ahead of a *settled* checkpoint — safe, nothing lies between — and
+only a slot ahead of an unsettled one means something else moved it.
 """
 
 from __future__ import annotations
@@ -308,6 +320,7 @@ class Loop:
         self.last_heartbeat = time.monotonic()
         self.last_status = 0.0
         self.checkpoints = 0
+        self.last_data_start = 0  # WAL position of the last message received
         self._events_at = (time.monotonic(), 0)
 
     def run(self, start_lsn: int, stop: threading.Event) -> None:
@@ -331,6 +344,7 @@ class Loop:
             msg = cur.read_message()
             if msg is not None:
                 self.streamer.handle(msg.payload)
+                self.last_data_start = msg.data_start
                 handled += 1
                 if handled % 1000:
                     continue
@@ -348,10 +362,16 @@ class Loop:
         acked = self.producer.acked_lsn()
         if acked is not None and acked > self.confirmed:
             self.confirm(cur, acked)
+        if self.settled() and cur.wal_end > self.confirmed:
+            self.confirm(cur, cur.wal_end)  # nothing for us up to the server's position: follow it
         if self.cfg.heartbeat_interval > 0:
             idle = now - max(self.streamer.last_commit_seen, self.last_heartbeat)
             if idle >= self.cfg.heartbeat_interval:
                 self.heartbeat()
+
+    def settled(self) -> bool:
+        """Every message received is confirmed and no transaction is open (the module's contract)."""
+        return self.confirmed >= self.last_data_start and self.streamer.begin is None
 
     def confirm(self, cur: Any, lsn: int) -> None:
         """Checkpoint first, then tell the slot: a crash in between replays, never skips."""
@@ -361,7 +381,8 @@ class Loop:
         rate = (events - before) / max(now - then, 1e-6)
         self._events_at = (now, events)
         s = self.streamer
-        self.state.checkpoint(lsn, s.last_commit_lsn, s.last_commit_time, events, rate)
+        settled = lsn >= self.last_data_start and s.begin is None
+        self.state.checkpoint(lsn, s.last_commit_lsn, s.last_commit_time, events, rate, settled=settled)
         cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=True)
         self.confirmed = lsn
         self.checkpoints += 1
@@ -375,5 +396,7 @@ class Loop:
                 cur.execute("SELECT pg_logical_emit_message(true, %s, now()::text)", (HEARTBEAT_PREFIX,))
             self.heartbeat_conn.commit()
         except psycopg2.Error as exc:
+            if self.heartbeat_conn.closed:
+                raise  # the server went away: the session ends and is retried
             self.heartbeat_conn.rollback()
             log.warning("heartbeat failed (the slot may fall behind while captured tables are idle): %s", exc)

@@ -1,0 +1,192 @@
+"""Retractions: rows that an earlier, abandoned snapshot (or an earlier slot's stream) left on the raw topic.
+
+Promise: a snapshot replaces everything the raw topic said about its tables before it.
+When the raw topic already holds changes as a new snapshot starts — a snapshot that was
+interrupted and is being started over, or the stream of an earlier slot — ``LiveKeys``
+applies them in order, keys only (``earlier_keys`` reads them, up to the end the topic had
+before the new snapshot wrote anything), and ``missing`` asks PostgreSQL, inside the new
+snapshot's exported snapshot, which of those keys its tables do not hold. Capture writes a
+DELETE for each of them as part of the snapshot (commit LSN = the snapshot's consistent
+point, after its READ rows and before SNAPSHOT_END), so every consumer that applies the raw
+topic in order — the fan-out, the views, reconciliation, Spark — ends equal to the tables,
+and a cut at SNAPSHOT_END holds no phantom row. Keys are compared by value (decoded with
+the schema their bytes name), so a key written under an older key schema is still matched.
+The key set is held in memory while it is checked: about 100 bytes per key on the topic.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time as clock
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import date, datetime, time
+from typing import Any
+
+import fastavro
+from confluent_kafka import TopicPartition
+from psycopg2 import sql
+
+from capture.catalog import Connection
+from capture.config import CaptureConfig
+from headwater.topics import fetched_ends, read_to_end, reader
+from tables.catalog import TableSchema
+from tables.change import CHANGE_VALUE_SCHEMA
+
+log = logging.getLogger("headwater.capture")
+Table = tuple[str, str]  # (schema, name)
+KeyDecoder = Callable[[bytes], list[Any]]  # key image -> the key columns' values, in key order
+BATCH = 5000
+_CHANGE = fastavro.parse_schema(CHANGE_VALUE_SCHEMA)
+
+
+class LiveKeys:
+    """Keys the raw topic leaves alive per table, applying its changes in order (pure)."""
+
+    def __init__(self, tables: Iterable[Table]) -> None:
+        self.keys: dict[Table, dict[bytes, None]] = {t: {} for t in tables}
+
+    def apply(self, op: str, table: Table, key: bytes | None, before: bytes | None) -> None:
+        keys = self.keys.get(table)
+        if keys is None:
+            return
+        if op == "TRUNCATE":
+            keys.clear()
+        elif key is None:
+            return
+        elif op == "DELETE":
+            keys.pop(key, None)
+        elif op in ("READ", "INSERT", "UPDATE"):
+            keys[key] = None
+        if op == "UPDATE" and before is not None and before[:5] == key[:5] and before != key:  # type: ignore[index]
+            keys.pop(before, None)  # the key changed (an old key image, same key schema)
+
+    def __len__(self) -> int:
+        return sum(len(k) for k in self.keys.values())
+
+
+def raw_end(cfg: CaptureConfig) -> int:
+    """The raw topic's true end offset (0 when it is empty or does not exist yet)."""
+    consumer = reader({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
+    try:
+        listed = consumer.list_topics(cfg.changes_topic, timeout=10).topics.get(cfg.changes_topic)
+        if listed is None or listed.error is not None or not listed.partitions:
+            return 0
+        _, reported = consumer.get_watermark_offsets(TopicPartition(cfg.changes_topic, 0), timeout=10)
+        return fetched_ends(consumer, {(cfg.changes_topic, 0): reported})[(cfg.changes_topic, 0)]
+    finally:
+        consumer.close()
+
+
+def earlier_changes(cfg: CaptureConfig, end: int) -> Iterator[tuple[str, Table, bytes | None, bytes | None]]:
+    """(op, table, key, before) of every raw change below offset ``end``, in order."""
+    consumer = reader({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
+    decode = _json_change if cfg.format == "json" else _avro_change
+    try:
+        for msg in read_to_end(consumer, [TopicPartition(cfg.changes_topic, 0, 0)], timeout=600):
+            if (msg.offset() or 0) >= end:
+                break
+            value = msg.value()
+            if value:
+                yield decode(value)
+    finally:
+        consumer.close()
+
+
+def _avro_change(value: bytes) -> tuple[str, Table, bytes | None, bytes | None]:
+    c: Any = fastavro.schemaless_reader(io.BytesIO(value[5:]), _CHANGE, None)
+    return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
+
+
+def _json_change(value: bytes) -> tuple[str, Table, bytes | None, bytes | None]:
+    c = json.loads(value)
+    return c["op"], (c["schema"], c["table"]), _json_image(c.get("key")), _json_image(c.get("before"))
+
+
+def _json_image(image: Any) -> bytes | None:
+    """A row image as the json format embeds it (``JsonRowWriter``'s separators, key order kept)."""
+    return None if image is None else json.dumps(image, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table]) -> LiveKeys | None:
+    """The keys the raw topic holds alive for ``tables`` before a new snapshot (None: the topic is empty)."""
+    end = raw_end(cfg)
+    if end == 0:
+        return None
+    started = clock.monotonic()
+    live = LiveKeys(tables)
+    for op, table, key, before in earlier_changes(cfg, end):
+        live.apply(op, table, key, before)
+    log.info("the raw topic holds %d changes from before this snapshot (%d keys of captured tables, read in %.1f s):"
+             " keys this snapshot does not find get a DELETE", end, len(live), clock.monotonic() - started)  # fmt: skip
+    return live
+
+
+def missing(conn: Connection, table: TableSchema, keys: Sequence[bytes], decode: KeyDecoder) -> list[bytes]:
+    """The ``keys`` (images) whose row ``table`` does not hold, asked in batches on ``conn``."""
+    query = _missing_query(conn, table)
+    out: list[bytes] = []
+    for start in range(0, len(keys), BATCH):
+        batch = keys[start : start + BATCH]
+        columns = list(zip(*(decode(k) for k in batch), strict=True))
+        with conn.cursor() as cur:
+            cur.execute(query, [list(range(len(batch))), *([_pg_text(v) for v in col] for col in columns)])
+            out.extend(batch[i] for (i,) in cur.fetchall())
+    return out
+
+
+def _missing_query(conn: Connection, table: TableSchema) -> sql.Composed:
+    """``SELECT i FROM unnest(indexes, key columns as text) ... WHERE NOT EXISTS (the row)``."""
+    names = [table.columns[i].name for i in table.key_indexes]
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = %s::regclass AND attname = ANY(%s)",
+            (sql.Identifier(table.schema, table.name).as_string(conn), names),
+        )
+        types = dict(cur.fetchall())
+    aliases = [sql.Identifier(f"k{i}") for i in range(len(names))]
+    match = sql.SQL(" AND ").join(
+        sql.SQL("t.{} = k.{}::{}").format(sql.Identifier(n), a, sql.SQL(types[n]))
+        for n, a in zip(names, aliases, strict=True)
+    )
+    return sql.SQL("SELECT k.i FROM unnest(%s::int[], {arrays}) AS k(i, {aliases})"
+                   " WHERE NOT EXISTS (SELECT 1 FROM ONLY {table} t WHERE {match})").format(
+        arrays=sql.SQL(", ").join(sql.SQL("%s::text[]") for _ in names), aliases=sql.SQL(", ").join(aliases),
+        table=sql.Identifier(table.schema, table.name), match=match)  # fmt: skip
+
+
+def _pg_text(value: Any) -> str | None:
+    """A decoded key value as PostgreSQL's text input for its column's type."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    return str(value)  # numbers, Decimal, UUID
+
+
+def avro_keys(table: TableSchema, schema_of: Callable[[int], Any]) -> KeyDecoder:
+    """Decodes Confluent-framed key images of ``table`` (any key schema id) to values in key order."""
+    parsed: dict[int, Any] = {}
+
+    def decode(image: bytes) -> list[Any]:
+        schema_id = int.from_bytes(image[1:5], "big")
+        schema: Any = parsed.get(schema_id)
+        if schema is None:
+            schema = parsed[schema_id] = fastavro.parse_schema(schema_of(schema_id))
+        fields: Any = schema["fields"]
+        record: Any = fastavro.schemaless_reader(io.BytesIO(image[5:]), schema, None)
+        return [record[f["name"]] for f in fields]
+
+    return decode
+
+
+def json_keys(table: TableSchema) -> KeyDecoder:
+    """Decodes the json format's key images (objects keyed by column name) to values in key order."""
+    names = [table.columns[i].name for i in table.key_indexes]
+    return lambda image: [json.loads(image)[n] for n in names]

@@ -1,0 +1,338 @@
+"""Ordinary operations: restarts after quiet periods, PostgreSQL restarted under load, snapshots started over.
+
+Each test runs the real ``headwater capture`` and reconciles what it wrote against PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from capture.agent import follow
+from capture.errors import CheckpointMismatchError
+from capture.state import State
+from headwater import shop, stack
+from headwater.reconcile import apply_changes, assert_table_matches
+from headwater.topics import AvroDecoder
+from tests.capture.test_faults import check_reconciles
+from tests.plugins.capture import Capture
+from tests.plugins.stack import make_stack_config, stack_dir
+from tests.plugins.streams import Worker
+from tests.streams.test_views import views_reconciled
+from tests.streams.test_workers import reconciled
+
+
+# ---- the checkpoint contract (no services) ---------------------------------------------------
+def state_at(tmp_path: Path, confirmed: int, *, settled: bool) -> State:
+    state = State(tmp_path / "state", "slot1")
+    state.start_snapshot(0x1000, done=True)
+    state.checkpoint(confirmed, confirmed - 0x10, 0, 1, 0.0, settled=settled)
+    return state
+
+
+@pytest.mark.unit
+def test_a_slot_ahead_of_a_settled_checkpoint_is_followed(tmp_path: Path) -> None:
+    state = state_at(tmp_path, 0x2000, settled=True)
+    checkpoint = state.load()
+    assert checkpoint is not None and checkpoint.settled
+    follow(state, checkpoint, 0x2038)  # keepalives moved the slot 56 bytes while nothing was in flight
+    assert state.load().confirmed_lsn == 0x2038  # type: ignore[union-attr]
+    follow(state, state.load(), 0x2000)  # type: ignore[arg-type]  # behind or equal: nothing to do
+    assert state.load().confirmed_lsn == 0x2038  # type: ignore[union-attr]
+
+
+@pytest.mark.unit
+def test_a_slot_ahead_of_an_unsettled_checkpoint_is_refused(tmp_path: Path) -> None:
+    state = state_at(tmp_path, 0x2000, settled=False)
+    with pytest.raises(CheckpointMismatchError, match=r"0/2038, past this checkpoint \(0/2000\)") as info:
+        follow(state, state.load(), 0x2038)  # type: ignore[arg-type]
+    assert info.value.hint and "drop the slot" in info.value.hint
+    assert state.load().confirmed_lsn == 0x2000  # type: ignore[union-attr]
+
+
+@pytest.mark.unit
+def test_the_state_directory_and_files_are_private(tmp_path: Path) -> None:
+    state = state_at(tmp_path, 0x2000, settled=True)
+    state.remember("public.t", b"k", 1, 0x2000, "a TOASTed value: table data")
+    state.checkpoint(0x2000, 0x1ff0, 0, 1, 0.0)
+    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
+    files = list((tmp_path / "state").iterdir())
+    assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files), [
+        (f.name, oct(f.stat().st_mode)) for f in files
+    ]
+
+
+# ---- restarts after quiet periods ------------------------------------------------------------
+class OtherDatabase:
+    """Writes in another database of the same cluster, as on any shared server: WAL moves, our tables idle."""
+
+    def __init__(self, local_stack: stack.StackConfig, name: str) -> None:
+        self.admin_dsn, self.name = local_stack.dsn("postgres"), name
+        self.dsn = local_stack.dsn(name)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> OtherDatabase:
+        self._admin(f'CREATE DATABASE "{self.name}"')
+        with psycopg2.connect(self.dsn) as conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE noise (id serial PRIMARY KEY, at timestamptz DEFAULT now())")
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            while not self.stop_event.wait(0.02):
+                cur.execute("INSERT INTO noise DEFAULT VALUES")
+        conn.close()
+
+    def _admin(self, statement: str) -> None:
+        conn = psycopg2.connect(self.admin_dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(statement)
+        conn.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=10)
+        self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+@pytest.mark.slow
+def test_capture_stopped_and_started_after_quiet_periods_resumes_every_time(
+    local_stack: stack.StackConfig, pg_database: str, capture_factory: Callable[..., Capture], unique_name: str
+) -> None:
+    """Stops by SIGTERM and kill -9, each a moment after a heartbeat, while only another database writes."""
+    conn = psycopg2.connect(pg_database)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE zoo (id int PRIMARY KEY, name text)")
+        cur.execute("INSERT INTO zoo VALUES (1, 'first')")
+    capture = capture_factory(pg_database, include="public.zoo", heartbeat_interval=3.0)
+    rng = random.Random()
+    with OtherDatabase(local_stack, f"{unique_name}_other"):
+        for i, sig in enumerate([signal.SIGTERM, signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, signal.SIGTERM]):
+            process = capture.spawn()
+            capture.wait_caught_up(pg_database)
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO zoo VALUES (%s, 'row')", (i + 2,))
+            capture.wait_caught_up(pg_database)
+            time.sleep(rng.uniform(1.5, 2.8))  # quiet here, busy next door: keepalives move the slot
+            process.send_signal(sig)
+            assert process.wait(timeout=30) == (0 if sig == signal.SIGTERM else -9)
+        capture.spawn()
+        capture.wait_caught_up(pg_database)
+    capture.stop()
+    log = capture.log.read_text() if capture.log else ""
+    assert "error" not in log.lower() and "Traceback" not in log, log[-3000:]
+    state = apply_changes(capture.changes(), AvroDecoder(capture.cfg.registry_url))
+    assert_table_matches(conn, "zoo", ["id"], state.get("zoo", {}))
+    conn.close()
+
+
+# ---- a snapshot started over -----------------------------------------------------------------
+def lock_when_the_slot_exists(conn: Any, slot: str) -> None:
+    """Lock ``products`` (held until a rollback) as soon as capture created its slot: its schemas are
+    registered next, so the copy has not begun; it will copy the bigger tables and wait for this one."""
+    deadline = time.monotonic() + 30
+    with conn.cursor() as cur:
+        while time.monotonic() < deadline:
+            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            if cur.fetchone():
+                cur.execute("LOCK TABLE products IN ACCESS EXCLUSIVE MODE")
+                return
+            conn.rollback()
+            time.sleep(0.005)
+    raise AssertionError("capture created no slot")
+
+
+def killed_mid_snapshot(shop_db: Any, capture: Capture) -> list[dict[str, Any]]:
+    """2,000 more orders with 2 items each; capture killed mid-snapshot: ``products`` is locked, so the
+    snapshot copies the bigger tables (biggest first) and then waits for it."""
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("INSERT INTO orders (customer_id, status, total) SELECT (SELECT min(id) FROM customers),"
+                    " 'paid', g FROM generate_series(1, 2000) g")  # fmt: skip
+        cur.execute("INSERT INTO order_items SELECT o.id, n, (SELECT min(id) FROM products), 1, 1"
+                    " FROM orders o, generate_series(1, 2) n WHERE NOT EXISTS"
+                    " (SELECT 1 FROM order_items i WHERE i.order_id = o.id)")  # fmt: skip
+        cur.execute(f'CREATE PUBLICATION "{capture.cfg.publication}" FOR TABLE customers, products, orders,'
+                    " order_items")  # fmt: skip
+        cur.execute("SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM order_items)")
+        wanted = cur.fetchone()[0]
+    shop_db.autocommit = True
+    with shop_db.cursor() as cur:
+        cur.execute("ANALYZE")
+    shop_db.autocommit = False
+    process = capture.spawn()
+    lock_when_the_slot_exists(shop_db, capture.cfg.slot)  # the slot waits for open transactions: not before
+    deadline = time.monotonic() + 60
+    read: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and len(read) < wanted:
+        time.sleep(0.2)
+        read = [c for c in capture.changes() if c["op"] == "READ" and c["table"] in ("orders", "order_items")]
+    process.kill()
+    process.wait()
+    shop_db.rollback()
+    partial = capture.changes()
+    assert len(read) == wanted and not any(c["op"] == "SNAPSHOT_END" for c in partial), "not killed mid-snapshot"
+    return partial
+
+
+@pytest.mark.slow
+def test_a_snapshot_started_over_retracts_the_rows_deleted_meanwhile(
+    local_stack: stack.StackConfig,
+    pg_database: str,
+    shop_db: Any,
+    capture_factory: Callable[..., Capture],
+    worker_factory: Callable[..., Worker],
+) -> None:
+    """Kill capture mid-snapshot, delete rows the abandoned snapshot had read, start it again: the raw topic
+    applied in order, the table topics, the worker's tables, the view and Redis equal PostgreSQL."""
+    capture = capture_factory(pg_database)
+    partial = killed_mid_snapshot(shop_db, capture)
+    decode = AvroDecoder(capture.cfg.registry_url)
+    items = [decode(c["key"]) for c in partial if c["op"] == "READ" and c["table"] == "order_items"]
+    orders = sorted({k["order_id"] for k in items})[::150]
+    assert len(orders) >= 5, "the abandoned snapshot read too few items to test this"
+    with shop_db, shop_db.cursor() as cur:  # gone before the new snapshot: their items go too (cascade)
+        cur.execute("DELETE FROM orders WHERE id = ANY(%s)", (orders,))
+
+    capture.spawn()
+    capture.wait_caught_up(pg_database, timeout=300)
+    changes = check_reconciles(capture, shop_db, committed=0)  # the raw topic applied in order
+    end = next(c for c in changes if c["op"] == "SNAPSHOT_END")
+    retracted = [c for c in changes if c["op"] == "DELETE" and c["commit_lsn"] == end["commit_lsn"]]
+    assert all(c["tx_size"] == 0 and c["_offset"] < end["_offset"] for c in retracted)
+    gone_items = {decode(c["key"])["order_id"] for c in retracted if c["table"] == "order_items"}
+    gone_orders = {decode(c["key"])["id"] for c in retracted if c["table"] == "orders"}
+    assert gone_items == gone_orders == set(orders), "a DELETE for each row the abandoned snapshot had read"
+    read_items = [k for k in items if k["order_id"] in set(orders)]
+    assert len(retracted) == len(read_items) + len(orders), "no other DELETE"
+
+    worker = worker_factory(capture.cfg.topic_prefix, views=shop.VIEWS_TOML).start()
+    reconciled(shop_db, capture, [worker], timeout=120)
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url, timeout=120)
+    capture.stop()
+
+
+# ---- PostgreSQL restarted under load ---------------------------------------------------------
+@pytest.fixture
+def own_postgres() -> Iterator[stack.Postgres]:
+    """A PostgreSQL of this test's own, to restart without disturbing the session's stack."""
+    with stack_dir() as path:
+        pg = stack.Postgres(make_stack_config(path))
+        pg.start()
+        try:
+            yield pg
+        finally:
+            pg.stop()
+
+
+class Load:
+    """Inserts, updates and deletes rows of ``items`` in a thread, reconnecting when the server goes away."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.rng = random.Random(7)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.committed = 0
+
+    def start(self) -> Load:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        conn = None
+        while not self.stop_event.wait(0.005):
+            try:
+                conn = conn if conn is not None and not conn.closed else psycopg2.connect(self.dsn)
+                self._step(conn)
+            except psycopg2.Error:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.1)
+        if conn is not None:
+            conn.close()
+
+    def _step(self, conn: Any) -> None:
+        key = self.rng.randrange(500)
+        with conn, conn.cursor() as cur:
+            cur.execute(
+                "INSERT INTO items VALUES (%s, 1, 'n') ON CONFLICT (id) DO UPDATE SET n = items.n + 1", (key,)
+            )
+            if self.rng.random() < 0.3:
+                cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(500),))
+        self.committed += 1
+
+    def stop(self) -> int:
+        self.stop_event.set()
+        self.thread.join(timeout=30)
+        return self.committed
+
+
+def pg_ctl(pg: stack.Postgres, *args: str) -> None:
+    argv = [str(stack.Postgres.bindir() / "pg_ctl"), "-D", str(pg.dir), "-w", "-t", "60", *args]
+    log = pg.dir.parent / "pg_ctl.log"
+    with log.open("ab") as out:
+        subprocess.run(argv, check=True, user=pg.user(), stdout=out, stderr=subprocess.STDOUT, timeout=120)
+
+
+@pytest.mark.slow
+def test_postgresql_restarted_under_load_fast_and_immediate_capture_resumes(
+    own_postgres: stack.Postgres, capture_factory: Callable[..., Capture]
+) -> None:
+    dsn = own_postgres.cfg.dsn()
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, n int NOT NULL, note text)")
+    capture = capture_factory(dsn, on_error="log", heartbeat_interval=0.5)
+    capture.spawn()
+    capture.wait_caught_up(dsn)
+    load = Load(dsn).start()
+    for mode in ("fast", "immediate"):
+        time.sleep(2)
+        pg_ctl(own_postgres, "restart", "-m", mode, "-l", str(own_postgres.dir / "restarted.log"))
+    time.sleep(2)
+    committed = load.stop()
+    capture.wait_caught_up(dsn, timeout=120)
+    assert capture.process is not None and capture.process.poll() is None, "capture died"
+    capture.stop()
+    log = capture.log.read_text() if capture.log else ""
+    assert "Traceback" not in log and "lost the PostgreSQL connection" in log, log[-3000:]
+    assert "retrying in" in log and "streaming from slot" in log
+    assert committed > 100
+    conn = psycopg2.connect(dsn)
+    state = apply_changes(capture.changes(), AvroDecoder(capture.cfg.registry_url))
+    assert_table_matches(conn, "items", ["id"], state.get("items", {}))
+    conn.close()
+
+
+@pytest.mark.slow
+def test_postgresql_stopped_with_on_error_exit_ends_capture_with_one_line(
+    own_postgres: stack.Postgres, capture_factory: Callable[..., Capture]
+) -> None:
+    dsn = own_postgres.cfg.dsn()
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, n int NOT NULL, note text)")
+    capture = capture_factory(dsn, on_error="exit")
+    process = capture.spawn()
+    capture.wait_caught_up(dsn)
+    pg_ctl(own_postgres, "restart", "-m", "immediate", "-l", str(own_postgres.dir / "restarted.log"))
+    assert process.wait(timeout=60) == 1
+    log = capture.log.read_text() if capture.log else ""
+    assert "Traceback" not in log, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("headwater: error:")]
+    assert len(errors) == 1 and "lost the PostgreSQL connection" in errors[0], log[-2000:]
