@@ -30,7 +30,7 @@ from capture.schemas import NoRegistry, Registrar, register_table
 from capture.state import Checkpoint, State, snapshot_done
 from capture.stream import Loop, Streamer
 from capture.workers import Workers
-from headwater.errors import RetryableError
+from headwater.errors import HeadwaterError, RetryableError
 from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
 
@@ -101,6 +101,7 @@ class Session:
         self.cfg = cfg
         self.dsn = cfg.dsn.reveal()
         self.streamed = False
+        self.made: list[str] = []  # what this session created and must remove if a first start fails
 
     def run(self, stop: threading.Event) -> None:
         cfg = self.cfg
@@ -112,6 +113,8 @@ class Session:
         workers: Workers | None = None
         try:
             catalog.check_source(conn)
+            if not catalog.publication_exists(conn, cfg.publication):
+                self.made.append("publication")
             tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
             workers = self._workers()  # before any Kafka client: forked while this process has one thread
             writer = change_writer(
@@ -153,7 +156,33 @@ class Session:
             if producer is not None:
                 producer.abandon()
             registrar.close()
+            self._leave_nothing(state)
             state.close()
+
+    def _leave_nothing(self, state: State) -> None:
+        """A first start that did not finish its snapshot removes the slot (it would hold WAL) and the
+        publication it created; the next start makes them again. Says what it could not remove."""
+        checkpoint = state.load()
+        if not self.made or (checkpoint is not None and checkpoint.snapshot_done):
+            return
+        cfg, removed = self.cfg, []
+        try:
+            conn = catalog.connect(self.dsn)
+            try:
+                if "slot" in self.made and slot.drop_when_released(conn, cfg.slot):
+                    removed.append(f"slot {cfg.slot}")
+                if "publication" in self.made and catalog.drop_publication(conn, cfg.publication):
+                    removed.append(f"publication {cfg.publication}")
+            finally:
+                conn.close()
+        except (psycopg2.Error, HeadwaterError) as exc:
+            log.error("the snapshot did not finish and slot %s / publication %s could not be removed (%s): drop them"
+                      " with SELECT pg_drop_replication_slot('%s'); DROP PUBLICATION %s", cfg.slot, cfg.publication,
+                      exc, cfg.slot, cfg.publication)  # fmt: skip
+            return
+        if removed:
+            log.warning("the snapshot did not finish: removed %s (made by this start; the next start makes them"
+                        " again)", " and ".join(removed))  # fmt: skip
 
     def _written(self, state: State) -> bool:
         """True when capture already wrote the raw topic for this slot (a finished snapshot, or streaming)."""
@@ -193,6 +222,7 @@ class Session:
             )
         repl = catalog.connect(self.dsn, replication=True)
         consistent_point, snapshot_name = slot.create(repl, cfg.slot)
+        self.made.append("slot")
         log.info("created slot %s at %s", cfg.slot, lsn_text(consistent_point))
         state.start_snapshot(consistent_point, done=cfg.skip_snapshot)
         if not cfg.skip_snapshot:

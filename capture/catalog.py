@@ -128,6 +128,24 @@ def select_tables(conn: Connection, cfg: CaptureConfig) -> list[TableRef]:
     return chosen
 
 
+def publication_exists(conn: Connection, name: str) -> bool:
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
+        found = cur.fetchone() is not None
+    conn.commit()
+    return found
+
+
+def drop_publication(conn: Connection, name: str) -> bool:
+    """Drop publication ``name`` if it exists; True if it did."""
+    if not publication_exists(conn, name):
+        return False
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name)))
+    conn.commit()
+    return True
+
+
 def ensure_publication(conn: Connection, cfg: CaptureConfig, tables: list[TableRef]) -> list[TableRef]:
     """Create the publication for ``tables`` if missing; else use it as is. Returns what it publishes."""
     with conn.cursor() as cur:

@@ -107,6 +107,20 @@ def create(repl: Connection, slot: str) -> tuple[int, str]:
     return parse_lsn(consistent_point), snapshot_name
 
 
+def drop_when_released(conn: Connection, slot: str, *, wait: float = 15.0) -> bool:
+    """Drop ``slot`` once no process holds it (its replication connection was just closed); False if
+    it does not exist."""
+    info = find(conn, slot)
+    deadline = time.monotonic() + wait
+    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        info = find(conn, slot)
+    if info is None:
+        return False
+    drop(conn, slot)
+    return True
+
+
 def drop(conn: Connection, slot: str) -> None:
     with conn.cursor() as cur:
         cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))

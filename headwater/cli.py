@@ -86,14 +86,19 @@ def cmd_demo_load(args: argparse.Namespace) -> int:
     conn = _connect(cfg)
     try:
         shop.create(conn)
-        work = shop.Workload(conn, rng_seed=args.seed)
+        work = shop.Workload(conn, rng_seed=args.seed, reconnect=lambda: _connect(cfg))
         started = time.monotonic()
-        work.run(rate=args.rate, duration=args.duration)
+        try:
+            work.run(rate=args.rate, duration=args.duration)
+        finally:
+            conn = work.conn  # a new one after a PostgreSQL restart
         elapsed = time.monotonic() - started
         print(
             f"{work.committed} transactions committed, {work.rolled_back} rolled back in {elapsed:.1f} s"
             f" ({work.committed / elapsed:.0f}/s)"
         )
+        if work.interrupted:
+            print(f"  {work.interrupted} interrupted by a lost connection (committed or not: unknown)")
         print("  " + ", ".join(f"{k} {v}" for k, v in sorted(work.by_kind.items())))
         _print_counts(shop.counts(conn))
     finally:

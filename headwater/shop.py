@@ -14,6 +14,7 @@ import base64
 import bisect
 import io
 import json
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -26,6 +27,9 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
+from headwater.errors import FatalError, HeadwaterError
+
+log = logging.getLogger("headwater.shop")
 Connection = psycopg2.extensions.connection
 # The shop's view (README "Views"): an order with its customer, and its items each with their product.
 VIEWS_TOML = """\
@@ -338,6 +342,10 @@ class Workload:
     committed: int = 0
     rolled_back: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+    # a new connection when the server went away (a restart); None: a lost connection ends the run
+    reconnect: Callable[[], Connection] | None = None
+    interrupted: int = 0  # transactions cut by a lost connection: committed or not, nobody knows
+    reconnect_wait: float = 60.0
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.rng_seed)
@@ -345,13 +353,41 @@ class Workload:
         self.weights = [w for _, w in MIX]
 
     def step(self) -> None:
-        """Run one transaction: commit it, or roll it back at the configured share."""
+        """Run one transaction: commit it, or roll it back at the configured share; a lost connection
+        is made again with ``reconnect`` (the transaction counts as interrupted)."""
         fn = self.rng.choices(self.kinds, self.weights)[0]
         rollback = self.rng.random() < self.rollback_share
+        try:
+            self._transaction(fn, rollback)
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            if self.reconnect is None:
+                raise
+            self.interrupted += 1
+            self._connect_again(exc)
+
+    def _connect_again(self, exc: psycopg2.Error) -> None:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("lost the connection to PostgreSQL (%s): reconnecting", first)
+        assert self.reconnect is not None
+        deadline = time.monotonic() + self.reconnect_wait
+        while True:
+            try:
+                self.conn = self.reconnect()
+                log.warning("reconnected to PostgreSQL; the workload goes on")
+                return
+            except (psycopg2.Error, HeadwaterError):
+                if time.monotonic() > deadline:
+                    raise FatalError(f"PostgreSQL did not come back within {self.reconnect_wait:.0f} s: {first}",
+                                     hint="start it again, then rerun the workload") from exc  # fmt: skip
+                time.sleep(0.5)
+
+    def _transaction(self, fn: Callable[[Any, random.Random], None], rollback: bool) -> None:
         with self.conn.cursor() as cur:
             try:
                 fn(cur, self.rng)
             except psycopg2.Error:
+                if self.conn.closed:
+                    raise
                 self.conn.rollback()  # e.g. a foreign key raced away: count as rolled back
                 self.rolled_back += 1
                 return

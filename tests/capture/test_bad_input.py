@@ -75,6 +75,33 @@ def test_registry_unreachable(local_stack: StackConfig, pg_database: str, tmp_pa
     result = capture(pg_database, argv_cfg, tmp_path, "--registry-url", nowhere, "--bootstrap", local_stack.bootstrap)
     assert result.returncode == 1
     assert f"schema registry at {nowhere} is unreachable" in result.stderr
+    assert leftovers(pg_database) == (0, 0), "a failed first start leaves no publication behind"
+
+
+def leftovers(dsn: str) -> tuple[int, int]:
+    """(slots, publications) named ``bad_input`` in the database."""
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bad_input'),"
+                    " (SELECT count(*) FROM pg_publication WHERE pubname = 'bad_input')")  # fmt: skip
+        found = cur.fetchone()
+    conn.close()
+    return found  # type: ignore[return-value]
+
+
+def test_a_value_refused_in_the_snapshot_leaves_no_slot_or_publication(
+    local_stack: StackConfig, pg_database: str, tmp_path: Path
+) -> None:
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (id int PRIMARY KEY, d date)")
+        cur.execute("INSERT INTO t VALUES (1, '2024-01-01'), (2, '0044-03-15 BC')")
+    conn.close()
+    result = capture(pg_database, local_stack, tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "public.t.d" in result.stderr and "dates outside years 1 to 9999" in result.stderr
+    assert "removed slot bad_input and publication bad_input" in result.stderr
+    assert leftovers(pg_database) == (0, 0), "the slot would hold WAL forever"
 
 
 class ReplicaOnly(stack.Postgres):

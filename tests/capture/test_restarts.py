@@ -8,10 +8,9 @@ from __future__ import annotations
 import random
 import signal
 import stat
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from headwater.reconcile import apply_changes, assert_table_matches
 from headwater.topics import AvroDecoder
 from tests.capture.test_faults import check_reconciles
 from tests.plugins.capture import Capture
-from tests.plugins.stack import make_stack_config, stack_dir
+from tests.plugins.stack import restart_postgres
 from tests.plugins.streams import Worker
 from tests.streams.test_views import views_reconciled
 from tests.streams.test_workers import reconciled
@@ -228,18 +227,6 @@ def test_a_snapshot_started_over_retracts_the_rows_deleted_meanwhile(
 
 
 # ---- PostgreSQL restarted under load ---------------------------------------------------------
-@pytest.fixture
-def own_postgres() -> Iterator[stack.Postgres]:
-    """A PostgreSQL of this test's own, to restart without disturbing the session's stack."""
-    with stack_dir() as path:
-        pg = stack.Postgres(make_stack_config(path))
-        pg.start()
-        try:
-            yield pg
-        finally:
-            pg.stop()
-
-
 class Load:
     """Inserts, updates and deletes rows of ``items`` in a thread, reconnecting when the server goes away."""
 
@@ -284,13 +271,6 @@ class Load:
         return self.committed
 
 
-def pg_ctl(pg: stack.Postgres, *args: str) -> None:
-    argv = [str(stack.Postgres.bindir() / "pg_ctl"), "-D", str(pg.dir), "-w", "-t", "60", *args]
-    log = pg.dir.parent / "pg_ctl.log"
-    with log.open("ab") as out:
-        subprocess.run(argv, check=True, user=pg.user(), stdout=out, stderr=subprocess.STDOUT, timeout=120)
-
-
 @pytest.mark.slow
 def test_postgresql_restarted_under_load_fast_and_immediate_capture_resumes(
     own_postgres: stack.Postgres, capture_factory: Callable[..., Capture]
@@ -304,7 +284,7 @@ def test_postgresql_restarted_under_load_fast_and_immediate_capture_resumes(
     load = Load(dsn).start()
     for mode in ("fast", "immediate"):
         time.sleep(2)
-        pg_ctl(own_postgres, "restart", "-m", mode, "-l", str(own_postgres.dir / "restarted.log"))
+        restart_postgres(own_postgres, mode)
     time.sleep(2)
     committed = load.stop()
     capture.wait_caught_up(dsn, timeout=120)
@@ -330,7 +310,7 @@ def test_postgresql_stopped_with_on_error_exit_ends_capture_with_one_line(
     capture = capture_factory(dsn, on_error="exit")
     process = capture.spawn()
     capture.wait_caught_up(dsn)
-    pg_ctl(own_postgres, "restart", "-m", "immediate", "-l", str(own_postgres.dir / "restarted.log"))
+    restart_postgres(own_postgres, "immediate")
     assert process.wait(timeout=60) == 1
     log = capture.log.read_text() if capture.log else ""
     assert "Traceback" not in log, log[-3000:]

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
+import psycopg2
 import psycopg2.extensions
 import pytest
 
-from headwater import shop
+from headwater import shop, stack
+from tests.plugins.stack import restart_postgres
 
 
 def test_seed_creates_related_rows(shop_db: psycopg2.extensions.connection) -> None:
@@ -151,3 +155,32 @@ def test_a_failed_seed_leaves_nothing_and_the_next_starts_clean(
         assert _rows(conn, "SELECT min(id) FROM customers UNION ALL SELECT min(id) FROM orders") == [(1,), (1,)]
     finally:
         conn.close()
+
+
+@pytest.mark.slow
+def test_workload_goes_on_across_a_postgresql_restart(own_postgres: stack.Postgres) -> None:
+    dsn = own_postgres.cfg.dsn()
+    conn = psycopg2.connect(dsn)
+    shop.install(conn)
+    shop.seed(conn, shop.Scale(customers=30, products=10, orders=40, description_size=300))
+    work = shop.Workload(conn, reconnect=lambda: psycopg2.connect(dsn), rollback_share=0)
+    thread = threading.Thread(target=work.run, kwargs={"rate": 100, "duration": 8}, daemon=True)
+    thread.start()
+    time.sleep(2)
+    before = work.committed
+    restart_postgres(own_postgres, "fast")
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert before > 50 and work.committed > before + 100, "it went on after the restart"
+    assert work.interrupted <= 2  # the transactions cut by the restart, counted apart
+    work.conn.close()
+
+
+def test_workload_without_reconnect_stops_on_a_lost_connection(pg_database: str) -> None:
+    conn = psycopg2.connect(pg_database)
+    shop.install(conn)
+    shop.seed(conn, shop.Scale(customers=5, products=3, orders=5, description_size=300))
+    work = shop.Workload(conn)
+    conn.close()
+    with pytest.raises(psycopg2.InterfaceError):
+        work.step()

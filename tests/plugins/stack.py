@@ -193,3 +193,23 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[[], BrokerProcess]]:
     yield start
     for broker in started:
         broker.stop()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[stack.Postgres]:
+    """A PostgreSQL of this test's own, to restart without disturbing the session's stack."""
+    with stack_dir() as path:
+        pg = stack.Postgres(make_stack_config(path))
+        pg.start()
+        try:
+            yield pg
+        finally:
+            pg.stop()
+
+
+def restart_postgres(pg: stack.Postgres, mode: str) -> None:
+    """``pg_ctl restart -m mode`` (fast or immediate shutdown) as the server's user; waits until it is back."""
+    argv = [str(stack.Postgres.bindir() / "pg_ctl"), "-D", str(pg.dir), "-w", "-t", "60", "restart", "-m", mode,
+            "-l", str(pg.dir / "restarted.log")]  # fmt: skip
+    with (pg.dir.parent / "pg_ctl.log").open("ab") as out:
+        subprocess.run(argv, check=True, user=pg.user(), stdout=out, stderr=subprocess.STDOUT, timeout=120)
