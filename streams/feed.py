@@ -8,7 +8,8 @@ topic (the fan-out, the views) reads it from the position ``start()`` returns, i
 batches of up to ``batch_size`` messages, and hands each batch, in offset order, to
 ``handle``; when nothing came within ``wait`` seconds it calls ``idle``. ``stop()``
 returns once the batch in hand is done, so nothing is handled after a revocation
-returns. A batch that fails is not skipped: a ``FatalError`` goes to ``on_fatal`` and
+returns. A raw topic the broker no longer has is a ``FatalError`` naming it (the broker
+was restarted without its data). A batch that fails is not skipped: a ``FatalError`` goes to ``on_fatal`` and
 the feed ends; any other error is logged and the feed starts over from ``start()``
 (which reloads its consumer's state) after a pause that doubles up to 30 s.
 """
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from headwater.errors import FatalError, RetryableError
 from headwater.topics import reader
@@ -28,6 +29,7 @@ from streams.cursor import Raw
 
 log = logging.getLogger("headwater.streams")
 MAX_PAUSE = 30.0
+GONE = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
 
 
 class Feed(threading.Thread):
@@ -62,9 +64,10 @@ class Feed(threading.Thread):
                 pause = min(pause * 2, MAX_PAUSE)
 
     def _follow(self) -> None:
-        position = self.start_at()
         consumer = reader(self.settings)
         try:
+            self._check(consumer)
+            position = self.start_at()
             consumer.assign([TopicPartition(self.topic, 0, position)])
             log.info("%s: reading %s from offset %d", self.name, self.topic, position)
             while not self.stopping.is_set():
@@ -78,12 +81,31 @@ class Feed(threading.Thread):
         finally:
             consumer.close()
 
+    def _check(self, consumer: Any) -> None:
+        """The topic still exists (it did when this worker was assigned it); else ``gone``."""
+        try:
+            found = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        except KafkaException as exc:
+            raise RetryableError(f"cannot reach Kafka to read {self.topic}: {exc}") from exc
+        if found is None or (found.error is not None and found.error.code() in GONE) or not found.partitions:
+            raise gone(self.topic, "unknown topic")
+
     def _batch(self, messages: list[Any]) -> list[Raw]:
         out: list[Raw] = []
         for m in messages:
             error = m.error()
             if error is None:
                 out.append((m.offset(), m.key(), m.value()))
+            elif error.code() in GONE:
+                raise gone(self.topic, error.str())
             elif error.code() != KafkaError._PARTITION_EOF:
                 raise RetryableError(f"reading {self.topic}: {error}")
         return out
+
+
+def gone(topic: str, detail: str) -> FatalError:
+    return FatalError(
+        f"the broker no longer has {topic}: it was restarted or emptied, and the changes on it are gone ({detail})",
+        hint="rebuild from a fresh snapshot: drop capture's slot and state (capture says how), start capture, "
+        "then start the workers with a new app_id or with their data directories removed",
+    )

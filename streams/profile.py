@@ -10,7 +10,8 @@ hard-codes 1500 ms — every hop would add up to 1.5 s (``app_class`` gives the 
 a consumer that waits 10 ms; ``reader_settings`` does the same for librdkafka readers).
 Against real Kafka (``kafka``) none of it applies. SASL/TLS settings in librdkafka names map onto Faust's credentials.
 On both profiles the app's consumer never delivers the topics named in ``App.direct``
-(the raw change topic): Faust assigns them, their owner reads them itself (``streams.feed``).
+(the raw change topic): Faust assigns them, their owner reads them itself (``streams.feed``);
+and no worker client asks the broker to auto-create a topic (``app_class``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 import faust
+from aiokafka import client as aiokafka_client
+from aiokafka.protocol.metadata import MetadataRequest
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP, Message
 
@@ -121,7 +124,19 @@ class TansuApp(App):
     transport_class = _ShortFetchTransport
 
 
+class _NoAutoCreate(MetadataRequest):
+    """A metadata request that does not ask the broker to make the topics it names."""
+
+    def __init__(self, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = False) -> None:
+        super().__init__(topics, allow_auto_topic_creation)
+
+
 def app_class(cfg: StreamsConfig) -> type[App]:
+    """The app for the broker profile. The workers' aiokafka clients stop asking for topic
+    auto-creation (aiokafka asks for it in every metadata request): every topic they use is made
+    on purpose, and a broker that lost its topics must not get the raw topic back empty with its
+    default partition count from a worker's subscription."""
+    aiokafka_client.MetadataRequest = _NoAutoCreate
     return TansuApp if cfg.tansu else App
 
 

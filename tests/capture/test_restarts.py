@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg2
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from capture.agent import follow
 from capture.errors import CheckpointMismatchError
@@ -24,8 +25,8 @@ from headwater import shop, stack
 from headwater.reconcile import apply_changes, assert_table_matches
 from headwater.topics import AvroDecoder
 from tests.capture.test_faults import check_reconciles
-from tests.plugins.capture import Capture
-from tests.plugins.stack import restart_postgres
+from tests.plugins.capture import Capture, ShopWriter
+from tests.plugins.stack import BrokerProcess, ProxiedBroker, restart_postgres
 from tests.plugins.streams import Worker
 from tests.streams.test_views import views_reconciled
 from tests.streams.test_workers import reconciled
@@ -316,3 +317,59 @@ def test_postgresql_stopped_with_on_error_exit_ends_capture_with_one_line(
     assert "Traceback" not in log, log[-3000:]
     errors = [line for line in log.splitlines() if line.startswith("headwater: error:")]
     assert len(errors) == 1 and "lost the PostgreSQL connection" in errors[0], log[-2000:]
+
+
+# ---- a broker that lost every topic ----------------------------------------------------------
+@pytest.mark.slow
+def test_a_broker_restarted_without_its_topics_is_named_by_capture_and_the_worker(
+    pg_database: str,
+    shop_db: Any,
+    capture_factory: Callable[..., Capture],
+    worker_factory: Callable[..., Worker],
+    broker_factory: Callable[[], BrokerProcess],
+) -> None:
+    """The local broker keeps topics in memory: a restart empties it. Capture (even with on_error = log)
+    and the worker say so and stop; nobody creates the raw topic again through auto-create."""
+    broker = broker_factory()
+    capture = capture_factory(pg_database, bootstrap=broker.bootstrap, on_error="log")
+    process = capture.spawn()
+    capture.wait_caught_up(pg_database)
+    worker = worker_factory(capture.cfg.topic_prefix, bootstrap=broker.bootstrap, broker_profile="tansu").start()
+    writer = ShopWriter(pg_database, rate=50).start()
+    time.sleep(2)
+    broker.restart()
+    try:
+        assert process.wait(timeout=120) == 1
+        assert worker.process is not None and worker.process.wait(timeout=120) != 0
+    finally:
+        writer.stop()
+    log = capture.log.read_text() if capture.log else ""
+    assert "Traceback" not in log, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("headwater: error:")]
+    assert len(errors) == 1 and f"the broker no longer has {capture.cfg.changes_topic}" in errors[0], log[-3000:]
+    assert f"the broker no longer has {capture.cfg.changes_topic}" in worker.log.read_text()
+    topics = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
+    assert capture.cfg.changes_topic not in topics, "the raw topic was created again by auto-create"
+
+
+@pytest.mark.slow
+def test_a_broker_restart_that_keeps_its_data_under_load_capture_reconnects_and_resumes(
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker
+) -> None:
+    """Every connection to the broker dropped and refused for 8 s (as a real Kafka restarting looks to
+    its clients): capture waits, reconnects, and the raw topic reconciles with PostgreSQL."""
+    capture = capture_factory(pg_database, bootstrap=proxied_broker.bootstrap, on_error="log")
+    process = capture.spawn()
+    capture.wait_caught_up(pg_database)
+    writer = ShopWriter(pg_database, rate=100).start()
+    time.sleep(2)
+    proxied_broker.proxy.outage(8)
+    time.sleep(3)
+    committed = writer.stop()
+    capture.wait_caught_up(pg_database, timeout=180)
+    assert process.poll() is None, "capture died"
+    capture.stop()
+    log = capture.log.read_text() if capture.log else ""
+    assert "Traceback" not in log, log[-3000:]
+    assert committed > 200
+    check_reconciles(capture, shop_db, committed)

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -213,3 +214,114 @@ def restart_postgres(pg: stack.Postgres, mode: str) -> None:
             "-l", str(pg.dir / "restarted.log")]  # fmt: skip
     with (pg.dir.parent / "pg_ctl.log").open("ab") as out:
         subprocess.run(argv, check=True, user=pg.user(), stdout=out, stderr=subprocess.STDOUT, timeout=120)
+
+
+class _AdvertisedBehind(stack.Broker):
+    """A broker that advertises another port: its clients reach it only through a ``Proxy``."""
+
+    def __init__(self, cfg: stack.StackConfig, advertised: int) -> None:
+        super().__init__(cfg)
+        self.advertised = advertised
+
+    def argv(self) -> list[str]:
+        argv = super().argv()
+        argv[argv.index("--advertised-listener-url") + 1] = f"tcp://{self.cfg.host}:{self.advertised}"
+        return argv
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (source, sink):
+            end.close()
+
+
+class Proxy:
+    """TCP from ``port`` to ``target`` on 127.0.0.1. ``outage(seconds)`` drops every connection and
+    refuses new ones for a while: what a broker restart that keeps its data looks like to clients."""
+
+    def __init__(self, port: int, target: int) -> None:
+        self.port, self.target = port, target
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.down = threading.Event()
+        self.closed = threading.Event()
+        self.listener = self._listen()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _listen(self) -> socket.socket:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        listener.settimeout(0.2)
+        return listener
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            if self.down.is_set():
+                time.sleep(0.05)
+                continue
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+    def _drop_all(self) -> None:
+        self.listener.close()
+        with self.lock:
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self.conns.clear()
+
+    def outage(self, seconds: float) -> None:
+        self.down.set()
+        self._drop_all()
+        time.sleep(seconds)
+        self.listener = self._listen()
+        self.down.clear()
+
+    def close(self) -> None:
+        self.closed.set()
+        self._drop_all()
+        self.thread.join(timeout=5)
+
+
+class ProxiedBroker:
+    """A broker of a test's own that clients reach through a ``Proxy`` (``bootstrap``)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.cfg = make_stack_config(data_dir)
+        self.proxy = Proxy(free_port(), self.cfg.kafka_port)
+        self.service = _AdvertisedBehind(self.cfg, self.proxy.port)
+        self.service.start()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.proxy.port}"
+
+    def stop(self) -> None:
+        self.proxy.close()
+        self.service.stop()
+
+
+@pytest.fixture
+def proxied_broker(tmp_path: Path) -> Iterator[ProxiedBroker]:
+    """A broker of this test's own behind a proxy that can cut it off (``proxy.outage``)."""
+    broker = ProxiedBroker(tmp_path / "proxied-broker")
+    try:
+        yield broker
+    finally:
+        broker.stop()
