@@ -16,6 +16,7 @@ The key set is held in memory while it is checked: about 100 bytes per key on th
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -124,16 +125,31 @@ def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table]) -> LiveKeys | None
 
 
 def missing(conn: Connection, table: TableSchema, keys: Sequence[bytes], decode: KeyDecoder) -> list[bytes]:
-    """The ``keys`` (images) whose row ``table`` does not hold, asked in batches on ``conn``."""
+    """The ``keys`` (images) whose row ``table`` does not hold, asked in batches on ``conn``.
+
+    A date or timestamp at an end of Avro's range is infinity, or a real value there (capture writes
+    both the same): a key is missing only if neither is in the table — never a DELETE for a row that exists.
+    """
     query = _missing_query(conn, table)
     out: list[bytes] = []
     for start in range(0, len(keys), BATCH):
         batch = keys[start : start + BATCH]
-        columns = list(zip(*(decode(k) for k in batch), strict=True))
-        with conn.cursor() as cur:
-            cur.execute(query, [list(range(len(batch))), *([_pg_text(v) for v in col] for col in columns)])
-            out.extend(batch[i] for (i,) in cur.fetchall())
+        values = [decode(k) for k in batch]
+        gone = _absent(conn, query, values, literal=False)
+        ends = [i for i in gone if any(_at_an_end(v) for v in values[i])]
+        if ends:
+            again = _absent(conn, query, [values[i] for i in ends], literal=True)
+            gone = [i for i in gone if i not in ends] + [ends[j] for j in again]
+        out.extend(batch[i] for i in sorted(gone))
     return out
+
+
+def _absent(conn: Connection, query: sql.Composed, values: list[list[Any]], *, literal: bool) -> list[int]:
+    """Indexes of the keys (``values``, one list per key) that no row of the table has."""
+    columns = list(zip(*values, strict=True))
+    with conn.cursor() as cur:
+        cur.execute(query, [list(range(len(values))), *([_pg_text(v, literal) for v in col] for col in columns)])
+        return [i for (i,) in cur.fetchall()]
 
 
 def _missing_query(conn: Connection, table: TableSchema) -> sql.Composed:
@@ -157,8 +173,16 @@ def _missing_query(conn: Connection, table: TableSchema) -> sql.Composed:
         table=sql.Identifier(table.schema, table.name), match=match)  # fmt: skip
 
 
-def _pg_text(value: Any) -> str | None:
-    """A decoded key value as PostgreSQL's text input for its column's type."""
+def _at_an_end(value: Any) -> bool:
+    """A date or timestamp where capture writes PostgreSQL's infinity (``capture.types``)."""
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=None) in (datetime.max, datetime.min)
+    return isinstance(value, date) and value in (date.max, date.min)
+
+
+def _pg_text(value: Any, literal: bool = False) -> str | None:
+    """A decoded key value as PostgreSQL's text input for its column's type (an end of the date range
+    as infinity, unless ``literal``)."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool):
@@ -166,6 +190,8 @@ def _pg_text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return "\\x" + value.hex()
     if isinstance(value, datetime | date | time):
+        if not literal and _at_an_end(value):
+            return "infinity" if value.year == 9999 else "-infinity"
         return value.isoformat()
     return str(value)  # numbers, Decimal, UUID
 
@@ -187,6 +213,14 @@ def avro_keys(table: TableSchema, schema_of: Callable[[int], Any]) -> KeyDecoder
 
 
 def json_keys(table: TableSchema) -> KeyDecoder:
-    """Decodes the json format's key images (objects keyed by column name) to values in key order."""
-    names = [table.columns[i].name for i in table.key_indexes]
-    return lambda image: [json.loads(image)[n] for n in names]
+    """Decodes the json format's key images (objects keyed by column name) to values in key order;
+    bytea, which the json format writes in base64, back to bytes."""
+    columns = [table.columns[i] for i in table.key_indexes]
+    raw = [c.pgtype.name == "bytea" for c in columns]
+
+    def decode(image: bytes) -> list[Any]:
+        row = json.loads(image)
+        values = [row[c.name] for c in columns]
+        return [base64.b64decode(v) if b and v is not None else v for v, b in zip(values, raw, strict=True)]
+
+    return decode
