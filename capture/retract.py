@@ -190,7 +190,7 @@ def _pg_text(value: Any, literal: bool = False) -> str | None:
     if isinstance(value, bytes):
         return "\\x" + value.hex()
     if isinstance(value, datetime | date | time):
-        if not literal and _at_an_end(value):
+        if not literal and isinstance(value, date) and _at_an_end(value):
             return "infinity" if value.year == 9999 else "-infinity"
         return value.isoformat()
     return str(value)  # numbers, Decimal, UUID
