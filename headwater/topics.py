@@ -25,6 +25,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.errors import FatalError, RetryableError
 
+STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
+
 
 class UndecodableMessage(FatalError):
     """A record that is not Confluent-framed Avro of a schema the registry holds."""
@@ -71,12 +73,17 @@ def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeou
     consumer.assign(assignments)
     waiting = {(a.topic, a.partition) for a in assignments}
     deadline = time.monotonic() + timeout
+    last = time.monotonic()
     while waiting:
         if time.monotonic() > deadline:
             raise RetryableError(f"no end of {sorted(waiting)} within {timeout:.0f} s")
         msg = consumer.poll(0.5)
         if msg is None:
+            if time.monotonic() - last > STALL:
+                nudge(consumer, waiting)
+                last = time.monotonic()
             continue
+        last = time.monotonic()
         error = msg.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
@@ -84,6 +91,17 @@ def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeou
             waiting.discard((msg.topic(), msg.partition()))
             continue
         yield msg
+
+
+def nudge(consumer: Consumer, parts: set[tuple[str, int]]) -> None:
+    """Seek each of ``parts`` to where it stands: librdkafka fetches it afresh. On the local broker
+    a reader sometimes stops short of the end it knows (position below the high watermark, nothing
+    delivered, while a new reader at that offset reads on); a seek gets it going again."""
+    positions = consumer.position([TopicPartition(t, p) for t, p in sorted(parts)])
+    for tp in positions:
+        _, high = consumer.get_watermark_offsets(tp, cached=True)
+        if 0 <= tp.offset < high:
+            consumer.seek(tp)
 
 
 def fetched_ends(consumer: Consumer, reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from headwater.errors import FatalError, RetryableError
-from headwater.topics import reader
+from headwater.topics import STALL, nudge, reader
 from streams.cursor import Raw
 
 log = logging.getLogger("headwater.streams")
@@ -70,14 +71,19 @@ class Feed(threading.Thread):
             position = self.start_at()
             consumer.assign([TopicPartition(self.topic, 0, position)])
             log.info("%s: reading %s from offset %d", self.name, self.topic, position)
+            last = time.monotonic()
             while not self.stopping.is_set():
                 batch = self._batch(consumer.consume(self.batch_size, self.wait))
                 if self.stopping.is_set():
                     return
                 if batch:
                     self.handle(batch)
-                else:
-                    self.idle()
+                    last = time.monotonic()
+                    continue
+                self.idle()
+                if time.monotonic() - last > STALL:  # below a known end with nothing delivered: fetch afresh
+                    nudge(consumer, {(self.topic, 0)})
+                    last = time.monotonic()
         finally:
             consumer.close()
 

@@ -16,7 +16,13 @@ from confluent_kafka.admin import AdminClient
 from capture._copier import Sender
 from capture.config import CaptureConfig
 from capture.errors import BrokerError
-from capture.producer import ChangeProducer, SnapshotSender, librdkafka_library, librdkafka_settings
+from capture.producer import (
+    ChangeProducer,
+    SnapshotSender,
+    ensure_changes_topic,
+    librdkafka_library,
+    librdkafka_settings,
+)
 from headwater.config import Secret, Settings
 from headwater.errors import FatalError
 from headwater.stack import StackConfig
@@ -129,6 +135,7 @@ def test_batches_without_a_sender_wait_for_room_too(local_stack: StackConfig, un
     """Where no librdkafka can be opened directly, the Copier's batches go through confluent-kafka's
     ``produce_batch``: a batch bigger than the local queue is sent in full all the same."""
     cfg = config(local_stack.bootstrap, unique_name, **{"queue.buffering.max.messages": "10"})
+    ensure_changes_topic(cfg)  # the producer never makes it (no auto-create)
     producer = ChangeProducer(cfg)
     producer.send_batch([{"value": b"value %d" % n, "key": b"key"} for n in range(500)])
     producer.flush(30.0)
