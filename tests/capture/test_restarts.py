@@ -17,13 +17,17 @@ from typing import Any
 import psycopg2
 import pytest
 from confluent_kafka.admin import AdminClient
+from pyspark.sql import SparkSession
 
+from analytics.config import AnalyticsConfig
+from analytics.jobs import read
 from capture.agent import follow
 from capture.errors import CheckpointMismatchError
 from capture.state import State
 from headwater import shop, stack
-from headwater.reconcile import apply_changes, assert_table_matches
+from headwater.reconcile import apply_changes, assert_table_matches, compare
 from headwater.topics import AvroDecoder
+from tests.analytics.test_shop import plain
 from tests.capture.test_faults import check_reconciles
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import BrokerProcess, ProxiedBroker, restart_postgres
@@ -197,9 +201,11 @@ def test_a_snapshot_started_over_retracts_the_rows_deleted_meanwhile(
     shop_db: Any,
     capture_factory: Callable[..., Capture],
     worker_factory: Callable[..., Worker],
+    spark: SparkSession,
+    analytics_config: Callable[..., AnalyticsConfig],
 ) -> None:
     """Kill capture mid-snapshot, delete rows the abandoned snapshot had read, start it again: the raw topic
-    applied in order, the table topics, the worker's tables, the view and Redis equal PostgreSQL."""
+    applied in order, the table topics, the worker's tables, the view, Redis and Spark equal PostgreSQL."""
     capture = capture_factory(pg_database)
     partial = killed_mid_snapshot(shop_db, capture)
     decode = AvroDecoder(capture.cfg.registry_url)
@@ -224,7 +230,13 @@ def test_a_snapshot_started_over_retracts_the_rows_deleted_meanwhile(
     worker = worker_factory(capture.cfg.topic_prefix, views=shop.VIEWS_TOML).start()
     reconciled(shop_db, capture, [worker], timeout=120)
     views_reconciled(shop_db, capture, worker, local_stack.redis_url, timeout=120)
+    worker.kill(signal.SIGTERM)  # at rest: the cores are Spark's from here
     capture.stop()
+    cfg = analytics_config(capture.cfg.topic_prefix)
+    for table in shop.TABLES:
+        rows = [plain(r) for r in read(spark, cfg, table=table, mode="latest").collect()]
+        count, problems = compare(shop_db, table, shop.KEYS[table], dict(enumerate(rows)))
+        assert not problems and count == len(rows), "\n".join(problems[:20])
 
 
 # ---- PostgreSQL restarted under load ---------------------------------------------------------
