@@ -1,19 +1,21 @@
-"""``python -m bench [capture|fanout|views|analytics] [--changes N] [--rows N] [--seconds S] [--rate R] [--messages N]``
-(or ``./dev bench``)."""
+"""``python -m bench [capture|fanout|tables|views|analytics] [--changes N] [--rows N] [--scale N]
+[--seconds S] [--rate R] [--messages N]`` (or ``./dev bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import analytics, capture, fanout, views
+from bench import analytics, capture, fanout, tables, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("which", nargs="?", default="all", choices=["all", "capture", "fanout", "views", "analytics"])
+    parser.add_argument("which", nargs="?", default="all",
+                        choices=["all", "capture", "fanout", "tables", "views", "analytics"])  # fmt: skip
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
+    parser.add_argument("--scale", type=int, default=10, help="pgbench scale of the tables benchmark (x 100,000 rows)")
     parser.add_argument("--seconds", type=float, default=20.0, help="steady load of the views latency benchmark")
     parser.add_argument(
         "--rate",
@@ -27,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         capture.main(changes=args.changes, rows=args.rows)
     if args.which in ("all", "fanout"):
         fanout.main(changes=args.changes)
+    if args.which in ("all", "tables"):
+        tables.main(scale=args.scale)
     if args.which in ("all", "views"):
         views.main(seconds=args.seconds, rate_steady=args.rate)
     if args.which in ("all", "analytics"):

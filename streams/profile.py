@@ -69,8 +69,22 @@ class _DirectConsumer(faust_kafka.Consumer):
             if tp.topic not in direct:
                 yield tp, message
 
+    def _new_consumer_thread(self) -> faust_kafka.AIOKafkaConsumerThread:
+        return _RoutedThread(self, loop=self.loop, beacon=self.beacon)
 
-class _ShortFetchThread(faust_kafka.AIOKafkaConsumerThread):
+
+class _RoutedThread(faust_kafka.AIOKafkaConsumerThread):
+    """Joins the group with Faust's own assignor, always: its metadata says which worker (URL) holds
+    each partition, and the endpoint routes keys by it; Faust falls back to aiokafka's round-robin
+    assignor when an app has no changelog table (the table rows are not Faust tables)."""
+
+    def _create_worker_consumer(self, transport: faust_kafka.Transport) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._partition_assignment_strategy = [self.app.assignor]  # read when the consumer starts
+        return consumer
+
+
+class _ShortFetchThread(_RoutedThread):
     def _create_worker_consumer(self, transport: faust_kafka.Transport) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = TANSU_FETCH_WAIT_MS  # read when the fetcher starts

@@ -1,13 +1,9 @@
-"""Changelog-backed Faust tables: the latest row of each captured table, per key.
+"""The workers' state: the latest row of each captured table per key, and the views' join state.
 
-Promise: one table per table topic, named ``rows.<topic>``, keyed by the key bytes as
-on the topic and co-partitioned with it (same partition count, same murmur2 placement;
-changelog records are placed by that partitioner, ``use_partitioner``, since a batch
-of events has no single source partition), so a worker holds exactly the rows of the
-partitions it owns, recovered from the changelog after a restart. Values are
-``streams.rows.pack``-ed rows. Keys and values are declared ``bytes``: Faust picks a
-table's changelog serializer from ``key_type`` and ``value_type`` (a ``schema``
-argument is not enough: recovery would decode JSON).
+Promise: ``store`` holds the rows of the table-topic partitions this worker is assigned, on
+disk (``streams.store``, in ``<state_dir>/<app_id>-tables``), read in by ``streams.tablefeed``
+with the table topic as its changelog; it is opened when the worker starts, not at import.
+``view_state`` is the views' Faust table (changelog-backed, one partition).
 """
 
 from __future__ import annotations
@@ -15,19 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from streams.app import app, cfg
-from streams.topics import TABLES, VIEWS
+from streams.store import TableStore
+from streams.topics import VIEWS
 
-rows: dict[str, Any] = {
-    t.topic: app.Table(
-        f"rows.{t.topic}",
-        key_type=bytes,
-        value_type=bytes,
-        partitions=cfg.partitions,
-        use_partitioner=True,
-        help=f"latest row per key of {t.qualified}",
-    )
-    for t in TABLES
-}
+store = TableStore(cfg.state_dir / f"{cfg.app_id}-tables")
 
 # The views' join state (rows of the joined tables, published rows, progress markers):
 # one partition, like the raw topic it is built from, so its changelog keeps the order of writes.

@@ -20,10 +20,11 @@ TABLES: list[TableTopic] = discover(cfg, schemas)
 writer = TableWriter(cfg)
 writer.ensure_topics([t.topic for t in TABLES])
 writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
+app.direct = app.direct | {t.topic for t in TABLES}  # read by the table feed (streams.tablefeed)
 VIEWS: dict[str, ViewTopic]
 VIEWS, SHAPES = setup_views(cfg, load_views(), TABLES, schemas, writer)
 
-# Faust assigns the raw topic but never delivers it (App.direct): no acks, no offsets of its own
+# Faust assigns the raw topic and the table topics but never delivers them (App.direct)
 changes = app.topic(cfg.changes_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                     value_serializer="raw", acks=False)  # fmt: skip
 table_topics = (

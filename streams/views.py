@@ -1,10 +1,13 @@
 """The query endpoint (Faust web, 127.0.0.1 unless told otherwise).
 
-Promise: ``GET /tables/`` lists the served tables; ``GET /tables/<table>/<key>`` answers
-the latest row for a key as typed JSON (``streams.rows.to_json``) with the commit LSN
-that wrote it, from whichever worker owns the key's partition (the request is routed
-there). 404 for an unknown table or key, 400 for a key that does not fit the key
-columns, 503 with ``Retry-After`` while a rebalance or table recovery is under way.
+Promise: ``GET /tables/`` lists the served tables with, per table, the partitions this
+worker holds and how far each was read (rows, offset, end, ETA); ``GET /tables/<table>/<key>``
+answers the latest row for a key as typed JSON (``streams.rows.to_json``) with the commit LSN
+that wrote it, from whichever worker holds the key's partition (the request is routed
+there). 404 for an unknown table, and for a key only once its partition has read everything
+its topic had at the last fetch; until then — loading after a start, catching up behind the
+fan-out — 503 with ``Retry-After`` and the progress, never 404. 400 for a key that does not
+fit the key columns, 503 with ``Retry-After`` while a rebalance is under way.
 Composite keys are the key columns in order, comma-separated (``/tables/order_items/7,2``).
 ``GET /views/`` lists the views with the cut they are published to; ``GET
 /views/<view>/<key>`` answers a view row (by its base row's key) the same way, with the
@@ -13,19 +16,22 @@ commit LSN it reflects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
+from yarl import URL
 
 from headwater.topics import UndecodableMessage
-from streams.agents import materializer, runtime
+from streams.agents import backlog, materializer, runtime, tables
 from streams.app import app, cfg
 from streams.catalog import TableTopic
 from streams.errors import KeyError400
 from streams.materializer import view_key
 from streams.rows import lsn_text, to_json, unpack
-from streams.tables import rows, view_state
+from streams.tablefeed import Progress
+from streams.tables import store, view_state
 from streams.topics import TABLES, VIEWS, find, schemas
 from tables.partition import partition_for
 from tables.views import LSN_FIELD
@@ -33,28 +39,39 @@ from tables.views import LSN_FIELD
 RETRY = {"Retry-After": "2"}
 
 
-def owned(t: TableTopic) -> list[int]:
-    """Partitions of the table this worker serves (active, not standby)."""
-    changelog = rows[t.topic].changelog_topic.get_topic_name()
-    return sorted(tp.partition for tp in app.assignor.assigned_actives() if tp.topic == changelog)
+def shown(p: Progress) -> dict[str, Any]:
+    eta = p.eta()
+    return {"rows": p.rows, "offset": p.offset, "end": p.end, "loaded": p.current, "resumed_at": p.loaded_from[1],
+            "eta_seconds": None if p.current or eta is None else round(eta, 1)}  # fmt: skip
 
 
 def describe(t: TableTopic) -> dict[str, Any]:
-    mine = set(owned(t))
-    here = sum(1 for key in rows[t.topic] if partition_for(key, cfg.partitions) in mine)
+    held = {p: tables.progress((t.topic, p)) for p in range(cfg.partitions)}
+    here = {p: shown(progress) for p, progress in held.items() if progress is not None}
     return {"name": t.short, "table": t.qualified, "topic": t.topic, "key": t.key.columns,
-            "partitions": cfg.partitions, "partitions_here": sorted(mine), "rows_here": here}  # fmt: skip
+            "partitions": cfg.partitions, "partitions_here": sorted(here),
+            "loaded": backlog.done.is_set() and all(h["loaded"] for h in here.values()),
+            "rows_here": sum(h["rows"] for h in here.values()),
+            "progress": here}  # fmt: skip
 
 
-async def routed(table: str, key_bytes: bytes, web: Any, request: Any, owner: str) -> Any:
-    """The owner's answer for ``key_bytes`` of Faust table ``table``, a 503, or None when this worker owns it.
+def table_owner(topic: str, partition: int) -> Any:
+    """The URL of the worker assigned ``(topic, partition)`` (KeyError: none known yet)."""
+    for url, topics in app.router.external_topics_metadata().items():
+        if partition in topics.get(topic, ()):
+            return URL(url)
+    raise KeyError((topic, partition))
+
+
+async def routed(owner_of: Callable[[], Any], web: Any, request: Any, owner: str) -> Any:
+    """The owner's answer (``owner_of()`` gives its URL), a 503, or None when this worker is the owner.
 
     The owner's answer is relayed with its status and ``Retry-After`` (Faust's own router drops headers).
     """
     if app.rebalancing or app.in_recovery:
         return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
     try:
-        dest = app.router.key_store(table, key_bytes)
+        dest = owner_of()
     except KeyError:
         return web.json({"error": f"the owner of {owner} is not known yet"}, status=503, headers=RETRY)
     if (dest.host, dest.port) == (app.conf.canonical_url.host, app.conf.canonical_url.port):
@@ -82,10 +99,21 @@ async def get_row(web: Any, request: Any, name: str, key: str) -> Any:
         key_bytes = table.key.encode_text(unquote(key))
     except KeyError400 as exc:
         return web.json({"error": str(exc), "key": table.key.columns}, status=400)
-    elsewhere = await routed(rows[table.topic].name, key_bytes, web, request, "this key")
+    partition = partition_for(key_bytes, cfg.partitions)
+    elsewhere = await routed(lambda: table_owner(table.topic, partition), web, request, "this key")
     if elsewhere is not None:
         return elsewhere
-    found = rows[table.topic].get(key_bytes)
+    progress = tables.progress((table.topic, partition))
+    if progress is None:
+        return web.json({"error": f"partition {partition} of {table.topic} is not read here yet"}, status=503,
+                        headers=RETRY)  # fmt: skip
+    found = store.get(table.topic, partition, key_bytes)
+    if found is None and not progress.current:
+        return web.json({"error": f"{table.qualified} is still loading: partition {partition} is not read to its end",
+                         **shown(progress)}, status=503, headers=RETRY)  # fmt: skip
+    if found is None and not backlog.done.is_set():
+        return web.json({"error": f"{table.qualified} is still loading: the fan-out is at raw offset {backlog.at} of"
+                         f" {backlog.target}", **shown(progress)}, status=503, headers=RETRY)  # fmt: skip
     if found is None:
         return web.json({"error": f"no row of {table.qualified} with key {unquote(key)}"}, status=404)
     lsn, position, value = unpack(found)
@@ -120,7 +148,7 @@ async def get_view_row(web: Any, request: Any, name: str, key: str) -> Any:
         key_bytes = base.key.encode_text(unquote(key))
     except KeyError400 as exc:
         return web.json({"error": str(exc), "key": view.key_columns}, status=400)
-    elsewhere = await routed(view_state.name, key_bytes, web, request, "the views")
+    elsewhere = await routed(lambda: app.router.key_store(view_state.name, key_bytes), web, request, "the views")
     if elsewhere is not None:
         return elsewhere
     found = materializer.row(view.spec.name, view_key(view, key_bytes))

@@ -1,0 +1,107 @@
+"""Table state at a size a test affords: 200,000 rows loaded into the worker's store on disk, served
+without a 404 for a row that exists while loading, and restarts that read only what came after."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from tests.plugins.capture import Capture
+from tests.plugins.streams import Worker
+from tests.streams.test_workers import Watch, wait_for
+
+ROWS = 200_000
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def progress(worker: Worker) -> dict[str, Any]:
+    return dict(worker.get("/tables/").json()["tables"][0])
+
+
+def loaded(worker: Worker) -> bool:
+    try:
+        table = progress(worker)
+    except Exception:
+        return False
+    return bool(table["partitions_here"]) and table["loaded"] and table["rows_here"] == ROWS
+
+
+def sample_matches(conn: Any, worker: Worker, keys: list[int]) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT id, v FROM big WHERE id = ANY(%s)", (keys,))
+        expected = dict(cur.fetchall())
+    conn.commit()
+    wrong = []
+    for key in keys:
+        answer = worker.get(f"/tables/big/{key}")
+        if answer.status_code != 200 or answer.json()["row"] != {"id": key, "v": expected[key]}:
+            wrong.append(f"{key}: {answer.status_code} {answer.text[:200]}")
+    return wrong
+
+
+@pytest.mark.slow
+def test_200k_rows_load_restart_and_kill_without_a_404_for_a_row_that_exists(
+    pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
+) -> None:
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE big (id int PRIMARY KEY, v text NOT NULL)")
+        cur.execute("INSERT INTO big SELECT g, 'row ' || g FROM generate_series(1, %s) g", (ROWS,))
+    capture = capture_factory(pg_database, include="public.big")
+    capture.spawn()
+    capture.wait_caught_up(pg_database, timeout=300)
+    rng = random.Random(5)
+    keys = rng.sample(range(1, ROWS + 1), 200)
+
+    worker = worker_factory(capture.cfg.topic_prefix).start()  # the fan-out and the table load run together
+    watches = [Watch(f"{worker.url}/tables/big/{key}") for key in keys[:4]]
+    peak = 0.0
+    deadline = time.monotonic() + 300
+    while not loaded(worker) and time.monotonic() < deadline:
+        assert worker.process is not None
+        peak = max(peak, rss_mb(worker.process.pid))
+        time.sleep(0.5)
+    answers = [a for w in watches for a in w.stop()]
+    assert loaded(worker), worker.tail()
+    assert {status for status, _ in answers} <= {200, 503}, "a row that exists was answered 404 while loading"
+    assert all(retry for status, retry in answers if status == 503), "a 503 without Retry-After"
+    assert peak < 400, f"worker RSS {peak:.0f} MB while loading {ROWS} rows"
+    assert not sample_matches(conn, worker, keys)
+
+    with conn, conn.cursor() as cur:  # changes while the worker is away come after its stored offsets
+        cur.execute("UPDATE big SET v = 'changed' WHERE id <= 1000")
+    capture.wait_caught_up(pg_database)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        worker.kill(sig)
+        started = time.monotonic()
+        worker.start()
+        assert wait_for(lambda: loaded(worker), 30, every=0.2), worker.tail()
+        took = time.monotonic() - started
+        assert took < 30, f"serving every key again took {took:.0f} s after {sig.name}"
+        parts = progress(worker)["progress"].values()
+        assert all(p["resumed_at"] > 0 for p in parts), "the store's offsets were not reused"
+        assert not sample_matches(conn, worker, [*keys, *range(1, 1001, 37)])
+
+    worker.kill(signal.SIGKILL)  # kill -9 in the middle of a fresh load, then start again
+    fresh = worker_factory(capture.cfg.topic_prefix).start()
+    assert wait_for(lambda: 0 < progress(fresh)["rows_here"] < ROWS, 60, every=0.05), fresh.tail()
+    fresh.kill(signal.SIGKILL)
+    fresh.start()
+    assert wait_for(lambda: loaded(fresh), 120, every=0.5), fresh.tail()
+    assert any(p["resumed_at"] > 0 for p in progress(fresh)["progress"].values()), "a killed load starts over"
+    assert not sample_matches(conn, fresh, keys)
+    capture.stop()
+    conn.close()
