@@ -64,17 +64,23 @@ def find(conn: Connection, slot: str) -> SlotInfo | None:
     return SlotInfo(name, plugin, database, pid, _lsn(restart), _lsn(confirmed), wal_status, parse_lsn(current))
 
 
+def released(conn: Connection, slot: str, wait: float) -> SlotInfo | None:
+    """The slot once no process holds it, waiting up to ``wait`` s (still held after that: as found)."""
+    info = find(conn, slot)
+    deadline = time.monotonic() + wait
+    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        info = find(conn, slot)
+    return info
+
+
 def inspect(conn: Connection, slot: str, *, release_wait: float = 15.0) -> SlotInfo | None:
     """The slot if it exists and capture can use it; an error naming the problem otherwise.
 
     A slot still held by a consumer that just died is waited for (``release_wait`` s):
     PostgreSQL frees it once it notices the connection is gone.
     """
-    info = find(conn, slot)
-    deadline = time.monotonic() + release_wait
-    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
-        time.sleep(0.2)
-        info = find(conn, slot)
+    info = released(conn, slot, release_wait)
     if info is None:
         return None
     with conn.cursor() as cur:
@@ -110,12 +116,7 @@ def create(repl: Connection, slot: str) -> tuple[int, str]:
 def drop_when_released(conn: Connection, slot: str, *, wait: float = 15.0) -> bool:
     """Drop ``slot`` once no process holds it (its replication connection was just closed); False if
     it does not exist."""
-    info = find(conn, slot)
-    deadline = time.monotonic() + wait
-    while info is not None and info.active_pid is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
-        info = find(conn, slot)
-    if info is None:
+    if released(conn, slot, wait) is None:
         return False
     drop(conn, slot)
     return True

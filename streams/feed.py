@@ -33,16 +33,15 @@ MAX_PAUSE = 30.0
 GONE = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
 
 
-class Feed(threading.Thread):
-    def __init__(self, name: str, topic: str, settings: Mapping[str, Any], *, start: Callable[[], int],
-                 handle: Callable[[list[Raw]], None], idle: Callable[[], None] = lambda: None,
-                 on_fatal: Callable[[FatalError], None], batch_size: int, wait: float) -> None:  # fmt: skip
+class Follower(threading.Thread):
+    """A reader thread that retries what fails (pause doubling to 30 s) and hands a ``FatalError`` to
+    ``on_fatal``; ``_follow`` reads until ``stopping`` is set."""
+
+    what = "its topics"
+
+    def __init__(self, name: str, on_fatal: Callable[[FatalError], None]) -> None:
         super().__init__(name=f"headwater-feed-{name}", daemon=True)
-        self.topic = topic
-        self.settings = settings
-        self.start_at, self.handle, self.idle, self.on_fatal = start, handle, idle, on_fatal
-        self.batch_size = batch_size
-        self.wait = wait
+        self.on_fatal = on_fatal
         self.stopping = threading.Event()
 
     def stop(self) -> None:
@@ -60,9 +59,24 @@ class Feed(threading.Thread):
                 self.on_fatal(exc)
                 return
             except Exception:  # anything else: not skipped, tried again
-                log.exception("%s: reading %s failed; starting over in %.0f s", self.name, self.topic, pause)
+                log.exception("%s: reading %s failed; starting over in %.0f s", self.name, self.what, pause)
                 self.stopping.wait(pause)
                 pause = min(pause * 2, MAX_PAUSE)
+
+    def _follow(self) -> None:
+        raise NotImplementedError
+
+
+class Feed(Follower):
+    def __init__(self, name: str, topic: str, settings: Mapping[str, Any], *, start: Callable[[], int],
+                 handle: Callable[[list[Raw]], None], idle: Callable[[], None] = lambda: None,
+                 on_fatal: Callable[[FatalError], None], batch_size: int, wait: float) -> None:  # fmt: skip
+        super().__init__(name, on_fatal)
+        self.topic = self.what = topic
+        self.settings = settings
+        self.start_at, self.handle, self.idle = start, handle, idle
+        self.batch_size = batch_size
+        self.wait = wait
 
     def _follow(self) -> None:
         consumer = reader(self.settings)

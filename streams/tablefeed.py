@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from headwater.errors import FatalError, RetryableError
 from headwater.topics import STALL, fetched_ends, nudge, reader
 from streams.fanout import header_lsn
-from streams.feed import GONE, MAX_PAUSE, gone
+from streams.feed import GONE, Follower, gone
 from streams.store import Record, TableStore
 
 log = logging.getLogger("headwater.streams")
@@ -56,37 +56,18 @@ class Progress:
         return None if rate <= 0 else max(self.end - self.offset, 0) / rate
 
 
-class TableFeed(threading.Thread):
+class TableFeed(Follower):
+    what = "the table topics"
+
     def __init__(self, store: TableStore, settings: Mapping[str, Any], parts: Iterable[Part], *, batch_size: int,
                  wait: float, on_fatal: Callable[[FatalError], None], report_every: float = 10.0) -> None:  # fmt: skip
-        super().__init__(name="headwater-feed-tables", daemon=True)
+        super().__init__("tables", on_fatal)
         self.store = store
         self.settings = settings
         self.progress: dict[Part, Progress] = {part: Progress() for part in sorted(parts)}
         self.batch_size, self.wait = batch_size, wait
-        self.on_fatal = on_fatal
         self.report_every = report_every
         self.reported = time.monotonic()
-        self.stopping = threading.Event()
-
-    def stop(self) -> None:
-        """Ask the feed to end and wait for the batch in hand (if any)."""
-        self.stopping.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join()
-
-    def run(self) -> None:
-        pause = 1.0
-        while not self.stopping.is_set() and self.progress:
-            try:
-                self._follow()
-            except FatalError as exc:
-                self.on_fatal(exc)
-                return
-            except Exception:  # not skipped: read again from the store's offsets
-                log.exception("%s: reading the table topics failed; starting over in %.0f s", self.name, pause)
-                self.stopping.wait(pause)
-                pause = min(pause * 2, MAX_PAUSE)
 
     def _follow(self) -> None:
         consumer = reader(self.settings)

@@ -284,16 +284,23 @@ class Load:
         return self.committed
 
 
+def streaming_items(dsn: str, capture_factory: Callable[..., Capture], **settings: Any) -> Capture:
+    """A table ``items`` and the real capture streaming it."""
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE items (id int PRIMARY KEY, n int NOT NULL, note text)")
+    conn.close()
+    capture = capture_factory(dsn, **settings)
+    capture.spawn()
+    capture.wait_caught_up(dsn)
+    return capture
+
+
 @pytest.mark.slow
 def test_postgresql_restarted_under_load_fast_and_immediate_capture_resumes(
     own_postgres: stack.Postgres, capture_factory: Callable[..., Capture]
 ) -> None:
     dsn = own_postgres.cfg.dsn()
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute("CREATE TABLE items (id int PRIMARY KEY, n int NOT NULL, note text)")
-    capture = capture_factory(dsn, on_error="log", heartbeat_interval=0.5)
-    capture.spawn()
-    capture.wait_caught_up(dsn)
+    capture = streaming_items(dsn, capture_factory, on_error="log", heartbeat_interval=0.5)
     load = Load(dsn).start()
     for mode in ("fast", "immediate"):
         time.sleep(2)
@@ -318,11 +325,9 @@ def test_postgresql_stopped_with_on_error_exit_ends_capture_with_one_line(
     own_postgres: stack.Postgres, capture_factory: Callable[..., Capture]
 ) -> None:
     dsn = own_postgres.cfg.dsn()
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute("CREATE TABLE items (id int PRIMARY KEY, n int NOT NULL, note text)")
-    capture = capture_factory(dsn, on_error="exit")
-    process = capture.spawn()
-    capture.wait_caught_up(dsn)
+    capture = streaming_items(dsn, capture_factory, on_error="exit")
+    process = capture.process
+    assert process is not None
     restart_postgres(own_postgres, "immediate")
     assert process.wait(timeout=60) == 1
     log = capture.log.read_text() if capture.log else ""
