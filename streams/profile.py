@@ -154,9 +154,15 @@ def app_class(cfg: StreamsConfig) -> type[App]:
     return TansuApp if cfg.tansu else App
 
 
+# each reader's prefetch queue (librdkafka's default is 64 MB per consumer, and a worker runs several):
+# a batch of 10,000 table rows is 1-3 MB, so 16 MB keeps the readers busy and the worker's memory small
+READER_QUEUE_KB = 16384
+
+
 def reader_settings(cfg: StreamsConfig) -> dict[str, Any]:
-    """librdkafka settings for the workers' own readers (tails, ends, the Redis mirror)."""
-    return {**kafka_client(cfg), **({"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {})}
+    """librdkafka settings for the workers' own readers (feeds, tails, ends, the Redis mirror)."""
+    tansu = {"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {}
+    return {"queued.max.messages.kbytes": READER_QUEUE_KB, **kafka_client(cfg), **tansu}
 
 
 def kafka_client(cfg: StreamsConfig) -> dict[str, Any]:

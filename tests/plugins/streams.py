@@ -72,9 +72,15 @@ class Worker:
         return dict(self.get("/fanout/").json())
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` and wait; a worker that does not stop within 60 s is killed (never left running)."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
-            self.process.wait(timeout=60)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=60)
+                raise AssertionError(f"the worker did not stop within 60 s of signal {sig}:\n{self.tail()}") from None
 
 
 @pytest.fixture
