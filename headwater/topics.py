@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.errors import FatalError, RetryableError
 
+log = logging.getLogger("headwater.topics")
 STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
 
 
@@ -73,17 +75,15 @@ def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeou
     consumer.assign(assignments)
     waiting = {(a.topic, a.partition) for a in assignments}
     deadline = time.monotonic() + timeout
-    last = time.monotonic()
+    watch = StallWatch()
     while waiting:
         if time.monotonic() > deadline:
             raise RetryableError(f"no end of {sorted(waiting)} within {timeout:.0f} s")
         msg = consumer.poll(0.5)
         if msg is None:
-            if time.monotonic() - last > STALL:
-                nudge(consumer, waiting)
-                last = time.monotonic()
+            watch.check(consumer, waiting)
             continue
-        last = time.monotonic()
+        watch.seen()
         error = msg.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
@@ -93,15 +93,41 @@ def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeou
         yield msg
 
 
-def nudge(consumer: Consumer, parts: set[tuple[str, int]]) -> None:
+class Stalled(RetryableError):
+    """A reader delivered nothing below an end it knows, even after a seek: read again with a new consumer."""
+
+
+class StallWatch:
+    """Notices a reader stuck below a partition's known end: after ``STALL`` s without a message it
+    ``nudge``s the reader; after another ``STALL`` s it raises ``Stalled`` (a new consumer reads on)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.nudged = False
+
+    def seen(self) -> None:
+        self.last, self.nudged = time.monotonic(), False
+
+    def check(self, consumer: Consumer, parts: set[tuple[str, int]]) -> None:
+        if time.monotonic() - self.last <= STALL:
+            return
+        if self.nudged:
+            raise Stalled(f"reading {sorted(parts)} stalled below the known end")
+        self.nudged = nudge(consumer, parts)
+        self.last = time.monotonic()
+
+
+def nudge(consumer: Consumer, parts: set[tuple[str, int]]) -> bool:
     """Seek each of ``parts`` to where it stands: librdkafka fetches it afresh. On the local broker
     a reader sometimes stops short of the end it knows (position below the high watermark, nothing
     delivered, while a new reader at that offset reads on); a seek gets it going again."""
-    positions = consumer.position([TopicPartition(t, p) for t, p in sorted(parts)])
-    for tp in positions:
+    behind = False
+    for tp in consumer.position([TopicPartition(t, p) for t, p in sorted(parts)]):
         _, high = consumer.get_watermark_offsets(tp, cached=True)
         if 0 <= tp.offset < high:
             consumer.seek(tp)
+            behind = True
+    return behind
 
 
 def fetched_ends(consumer: Consumer, reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0
@@ -125,12 +151,25 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Rec
 
 
 def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float = 30.0) -> Iterator[Record]:
-    """``read_topic`` with any librdkafka client settings (security, fetch waits), record by record."""
+    """``read_topic`` with any librdkafka client settings (security, fetch waits), record by record;
+    a reader that stalls is replaced by a new one from where it stood."""
+    deadline = time.monotonic() + timeout
     consumer = reader(settings)
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        for msg in read_to_end(consumer, [TopicPartition(topic, p, 0) for p in partitions], timeout=timeout):
-            yield record(msg)
+        starts = {p: 0 for p in partitions}
+        while True:
+            try:
+                left = max(deadline - time.monotonic(), 1.0)
+                assignments = [TopicPartition(topic, p, o) for p, o in starts.items()]
+                for msg in read_to_end(consumer, assignments, timeout=left):
+                    starts[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+                    yield record(msg)
+                return
+            except Stalled as exc:
+                log.warning("%s: reading on from %s with a new consumer", exc, starts)
+                consumer.close()
+                consumer = reader(settings)
     finally:
         consumer.close()
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from headwater.errors import FatalError, RetryableError
-from headwater.topics import STALL, nudge, reader
+from headwater.topics import StallWatch, reader
 from streams.cursor import Raw
 
 log = logging.getLogger("headwater.streams")
@@ -85,19 +84,17 @@ class Feed(Follower):
             position = self.start_at()
             consumer.assign([TopicPartition(self.topic, 0, position)])
             log.info("%s: reading %s from offset %d", self.name, self.topic, position)
-            last = time.monotonic()
+            watch = StallWatch()  # below a known end with nothing delivered: a seek, then a new consumer
             while not self.stopping.is_set():
                 batch = self._batch(consumer.consume(self.batch_size, self.wait))
                 if self.stopping.is_set():
                     return
                 if batch:
                     self.handle(batch)
-                    last = time.monotonic()
+                    watch.seen()
                     continue
                 self.idle()
-                if time.monotonic() - last > STALL:  # below a known end with nothing delivered: fetch afresh
-                    nudge(consumer, {(self.topic, 0)})
-                    last = time.monotonic()
+                watch.check(consumer, {(self.topic, 0)})
         finally:
             consumer.close()
 

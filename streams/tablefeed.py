@@ -26,7 +26,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from headwater.errors import FatalError, RetryableError
-from headwater.topics import STALL, fetched_ends, nudge, reader
+from headwater.topics import StallWatch, fetched_ends, reader
 from streams.fanout import header_lsn
 from streams.feed import GONE, Follower, gone
 from streams.store import Record, TableStore
@@ -74,7 +74,7 @@ class TableFeed(Follower):
         try:
             consumer.assign([TopicPartition(t, p, self._start(consumer, t, p)) for t, p in self.progress])
             log.info("%s: reading %d table-topic partitions into %s", self.name, len(self.progress), self.store.path)
-            last = time.monotonic()
+            watch = StallWatch()  # behind a known end with nothing delivered: a seek, then a new consumer
             while not self.stopping.is_set():
                 messages = consumer.consume(self.batch_size, self.wait)
                 if self.stopping.is_set():
@@ -82,10 +82,9 @@ class TableFeed(Follower):
                 self._apply(consumer, messages)
                 self._report()
                 if messages:
-                    last = time.monotonic()
-                elif time.monotonic() - last > STALL:  # behind a known end with nothing delivered: fetch afresh
-                    nudge(consumer, {part for part, p in self.progress.items() if not p.current})
-                    last = time.monotonic()
+                    watch.seen()
+                else:
+                    watch.check(consumer, {part for part, p in self.progress.items() if not p.current})
         finally:
             consumer.close()
 
