@@ -30,7 +30,7 @@ from capture.schemas import NoRegistry, Registrar, register_table
 from capture.state import Checkpoint, State, snapshot_done
 from capture.stream import Loop, Streamer
 from capture.workers import Workers
-from headwater.errors import HeadwaterError, RetryableError
+from headwater.errors import HeadwaterError, RetryableError, first_line
 from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
 
@@ -145,8 +145,7 @@ class Session:
         except psycopg2.Error as exc:
             if not connection_lost(exc):
                 raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise SourceUnreachableError(f"lost the PostgreSQL connection: {first}") from exc
+            raise SourceUnreachableError(f"lost the PostgreSQL connection: {first_line(exc)}") from exc
         finally:
             if workers is not None:
                 workers.close()

@@ -19,7 +19,7 @@ from capture.config import CaptureConfig
 from capture.errors import SourceError, SourceUnreachableError
 from capture.types import SESSION_OPTIONS, PgType
 from headwater.config import DSN_EXAMPLE, dsn_problem
-from headwater.errors import ConfigError
+from headwater.errors import ConfigError, first_line
 from tables.catalog import ColumnInfo, TableSchema
 
 log = logging.getLogger("headwater.capture")
@@ -43,9 +43,8 @@ def connect(dsn: str, *, replication: bool = False) -> Connection:
             application_name="headwater-capture",
         )
     except psycopg2.OperationalError as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SourceUnreachableError(
-            f"cannot connect to PostgreSQL: {detail}",
+            f"cannot connect to PostgreSQL: {first_line(exc)}",
             hint="check [capture] dsn (host, port, user, password, dbname, sslmode); the password is not shown",
         ) from exc
 
@@ -149,8 +148,7 @@ def drop_publication(conn: Connection, name: str) -> bool:
 def ensure_publication(conn: Connection, cfg: CaptureConfig, tables: list[TableRef]) -> list[TableRef]:
     """Create the publication for ``tables`` if missing; else use it as is. Returns what it publishes."""
     with conn.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (cfg.publication,))
-        if cur.fetchone() is None:
+        if not publication_exists(conn, cfg.publication):
             names = sql.SQL(", ").join(sql.Identifier(t.schema, t.name) for t in tables)
             try:
                 cur.execute(

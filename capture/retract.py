@@ -31,7 +31,7 @@ from psycopg2 import sql
 
 from capture.catalog import Connection
 from capture.config import CaptureConfig
-from headwater.topics import fetched_ends, read_to_end, reader
+from headwater.topics import bounds, read_to_end, reader
 from tables.catalog import TableSchema
 from tables.change import CHANGE_VALUE_SCHEMA
 
@@ -74,8 +74,7 @@ def raw_end(cfg: CaptureConfig) -> int:
         listed = consumer.list_topics(cfg.changes_topic, timeout=10).topics.get(cfg.changes_topic)
         if listed is None or listed.error is not None or not listed.partitions:
             return 0
-        _, reported = consumer.get_watermark_offsets(TopicPartition(cfg.changes_topic, 0), timeout=10)
-        return fetched_ends(consumer, {(cfg.changes_topic, 0): reported})[(cfg.changes_topic, 0)]
+        return bounds(consumer, cfg.changes_topic, 0)[1]
     finally:
         consumer.close()
 

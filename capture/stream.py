@@ -362,16 +362,17 @@ class Loop:
         acked = self.producer.acked_lsn()
         if acked is not None and acked > self.confirmed:
             self.confirm(cur, acked)
-        if self.settled() and cur.wal_end > self.confirmed:
+        if self.settled(self.confirmed) and cur.wal_end > self.confirmed:
             self.confirm(cur, cur.wal_end)  # nothing for us up to the server's position: follow it
         if self.cfg.heartbeat_interval > 0:
             idle = now - max(self.streamer.last_commit_seen, self.last_heartbeat)
             if idle >= self.cfg.heartbeat_interval:
                 self.heartbeat()
 
-    def settled(self) -> bool:
-        """Every message received is confirmed and no transaction is open (the module's contract)."""
-        return self.confirmed >= self.last_data_start and self.streamer.begin is None
+    def settled(self, confirmed: int) -> bool:
+        """With ``confirmed`` told to the slot, every message received is confirmed and no transaction
+        is open (the module's contract)."""
+        return confirmed >= self.last_data_start and self.streamer.begin is None
 
     def confirm(self, cur: Any, lsn: int) -> None:
         """Checkpoint first, then tell the slot: a crash in between replays, never skips."""
@@ -381,8 +382,7 @@ class Loop:
         rate = (events - before) / max(now - then, 1e-6)
         self._events_at = (now, events)
         s = self.streamer
-        settled = lsn >= self.last_data_start and s.begin is None
-        self.state.checkpoint(lsn, s.last_commit_lsn, s.last_commit_time, events, rate, settled=settled)
+        self.state.checkpoint(lsn, s.last_commit_lsn, s.last_commit_time, events, rate, settled=self.settled(lsn))
         cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, apply_lsn=lsn, force=True)
         self.confirmed = lsn
         self.checkpoints += 1

@@ -23,6 +23,13 @@ class HeadwaterError(Exception):
         return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): drivers such as
+    libpq add hint lines that do not belong in a one-line error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class RetryableError(HeadwaterError):
     """A fault that may clear by itself; callers may retry with backoff."""
 

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
-from headwater.errors import FatalError, HeadwaterError
+from headwater.errors import FatalError, HeadwaterError, first_line
 
 log = logging.getLogger("headwater.shop")
 Connection = psycopg2.extensions.connection
@@ -366,7 +366,7 @@ class Workload:
             self._connect_again(exc)
 
     def _connect_again(self, exc: psycopg2.Error) -> None:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         log.warning("lost the connection to PostgreSQL (%s): reconnecting", first)
         assert self.reconnect is not None
         deadline = time.monotonic() + self.reconnect_wait

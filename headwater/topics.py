@@ -145,6 +145,12 @@ def fetched_ends(consumer: Consumer, reported: Mapping[tuple[str, int], int], *,
     return ends
 
 
+def bounds(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+    """(first offset, true end) of one partition: the end as ``fetched_ends`` finds it."""
+    low, reported = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    return int(low), fetched_ends(consumer, {(topic, partition): int(reported)})[(topic, partition)]
+
+
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Record]:
     """Every record of ``topic`` (all partitions), in offset order per partition."""
     return list(read_topic_from({"bootstrap.servers": bootstrap}, topic, timeout=timeout))

@@ -22,11 +22,10 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from confluent_kafka import TopicPartition
 from faust.types import TP
 
 from headwater.errors import FatalError
-from headwater.topics import UndecodableMessage, avro_body, fetched_ends, reader
+from headwater.topics import UndecodableMessage, avro_body, bounds, reader
 from streams import profile
 from streams.app import app, cfg
 from streams.catalog import Schemas
@@ -283,8 +282,7 @@ def raw_end() -> int:
     """The raw topic's true end (fetched: the local broker's ListOffsets can answer short)."""
     consumer = reader(profile.reader_settings(cfg))
     try:
-        _, reported = consumer.get_watermark_offsets(TopicPartition(cfg.changes_topic, 0), timeout=10)
-        return fetched_ends(consumer, {(cfg.changes_topic, 0): reported})[(cfg.changes_topic, 0)]
+        return bounds(consumer, cfg.changes_topic, 0)[1]
     finally:
         consumer.close()
 

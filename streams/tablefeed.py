@@ -26,7 +26,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from headwater.errors import FatalError, RetryableError
-from headwater.topics import StallWatch, fetched_ends, reader
+from headwater.topics import StallWatch, bounds, reader
 from streams.fanout import header_lsn
 from streams.feed import GONE, Follower, gone
 from streams.store import Record, TableStore
@@ -90,8 +90,7 @@ class TableFeed(Follower):
 
     def _start(self, consumer: Consumer, topic: str, partition: int) -> int:
         """Where to read ``(topic, partition)`` from: the store's offset, or the start if it lies outside."""
-        low, reported = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        end = fetched_ends(consumer, {(topic, partition): reported})[(topic, partition)]
+        low, end = bounds(consumer, topic, partition)
         offset = self.store.offset(topic, partition)
         if offset < low or offset > end:
             log.warning("%s[%d]: the store read up to offset %d, outside the topic's %d..%d: reading it again",
