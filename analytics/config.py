@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headwater.config import InvalidSetting, Settings, config_path, load, setting
-from headwater.stack import StackConfig
+from tables.config import InvalidSetting, Settings, StackConfig, config_path, load, setting
 
 JOB_HELP = {  # the jobs of analytics.jobs.JOBS, named here so the command line does not import Spark
     "shop-report": "sample shop: revenue by day, customer region and product category (Parquet too)",

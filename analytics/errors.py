@@ -8,7 +8,7 @@ at fault) as attributes and in its message, with what to do. ``SourceError`` is 
 
 from __future__ import annotations
 
-from headwater.errors import FatalError, HeadwaterError, RetryableError
+from tables.errors import FatalError, HeadwaterError, RetryableError
 
 
 def _where(topic: str, partition: int | None, offset: int | None) -> str:

@@ -24,8 +24,9 @@ from pyspark.sql import functions as F
 from analytics.config import AnalyticsConfig
 from analytics.errors import SourceError
 from analytics.plan import Cut, Request, find_cut, plan
-from headwater.errors import FatalError, HeadwaterError, RetryableError
-from headwater.topics import AvroDecoder
+from tables.errors import FatalError, HeadwaterError, RetryableError
+from tables.registry import Registry
+from tables.topics import table_topic_of_subject
 
 REPORT_VIEW = "orders_enriched"
 REPORT_SQL = """
@@ -98,13 +99,8 @@ def shop_report(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
 
 def table_topics(cfg: AnalyticsConfig) -> list[str]:
     """Topics under the prefix with a registered value schema, except the raw, view and internal ones."""
-    subjects = AvroDecoder(cfg.registry_url).get("/subjects") or []
-    prefix = f"{cfg.topic_prefix}." if cfg.topic_prefix else ""
-    skip = (f"{prefix}changes", f"{prefix}views.")
-    return sorted(
-        s[: -len("-value")] for s in subjects
-        if s.endswith("-value") and s.startswith(prefix) and not s.startswith(skip)
-    )  # fmt: skip
+    found = (table_topic_of_subject(cfg.topic_prefix, s) for s in Registry(cfg.registry_url).subjects())
+    return sorted(t for t in found if t is not None)
 
 
 def tables(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
@@ -158,7 +154,6 @@ def explain(exc: Exception) -> HeadwaterError | None:
     if not found:
         return None
     last = found[-1]
-    hint = re.match(r"\n  hint: (.*)", text[last.end():])
+    hint = re.match(r"\n  hint: (.*)", text[last.end() :])
     kind = {"SourceUnavailable": RetryableError, "RetryableError": RetryableError}.get(last.group(1), FatalError)
     return kind(last.group(2), hint=hint.group(1) if hint else None)
-

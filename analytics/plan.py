@@ -14,7 +14,6 @@ of a view topic at or before a commit LSN. Errors name the topic and say what to
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +24,12 @@ from pyspark.sql.datasource import InputPartition
 
 from analytics.config import AnalyticsConfig, load_analytics_config
 from analytics.errors import SourceError, SourceUnavailable
-from capture.decoder import lsn_text, parse_lsn
-from headwater.errors import HeadwaterError, RetryableError
-from headwater.topics import AvroDecoder, fetched_ends, read_to_end, reader
-from tables.catalog import topic_name
-from tables.views import cuts_topic, decode_cut, view_topic
+from tables.errors import HeadwaterError, RetryableError
+from tables.kafka import fetched_ends, read_to_end, reader
+from tables.registry import Registry
+from tables.topics import cuts_topic, table_topic, view_topic
+from tables.views import decode_cut
+from tables.wire import lsn_text, parse_lsn
 
 MODES = ("changes", "latest")
 READER_SETTINGS = {"fetch.wait.max.ms": 50, "queued.max.messages.kbytes": 65536}
@@ -64,7 +64,7 @@ class Request:
                               hint="drop the mode option or set it to 'latest'")  # fmt: skip
         kafka: dict[str, Any] = {"bootstrap.servers": opts.get("bootstrap", cfg.bootstrap), **READER_SETTINGS}
         kafka.update(cfg.kafka)
-        kafka.update({k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")})
+        kafka.update({k[len("kafka.") :]: v for k, v in opts.items() if k.startswith("kafka.")})
         return cls(
             topic=topic, mode=mode, cut=cut, metadata=_flag(opts, "metadata", topic), kafka=kafka,
             registry=opts.get("registry", cfg.registry_url), prefix=prefix,
@@ -96,7 +96,7 @@ def _topic(opts: Mapping[str, str], prefix: str) -> str:
     if "view" in given:
         return view_topic(prefix, opts["view"])
     schema, _, table = opts["table"].rpartition(".")
-    return topic_name(prefix, schema or "public", table)
+    return table_topic(prefix, schema or "public", table)
 
 
 def _cut(text: str | None, topic: str) -> int | None:
@@ -140,14 +140,14 @@ class ValueSchema:
 def value_schema(req: Request) -> ValueSchema:
     """The newest schema registered as ``<topic>-value`` (a missing topic or subject is a ``SourceError``)."""
     try:
-        found = AvroDecoder(req.registry).get(f"/subjects/{req.topic}-value/versions/latest")
+        found = Registry(req.registry).latest(f"{req.topic}-value")
     except RetryableError as exc:
         raise SourceUnavailable(exc.message, topic=req.topic, hint=req.registry_hint) from exc
     if found is None:
         partitions(req)  # a topic Kafka does not have is the better message
         raise SourceError(f"no schema is registered under {req.topic}-value in {req.registry}", topic=req.topic,
                           hint="Headwater reads Avro topics written by capture or the streams workers")  # fmt: skip
-    return ValueSchema(int(found["id"]), json.loads(found["schema"]))
+    return ValueSchema(*found)
 
 
 # ---- offsets ------------------------------------------------------------------------------
@@ -253,7 +253,8 @@ def find_cut(req: Request, consumer: Consumer | None = None) -> Cut:
         raise SourceError(
             f"no cut of this view on {where}" + (f" at or before {lsn_text(req.cut or 0)}" if mine else ""),
             topic=req.topic,
-            hint=f"the oldest cut still there is at {lsn_text(oldest)}" if oldest is not None
+            hint=f"the oldest cut still there is at {lsn_text(oldest)}"
+            if oldest is not None
             else "cuts are published by a streams worker running the view (see README 'Views')",
         )
     return max(fit, key=lambda c: c.commit_lsn)

@@ -16,7 +16,6 @@ task with a ``SourceError`` naming topic, partition and offset.
 from __future__ import annotations
 
 import io
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,8 +29,10 @@ from pyspark.sql import types as T
 from analytics.errors import SourceError, SourceUnavailable
 from analytics.plan import Request, Slice, ValueSchema
 from analytics.types import Field, arrow_schema, column_array, plain, record_fields
-from headwater.errors import RetryableError
-from headwater.topics import AvroDecoder, reader
+from tables.errors import RetryableError
+from tables.kafka import reader
+from tables.registry import Registry
+from tables.wire import HEADER_LSN, HEADER_OP, UndecodableMessage, body, schema_id
 
 BATCH_ROWS = 20_000  # rows per Arrow batch handed to Spark
 POLL_MESSAGES = 5_000
@@ -80,35 +81,35 @@ class SliceReader:
         cached = _WRITERS.get((self.req.registry, schema_id))
         if cached is None:
             try:
-                body = AvroDecoder(self.req.registry).get(f"/schemas/ids/{schema_id}")
+                schema = Registry(self.req.registry).schema(schema_id)
             except RetryableError as exc:
                 raise SourceUnavailable(exc.message, topic=where.topic, partition=where.partition, offset=offset,
                                         hint=self.req.registry_hint) from exc  # fmt: skip
-            if body is None:
+            except UndecodableMessage as exc:
                 raise SourceError(f"schema id {schema_id} is not in the registry {self.req.registry}",
                                   topic=where.topic, partition=where.partition, offset=offset,
                                   hint="the record was written against another registry, or its schema was "
-                                       "deleted")  # fmt: skip
-            cached = _WRITERS[(self.req.registry, schema_id)] = fastavro.parse_schema(plain(json.loads(body["schema"])))
+                                       "deleted") from exc  # fmt: skip
+            cached = _WRITERS[(self.req.registry, schema_id)] = fastavro.parse_schema(plain(schema))
         return cached
 
     def decode(self, data: bytes, where: Slice, offset: int, *, resolve: bool) -> dict[str, Any]:
         """A framed Avro record as raw values (``resolve``: read as the topic's newest value schema)."""
-        if len(data) < 5 or data[0] != 0:
-            raise SourceError("not the Confluent wire format (magic byte 0, then a schema id)",
-                              topic=where.topic, partition=where.partition, offset=offset)  # fmt: skip
-        schema_id = int.from_bytes(data[1:5], "big")
-        writer = self._writer(schema_id, where, offset)
+        try:
+            writer_id = schema_id(data)
+        except UndecodableMessage as exc:
+            raise SourceError(exc.message, topic=where.topic, partition=where.partition, offset=offset) from exc
+        writer = self._writer(writer_id, where, offset)
         if self._reader_schema is None:
             self._reader_schema = fastavro.parse_schema(plain(self.value.schema))
-        newest = self._reader_schema if resolve and schema_id != self.value.schema_id else None
+        newest = self._reader_schema if resolve and writer_id != self.value.schema_id else None
         try:
-            out = fastavro.schemaless_reader(io.BytesIO(memoryview(data)[5:]), writer, newest)
+            out = fastavro.schemaless_reader(io.BytesIO(body(data)), writer, newest)
         except (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError) as exc:
-            raise SourceError(f"the Avro body does not match schema {schema_id}: {exc!r}",
+            raise SourceError(f"the Avro body does not match schema {writer_id}: {exc!r}",
                               topic=where.topic, partition=where.partition, offset=offset) from exc  # fmt: skip
         if not isinstance(out, dict):
-            raise SourceError(f"schema {schema_id} is not a record", topic=where.topic, partition=where.partition,
+            raise SourceError(f"schema {writer_id} is not a record", topic=where.topic, partition=where.partition,
                               offset=offset)  # fmt: skip
         return out
 
@@ -174,7 +175,7 @@ class SliceReader:
             "_commit_lsn": lambda: [r.lsn for r in rows],
         }
         names = meta_columns(self.req)
-        arrays += [pa.array(meta[name](), kind) for name, kind in zip(names, kinds[len(self.fields):], strict=True)]
+        arrays += [pa.array(meta[name](), kind) for name, kind in zip(names, kinds[len(self.fields) :], strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
 
 
@@ -186,9 +187,9 @@ def _headers(headers: Any) -> tuple[str | None, int | None]:
     """
     op = lsn = None
     for name, value in headers or ():
-        if name == "hw.op" and value:
+        if name == HEADER_OP and value:
             op = value.decode()
-        elif name == "hw.lsn" and value:
+        elif name == HEADER_LSN and value:
             lsn = int(value)
     return op, lsn
 

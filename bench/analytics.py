@@ -32,10 +32,9 @@ from analytics.config import AnalyticsConfig
 from analytics.jobs import read
 from analytics.session import spark_session
 from bench import capture
-from capture.encoder import frame
-from capture.schemas import Registrar
 from headwater import stack
-from headwater.topics import avro_body
+from tables.registry import Registry
+from tables.wire import avro_body, body, frame
 
 PARTITIONS = 4
 TOPIC = "bench.orders"
@@ -59,7 +58,7 @@ KEY = {"type": "record", "name": "orders_key", "namespace": "headwater.public",
 def write(cfg: stack.StackConfig, messages: int) -> float:
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result()
-    registrar = Registrar(cfg.registry_url)
+    registrar = Registry(cfg.registry_url)
     value_frame = frame(registrar.register(f"{TOPIC}-value", ORDER))
     key_frame = frame(registrar.register(f"{TOPIC}-key", KEY))
     registrar.close()
@@ -100,7 +99,7 @@ def plain_consumer(cfg: stack.StackConfig) -> tuple[float, int]:
                 if error.code() == KafkaError._PARTITION_EOF:
                     done.add(int(msg.partition() or 0))
                 continue
-            fastavro.schemaless_reader(io.BytesIO(msg.value()[5:]), schema, None)  # type: ignore[index]
+            fastavro.schemaless_reader(io.BytesIO(body(msg.value())), schema, None)  # type: ignore[index]
             count += 1
     seconds = time.monotonic() - start
     consumer.close()

@@ -28,11 +28,11 @@ import psycopg2
 
 from capture import slot
 from capture.config import CaptureConfig
-from capture.decoder import parse_lsn
 from capture.producer import DEFAULTS, SnapshotSender
 from capture.state import snapshot_done
 from headwater import shop, stack
-from headwater.topics import read_topic
+from tables.kafka import read_topic
+from tables.wire import parse_lsn
 
 BACKLOG_SQL = """
 DO $$

@@ -33,13 +33,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bench import capture
 from headwater import shop, stack
 from headwater.reconcile import latest_rows
-from headwater.topics import AvroDecoder
+from tables.registry import Registry
 
 PARTITIONS = 4
 
 
 async def plain_loop(cfg: stack.StackConfig, total: int) -> float:
-    decoder = AvroDecoder(cfg.registry_url)  # writer schemas fetched once per id
+    decoder = Registry(cfg.registry_url)  # writer schemas fetched once per id
     consumer = AIOKafkaConsumer("stream.changes", bootstrap_servers=cfg.bootstrap, group_id="bench-plain",
                                 auto_offset_reset="earliest", enable_auto_commit=False)  # fmt: skip
     producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all", linger_ms=5)
@@ -115,7 +115,7 @@ def faust_worker(cfg: stack.StackConfig, work: Path, total: int) -> tuple[float,
 def live_keys(cfg: stack.StackConfig) -> int:
     """Keys the table topics hold a row for (latest record per key not a tombstone)."""
     topics = AdminClient({"bootstrap.servers": cfg.bootstrap}).list_topics(timeout=10).topics
-    decoder = AvroDecoder(cfg.registry_url)  # writer schemas fetched once per id
+    decoder = Registry(cfg.registry_url)  # writer schemas fetched once per id
     return sum(len(latest_rows(cfg.bootstrap, f"stream.{t}", decoder)) for t in shop.TABLES if f"stream.{t}" in topics)
 
 

@@ -142,7 +142,8 @@ def main(scale: int) -> None:
     print(f"  endpoint serves every row:                         {tables:7.1f} s  {rows / tables:9.0f} rows/s")
     print(f"  ratio: {tables / fanned:.2f}x the fan-out's time (target <= 1.5x)")
     print(f"  worker RSS: peak {peak:.0f} MB while loading, {resident:.0f} MB loaded (target <= 300 MB)")
-    print(f"  serves every key again after SIGTERM: {after_term:.1f} s, after kill -9: {after_kill:.1f} s"
-          " (target 30 s)")
+    print(
+        f"  serves every key again after SIGTERM: {after_term:.1f} s, after kill -9: {after_kill:.1f} s (target 30 s)"
+    )
     print(f"  pgbench -c 4 -T 30 through capture and the worker: {tps}; the last account written was served")
     print(f"  {lag:.1f} s after the load ended")

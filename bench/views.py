@@ -36,7 +36,7 @@ from confluent_kafka import Consumer, TopicPartition
 from bench import capture
 from bench.fanout import spawn_worker
 from headwater import shop, stack
-from headwater.topics import AvroDecoder
+from tables.registry import Registry
 
 PORT = 26067
 TOPIC = "views.views.orders_enriched"
@@ -60,7 +60,7 @@ def follow_topic(cfg: stack.StackConfig, topic: str, seen: Seen, stop: threading
     """Marks each token seen on ``topic``: a view row's note, or (raw topic) an order's new note."""
     consumer = Consumer({"bootstrap.servers": cfg.bootstrap, "group.id": "bench-view-latency",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 5})  # fmt: skip
-    decoder = AvroDecoder(cfg.registry_url)
+    decoder = Registry(cfg.registry_url)
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p))[1])
                      for p in partitions])  # fmt: skip

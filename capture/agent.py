@@ -22,17 +22,18 @@ from capture import catalog, retract, slot, snapshot
 from capture.catalog import Connection, TableRef, TypeCache
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
-from capture.decoder import lsn_text
 from capture.encoder import change_writer
 from capture.errors import CheckpointMismatchError, SlotLostError, SourceUnreachableError
 from capture.producer import ChangeProducer, ensure_changes_topic
-from capture.schemas import NoRegistry, Registrar, register_table
+from capture.schemas import register_table
 from capture.state import Checkpoint, State, snapshot_done
 from capture.stream import Loop, Streamer
 from capture.workers import Workers
-from headwater.errors import HeadwaterError, RetryableError, first_line
 from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
+from tables.errors import HeadwaterError, RetryableError, first_line
+from tables.registry import NoRegistry, Registry
+from tables.wire import lsn_text
 
 log = logging.getLogger("headwater.capture")
 
@@ -88,7 +89,7 @@ class Parts:
     state: State
     tables: list[TableRef]
     types: TypeCache
-    registrar: Registrar | NoRegistry
+    registrar: Registry | NoRegistry
     sink: ChangeSink
     producer: ChangeProducer
     workers: Workers | None
@@ -107,7 +108,7 @@ class Session:
         cfg = self.cfg
         conn = catalog.connect(self.dsn)
         state = State(cfg.state_dir, cfg.slot)
-        registrar: Registrar | NoRegistry = Registrar(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
+        registrar: Registry | NoRegistry = Registry(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
         repl: Connection | None = None
         workers: Workers | None = None
@@ -286,6 +287,6 @@ class Session:
         return position
 
     def _key_decoder(self, parts: Parts, shape: TableSchema) -> retract.KeyDecoder:
-        if self.cfg.format == "json" or not isinstance(parts.registrar, Registrar):
+        if self.cfg.format == "json" or not isinstance(parts.registrar, Registry):
             return retract.json_keys(shape)
         return retract.avro_keys(shape, parts.registrar.schema)

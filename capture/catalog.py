@@ -17,10 +17,10 @@ from psycopg2 import sql
 
 from capture.config import CaptureConfig
 from capture.errors import SourceError, SourceUnreachableError
-from capture.types import SESSION_OPTIONS, PgType
-from headwater.config import DSN_EXAMPLE, dsn_problem
-from headwater.errors import ConfigError, first_line
 from tables.catalog import ColumnInfo, TableSchema
+from tables.config import DSN_EXAMPLE, dsn_problem
+from tables.errors import ConfigError, first_line
+from tables.types import SESSION_OPTIONS, PgType
 
 log = logging.getLogger("headwater.capture")
 Connection = psycopg2.extensions.connection

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.config import InvalidSetting, Secret, Settings, check_dsn, setting
+from tables.config import InvalidSetting, Secret, Settings, check_dsn, setting
+from tables.topics import changes_topic
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -72,4 +73,4 @@ class CaptureConfig:
 
     @property
     def changes_topic(self) -> str:
-        return f"{self.topic_prefix}.changes" if self.topic_prefix else "changes"
+        return changes_topic(self.topic_prefix)

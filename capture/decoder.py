@@ -4,7 +4,7 @@ Promise: ``decode(payload)`` turns one pgoutput message (the bytes psycopg2 hand
 over for each XLogData) into one immutable dataclass, with no I/O and no state.
 Column values are PostgreSQL's text output (``str``; ``bytes`` for binary-format
 columns), ``None`` for NULL, or ``UNCHANGED`` for a TOASTed value the update did not touch; turning text into typed
-values is ``capture.types``'s job. Unknown or truncated messages raise
+values is ``tables.types``'s job. Unknown or truncated messages raise
 ``DecodeError`` naming the message kind and offset.
 """
 
@@ -137,16 +137,6 @@ _REL_HEAD = struct.Struct("!I")
 def pg_time(micros: int) -> datetime:
     """A pgoutput timestamp (µs since 2000-01-01 UTC) as an aware datetime."""
     return PG_EPOCH + timedelta(microseconds=micros)
-
-
-def lsn_text(lsn: int) -> str:
-    """An LSN in PostgreSQL's X/X notation."""
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def parse_lsn(text: str) -> int:
-    high, _, low = text.partition("/")
-    return (int(high, 16) << 32) | int(low, 16)
 
 
 def _string(buf: bytes, pos: int) -> tuple[str, int]:

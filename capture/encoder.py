@@ -18,7 +18,9 @@ import fastavro
 from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
 from capture.jsonformat import Change, JsonChangeWriter, JsonRowWriter
-from capture.types import (
+from tables.catalog import TableSchema
+from tables.change import CHANGE_KEY_SCHEMA, OPS
+from tables.types import (
     UnsupportedValue,
     parse_bool,
     parse_date,
@@ -27,18 +29,13 @@ from capture.types import (
     parse_time,
     parse_timestamp,
 )
-from tables.catalog import TableSchema
-from tables.change import CHANGE_KEY_SCHEMA, OPS
+from tables.wire import frame
 
 Text = str | None
 FIXED_SIZE = frozenset({int, float, parse_bool, parse_date, parse_time, parse_timestamp, parse_money, parse_interval})
 
 
 TOAST_MIN = 256  # values this long are remembered: they may be stored out of line
-
-
-def frame(schema_id: int) -> bytes:
-    return b"\0" + schema_id.to_bytes(4, "big")
 
 
 class AvroWriter:

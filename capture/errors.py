@@ -6,7 +6,7 @@ Promise: ``FatalError`` subclasses stop the agent with a message a person can ac
 
 from __future__ import annotations
 
-from headwater.errors import FatalError, RetryableError
+from tables.errors import FatalError, RetryableError
 
 
 class SourceError(FatalError):
@@ -36,21 +36,6 @@ class CheckpointMismatchError(FatalError):
     """The local checkpoint and the slot disagree about where the stream is."""
 
 
-class SchemaChangeError(FatalError):
-    """A table changed in a way its topic's compatibility rules refuse."""
-
-    def __init__(self, table: str, subject: str, detail: str) -> None:
-        super().__init__(
-            f"table {table} changed incompatibly: the registry refused the new schema for '{subject}': {detail}",
-            hint=(
-                "give the new column a DEFAULT and make it nullable, or change the type to one that widens; "
-                f"or relax the subject's compatibility (PUT /config/{subject}) and restart capture"
-            ),
-        )
-        self.table = table
-        self.subject = subject
-
-
 class UnsupportedValueError(FatalError):
     """A value cannot be represented in its column's Avro type."""
 
@@ -78,7 +63,3 @@ class TopicLostError(FatalError):
             ),
         )
         self.topic = topic
-
-
-class RegistryUnavailableError(RetryableError):
-    """The schema registry cannot be reached."""

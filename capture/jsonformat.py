@@ -1,11 +1,11 @@
 """The ``json`` output format (as Bottled Water's ``-f json``): rows and changes as JSON objects.
 
-Promise: pure. ``JsonRowWriter`` writes a row (values from ``capture.types``'
+Promise: pure. ``JsonRowWriter`` writes a row (values from ``tables.types``'
 converters) as a JSON object keyed by column name, with exact, readable values:
 decimals and money as strings, timestamps as ISO-8601 (``Z`` for timestamptz),
 dates and times ISO, bytea as base64, json/jsonb embedded, NaN and infinities as
 strings (``infinity``/``-infinity`` dates and timestamps too, where Avro writes
-their sentinel: see ``capture.types.Infinite``). ``JsonChangeWriter`` writes
+their sentinel: see ``tables.types.Infinite``). ``JsonChangeWriter`` writes
 raw-topic changes with the same fields as the Avro ``Change`` record, row images
 embedded as objects. No schema registry is used.
 """
@@ -20,7 +20,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from capture.types import EPOCH_ORDINAL, Infinite, PgType
+from tables.types import EPOCH_ORDINAL, Infinite, PgType
 
 Change = tuple[str, str, str, str, bytes | None, bytes | None, bytes | None]  # as changes.RowChange
 

@@ -23,8 +23,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from capture._copier import Sender
 from capture.config import CaptureConfig
 from capture.errors import BrokerError, TopicLostError
-from headwater.errors import FatalError
-from headwater.topics import create_topics, partition_counts
+from tables.errors import FatalError
+from tables.kafka import create_topics, partition_counts
 
 log = logging.getLogger("headwater.capture")
 

@@ -31,9 +31,10 @@ from psycopg2 import sql
 
 from capture.catalog import Connection
 from capture.config import CaptureConfig
-from headwater.topics import bounds, read_to_end, reader
 from tables.catalog import TableSchema
 from tables.change import CHANGE_VALUE_SCHEMA
+from tables.kafka import bounds, read_to_end, reader
+from tables.wire import body, schema_id
 
 log = logging.getLogger("headwater.capture")
 Table = tuple[str, str]  # (schema, name)
@@ -95,7 +96,7 @@ def earlier_changes(cfg: CaptureConfig, end: int) -> Iterator[tuple[str, Table, 
 
 
 def _avro_change(value: bytes) -> tuple[str, Table, bytes | None, bytes | None]:
-    c: Any = fastavro.schemaless_reader(io.BytesIO(value[5:]), _CHANGE, None)
+    c: Any = fastavro.schemaless_reader(io.BytesIO(body(value)), _CHANGE, None)
     return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
 
 
@@ -173,7 +174,7 @@ def _missing_query(conn: Connection, table: TableSchema) -> sql.Composed:
 
 
 def _at_an_end(value: Any) -> bool:
-    """A date or timestamp where capture writes PostgreSQL's infinity (``capture.types``)."""
+    """A date or timestamp where capture writes PostgreSQL's infinity (``tables.types``)."""
     if isinstance(value, datetime):
         return value.replace(tzinfo=None) in (datetime.max, datetime.min)
     return isinstance(value, date) and value in (date.max, date.min)
@@ -200,12 +201,12 @@ def avro_keys(table: TableSchema, schema_of: Callable[[int], Any]) -> KeyDecoder
     parsed: dict[int, Any] = {}
 
     def decode(image: bytes) -> list[Any]:
-        schema_id = int.from_bytes(image[1:5], "big")
-        schema: Any = parsed.get(schema_id)
+        writer = schema_id(image)
+        schema: Any = parsed.get(writer)
         if schema is None:
-            schema = parsed[schema_id] = fastavro.parse_schema(schema_of(schema_id))
+            schema = parsed[writer] = fastavro.parse_schema(schema_of(writer))
         fields: Any = schema["fields"]
-        record: Any = fastavro.schemaless_reader(io.BytesIO(image[5:]), schema, None)
+        record: Any = fastavro.schemaless_reader(io.BytesIO(body(image)), schema, None)
         return [record[f["name"]] for f in fields]
 
     return decode

@@ -16,10 +16,10 @@ from pathlib import Path
 import psycopg2
 
 from capture.catalog import Connection
-from capture.decoder import parse_lsn
 from capture.errors import SlotLostError, SourceError
 from capture.state import snapshot_done
-from headwater.errors import FatalError
+from tables.errors import FatalError
+from tables.wire import parse_lsn
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg2
 from psycopg2 import sql
@@ -36,11 +36,9 @@ from capture.errors import SourceError
 from capture.producer import ChangeProducer, SnapshotSender
 from capture.state import State
 from capture.transcoder import CopierSpec, copier_spec
-from headwater.errors import HeadwaterError
 from tables.catalog import TableSchema
-
-if TYPE_CHECKING:
-    from capture.workers import Workers
+from tables.errors import HeadwaterError
+from tables.wire import body
 
 log = logging.getLogger("headwater.capture")
 PARALLEL_MIN_ROWS = 200_000  # below this, worker processes cost more to start than they save
@@ -273,7 +271,7 @@ def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, spec: Copie
         emit(key, after)
         if key is not None and large:
             for i, value in large:
-                state.remember(qualified, key[5:], i, lsn, value)
+                state.remember(qualified, body(key), i, lsn, value)
         rows += 1
         if rows % BATCH_ROWS == 0:
             report(qualified, BATCH_ROWS, False)
@@ -318,7 +316,13 @@ class Interrupted(HeadwaterError):
     """Capture was asked to stop during the snapshot; the next run starts the snapshot over."""
 
 
-def run(job: Job, chunks: list[Chunk], progress: Progress, pool: Workers | None,
+class Pool(Protocol):
+    """Worker processes that copy chunks (``capture.workers.Workers``): (rows, bytes) copied."""
+
+    def run(self, job: Job, chunks: list[Chunk], report: Report, check: Callable[[], None]) -> tuple[int, int]: ...
+
+
+def run(job: Job, chunks: list[Chunk], progress: Progress, pool: Pool | None,
         stop: threading.Event | None = None) -> tuple[int, int]:  # fmt: skip
     """Copy every chunk, in this process or by the ``pool``'s worker processes (when there is one
     and the snapshot is big enough); returns (rows, next position).

@@ -43,10 +43,12 @@ from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
 from capture.producer import ChangeProducer
-from capture.schemas import NoRegistry, Registrar, register_table
+from capture.schemas import register_table
 from capture.state import State
 from capture.transcoder import Transcoder, transcoder
 from tables.catalog import ColumnInfo, TableSchema
+from tables.registry import NoRegistry, Registry
+from tables.wire import body, lsn_text
 
 log = logging.getLogger("headwater.capture")
 HEARTBEAT_PREFIX = "headwater.heartbeat"
@@ -61,7 +63,7 @@ class Streamer:
         cfg: CaptureConfig,
         conn: Connection,
         types: TypeCache,
-        registrar: Registrar | NoRegistry,
+        registrar: Registry | NoRegistry,
         sink: ChangeSink,
         state: State,
         keyed: dict[tuple[str, str], bool],
@@ -156,7 +158,7 @@ class Streamer:
         if key is None or not enc.toastable:
             return
         for i, text in enc.large_values(texts):
-            self.state.remember(enc.table.qualified, key[5:], i, self._lsn(), text)
+            self.state.remember(enc.table.qualified, body(key), i, self._lsn(), text)
 
     def _transcode(self, kind: int, fast: Transcoder, buf: bytes) -> bool:
         """Insert, Update or Delete on the fast path; False leaves the message to the general path."""
@@ -171,7 +173,7 @@ class Streamer:
         if large and key is not None:
             lsn = self._lsn()
             for i, text in large:
-                self.state.remember(t.qualified, key[5:], i, lsn, text)
+                self.state.remember(t.qualified, body(key), i, lsn, text)
         self.tx.add(RowChange(op, t.schema, t.name, t.topic, key, before, after))
         self.fast_rows += 1
         return True
@@ -215,7 +217,7 @@ class Streamer:
             if old is not None and old[i] is not pg.UNCHANGED:
                 filled[i] = old[i]
                 continue
-            cached = self.state.recall(enc.table.qualified, key[5:], i, self._lsn()) if key else None
+            cached = self.state.recall(enc.table.qualified, body(key), i, self._lsn()) if key else None
             filled[i] = cached if cached is not None else self._read_current(enc, texts, i)
         return filled
 
@@ -332,7 +334,7 @@ class Loop:
             status_interval=max(self.cfg.status_interval, 1.0),
             options={"proto_version": "1", "publication_names": self.cfg.publication, "messages": "true"},
         )
-        log.info("streaming from slot %s at %s", self.cfg.slot, pg.lsn_text(start_lsn or self.confirmed))
+        log.info("streaming from slot %s at %s", self.cfg.slot, lsn_text(start_lsn or self.confirmed))
         # The stream allocates millions of short-lived, acyclic objects: keep the cyclic collector
         # from rescanning everything built at start-up, and from running every 700 allocations
         # (measured: +7% changes/s on the benchmark backlog).

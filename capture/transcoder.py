@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 from capture import _copier
 from capture.avro import _DOUBLE, Encoder, _Compiler, long_bytes
 from capture.encoder import FIXED_SIZE, TOAST_MIN, AvroWriter, RowEncoder
-from capture.types import parse_bool, parse_date, parse_numeric, parse_timestamp
 from tables.catalog import TableSchema
+from tables.types import parse_bool, parse_date, parse_numeric, parse_timestamp
 
 Row = tuple[bytes, bytes | None, list[tuple[int, str]] | None, int]
 RowFn = Callable[[bytes, int], Row | None]

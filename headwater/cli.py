@@ -1,7 +1,7 @@
 """The ``headwater`` command: the local stack, the sample shop and the demo.
 
 Promise: every subcommand reads its settings from the config file, the environment
-and flags (see ``headwater.config``); any ``HeadwaterError`` ends the command with a
+and flags (see ``tables.config``); any ``HeadwaterError`` ends the command with a
 one-paragraph message on stderr and a non-zero exit code, never a traceback.
 """
 
@@ -23,8 +23,8 @@ import psycopg2
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics_config
 from capture.config import CaptureConfig
 from headwater import __version__, shop, stack
-from headwater.config import Secret, add_flags, config_path, flag_values, load
-from headwater.errors import FatalError, HeadwaterError
+from tables.config import Secret, add_flags, config_path, flag_values, load
+from tables.errors import FatalError, HeadwaterError
 
 
 def stack_config(args: argparse.Namespace) -> stack.StackConfig:
@@ -189,8 +189,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from capture import catalog, slot
-    from capture.decoder import lsn_text, pg_time
+    from capture.decoder import pg_time
     from capture.state import State
+    from tables.wire import lsn_text
 
     cfg = capture_config(args)
     conn = catalog.connect(cfg.dsn.reveal())

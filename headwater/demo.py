@@ -33,10 +33,7 @@ from confluent_kafka.admin import AdminClient
 from analytics.config import AnalyticsConfig
 from capture import slot
 from capture.config import CaptureConfig
-from capture.decoder import lsn_text
 from headwater import process, shop
-from headwater.config import config_path, read_file
-from headwater.errors import FatalError
 from headwater.reconcile import (
     apply_changes,
     compare,
@@ -49,9 +46,13 @@ from headwater.reconcile import (
     redis_view_docs,
     view_docs_sql,
 )
-from headwater.stack import StackConfig
-from headwater.topics import AvroDecoder, read_topic
 from streams.config import StreamsConfig
+from tables.config import StackConfig, config_path, read_file
+from tables.errors import FatalError
+from tables.kafka import read_topic
+from tables.registry import Registry
+from tables.topics import table_topic_of, view_key
+from tables.wire import lsn_text
 
 
 def capture_pidfile(cfg: StackConfig) -> Path:
@@ -103,7 +104,7 @@ def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> 
 
 
 def show_changes(capture: CaptureConfig) -> None:
-    decode = AvroDecoder(capture.registry_url)
+    decode = Registry(capture.registry_url)
     changes = [decode(r.value) for r in read_topic(capture.bootstrap, capture.changes_topic)]
     ops = Counter(c["op"] for c in changes)
     print(f"  {len(changes)} changes: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items())))
@@ -144,7 +145,7 @@ def start_worker(stack: StackConfig, env: dict[str, str], port: int) -> int:
 
 def show_streams(capture: CaptureConfig, pid: int, url: str, timeout: float = 120.0) -> None:
     """Wait until the table topics and the endpoint equal PostgreSQL; show a row and the verdicts."""
-    decode = AvroDecoder(capture.registry_url)
+    decode = Registry(capture.registry_url)
     conn = psycopg2.connect(capture.dsn.reveal())
     deadline = time.monotonic() + timeout
     try:
@@ -171,12 +172,10 @@ def show_streams(capture: CaptureConfig, pid: int, url: str, timeout: float = 12
         raise FatalError("the stream worker did not catch up; see .headwater/logs/streams.log")
 
 
-def _stream_verdicts(
-    conn: Any, capture: CaptureConfig, decode: AvroDecoder, url: str
-) -> list[tuple[str, int, list[str]]]:
+def _stream_verdicts(conn: Any, capture: CaptureConfig, decode: Registry, url: str) -> list[tuple[str, int, list[str]]]:
     out = []
     for table, key in shop.KEYS.items():
-        topic = f"{capture.topic_prefix}.{table}"
+        topic = table_topic_of(capture.topic_prefix, table)
         try:
             rows = latest_rows(capture.bootstrap, topic, decode)
         except Exception as exc:
@@ -207,11 +206,11 @@ def worker_config(explicit: str | None, stack: StackConfig) -> str:
 def show_views(streams: StreamsConfig, env: dict[str, str], capture: CaptureConfig, url: str,
                timeout: float = 120.0) -> None:  # fmt: skip
     """Wait until each view's topic, endpoint and Redis equal the view's SQL in PostgreSQL; show a row."""
-    from streams.catalog import Schemas, discover
+    from streams.catalog import discover
     from streams.config import load_views
     from streams.materializer import shapes_of
 
-    schemas = Schemas(streams.registry_url)
+    schemas = Registry(streams.registry_url)
     shapes, _ = shapes_of(discover(streams, schemas), schemas)
     conn = psycopg2.connect(capture.dsn.reveal())
     try:
@@ -237,7 +236,7 @@ Verdicts = list[tuple[str, int, list[str]]]
 def _view_verdicts(conn: Any, streams: StreamsConfig, view: str, sql: str, url: str) -> Verdicts:
     expected = view_docs_sql(conn, sql)
     try:
-        topic = latest_view_docs(streams.bootstrap, streams.view_topic(view), AvroDecoder(streams.registry_url))
+        topic = latest_view_docs(streams.bootstrap, streams.view_topic(view), Registry(streams.registry_url))
         redis_rows, _ = redis_view_docs(streams.redis_url, streams.topic_prefix, view)
         endpoint = endpoint_view_docs(url, view, sorted(expected))
     except Exception as exc:  # not made or not answering yet
@@ -245,7 +244,7 @@ def _view_verdicts(conn: Any, streams: StreamsConfig, view: str, sql: str, url: 
     return [
         (streams.view_topic(view), len(expected), compare_docs(expected, topic, "topic")),
         (f"endpoint /views/{view}", len(expected), compare_docs(expected, endpoint, "endpoint")),
-        (f"Redis {streams.topic_prefix}:{view}:*", len(expected), compare_docs(expected, redis_rows, "redis")),
+        (f"Redis {view_key(streams.topic_prefix, view)}:*", len(expected), compare_docs(expected, redis_rows, "redis")),
     ]
 
 
@@ -255,7 +254,7 @@ def _show_view_row(streams: StreamsConfig, view: str, url: str, verdicts: Verdic
     _, cut = redis_view_docs(streams.redis_url, streams.topic_prefix, view)
     client = redis.Redis.from_url(streams.redis_url)
     try:
-        names = sorted(client.scan_iter(match=f"{streams.topic_prefix}:{view}:*", count=1000))
+        names = sorted(client.scan_iter(match=f"{view_key(streams.topic_prefix, view)}:*", count=1000))
         if names:
             name = names[-1].decode()
             print(f"  Redis HGETALL {name}  (Redis shows the view at cut {lsn_text(cut or 0)})")

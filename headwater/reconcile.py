@@ -28,14 +28,17 @@ import psycopg2.extensions
 import psycopg2.extras
 import redis
 
-from headwater.topics import AvroDecoder, read_topic
 from streams.rows import to_json
+from tables.kafka import read_topic
+from tables.registry import Registry
+from tables.topics import view_key
 from tables.views import LSN_FIELD
+from tables.wire import body
 
 Docs = dict[tuple[str, ...], Any]  # key column values as text -> the view row as JSON
 
 
-def apply_changes(changes: list[dict[str, Any]], decode: AvroDecoder) -> dict[str, dict[bytes, dict[str, Any]]]:
+def apply_changes(changes: list[dict[str, Any]], decode: Registry) -> dict[str, dict[bytes, dict[str, Any]]]:
     """Table name to {key bytes (without frame): decoded row} after every change in topic order."""
     state: dict[str, dict[bytes, dict[str, Any]]] = {}
     for change in changes:
@@ -48,9 +51,9 @@ def apply_changes(changes: list[dict[str, Any]], decode: AvroDecoder) -> dict[st
         if op == "TRUNCATE":
             rows.clear()
         elif op == "DELETE":
-            rows.pop(change["key"][5:], None)
+            rows.pop(body(change["key"]), None)
         else:
-            rows[change["key"][5:]] = decode(change["after"])
+            rows[body(change["key"])] = decode(change["after"])
     return state
 
 
@@ -112,9 +115,9 @@ def _latest(bootstrap: str, topic: str) -> dict[bytes, bytes]:
     return {key: value for key, value in latest.items() if value is not None}
 
 
-def latest_rows(bootstrap: str, topic: str, decode: AvroDecoder) -> dict[bytes, dict[str, Any]]:
+def latest_rows(bootstrap: str, topic: str, decode: Registry) -> dict[bytes, dict[str, Any]]:
     """A table topic's latest row per key (key bytes without frame); a tombstone removes the key."""
-    return {key[5:]: decode(value) for key, value in _latest(bootstrap, topic).items()}
+    return {body(key): decode(value) for key, value in _latest(bootstrap, topic).items()}
 
 
 def same_json(pg: Any, shown: Any) -> bool:
@@ -211,7 +214,7 @@ def _doc(decoded: dict[str, Any]) -> Any:
     return to_json(decoded)
 
 
-def latest_view_docs(bootstrap: str, topic: str, decode: AvroDecoder) -> Docs:
+def latest_view_docs(bootstrap: str, topic: str, decode: Registry) -> Docs:
     """A view topic's latest row per key (tombstones drop it), as JSON."""
     latest = _latest(bootstrap, topic)
     return {tuple(str(to_json(v)) for v in decode(key).values()): _doc(decode(value)) for key, value in latest.items()}
@@ -222,12 +225,12 @@ def redis_view_docs(url: str, prefix: str, view: str) -> tuple[Docs, int | None]
     client = redis.Redis.from_url(url)
     try:
         out: Docs = {}
-        head = f"{prefix}:{view}:"
+        head = f"{view_key(prefix, view)}:"
         for name in client.scan_iter(match=head + "*", count=1000):
             doc = client.hget(name, "doc")
             if doc is not None:
                 out[tuple(name.decode()[len(head) :].split(","))] = json.loads(doc)
-        cut = client.hget(f"{prefix}:{view}", "cut_lsn")
+        cut = client.hget(view_key(prefix, view), "cut_lsn")
         return out, None if cut is None else int(cut)
     finally:
         client.close()

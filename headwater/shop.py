@@ -27,7 +27,7 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
-from headwater.errors import FatalError, HeadwaterError, first_line
+from tables.errors import FatalError, HeadwaterError, first_line
 
 log = logging.getLogger("headwater.shop")
 Connection = psycopg2.extensions.connection

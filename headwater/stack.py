@@ -31,65 +31,10 @@ import psycopg2
 import psycopg2.extensions
 
 from headwater import process
-from headwater.config import InvalidSetting, Secret, check_port, setting
-from headwater.errors import ConfigError, MissingBinaryError, PortInUseError, ServiceStartError
+from tables.config import StackConfig
+from tables.errors import ConfigError, MissingBinaryError, PortInUseError, ServiceStartError
 
 INSTALL_HINT = "run './dev setup' from the repository (it installs the Debian packages and Python deps)"
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """Where and how the local stack runs ([stack] in headwater.toml, HEADWATER_STACK_*)."""
-
-    data_dir: Path = setting(Path(".headwater"), "directory for the cluster, logs and pid files")
-    host: str = setting("127.0.0.1", "address every service listens on")
-    postgres_port: int = setting(54329, "PostgreSQL port")
-    kafka_port: int = setting(19092, "Kafka (Tansu) port")
-    registry_port: int = setting(18081, "schema registry HTTP port")
-    redis_port: int = setting(16379, "Redis port")
-    postgres_user: str = setting("headwater", "PostgreSQL superuser of the local cluster")
-    postgres_password: Secret = setting(Secret("headwater"), "its password (never printed)")
-    database: str = setting("shop", "database holding the sample shop")
-    start_timeout: float = setting(60.0, "seconds each service may take to become healthy")
-
-    def __post_init__(self) -> None:
-        ports = {
-            "postgres_port": self.postgres_port,
-            "kafka_port": self.kafka_port,
-            "registry_port": self.registry_port,
-            "redis_port": self.redis_port,
-        }
-        for name, port in ports.items():
-            check_port(name, port)
-        if len(set(ports.values())) < len(ports):
-            raise InvalidSetting("postgres_port", f"the four service ports must differ, got {ports}")
-        if not self.start_timeout > 0:
-            raise InvalidSetting("start_timeout", f"must be seconds greater than 0, got {self.start_timeout}")
-
-    def dsn(self, database: str | None = None) -> str:
-        """libpq connection string, password included (quoted as libpq needs): pass it to a driver, never print it."""
-        return psycopg2.extensions.make_dsn(
-            host=self.host,
-            port=self.postgres_port,
-            user=self.postgres_user,
-            password=self.postgres_password.reveal(),
-            dbname=database or self.database,
-        )
-
-    def display_dsn(self, database: str | None = None) -> str:
-        return f"postgresql://{self.postgres_user}:***@{self.host}:{self.postgres_port}/{database or self.database}"
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
-
-    @property
-    def registry_url(self) -> str:
-        return f"http://{self.host}:{self.registry_port}"
-
-    @property
-    def redis_url(self) -> str:
-        return f"redis://{self.host}:{self.redis_port}/0"
 
 
 def _port_free(host: str, port: int) -> bool:

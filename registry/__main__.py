@@ -12,10 +12,10 @@ import sys
 
 from aiohttp import web
 
-from headwater.errors import HeadwaterError
 from registry.log import SchemaLog
 from registry.server import make_app
 from registry.store import Store
+from tables.errors import HeadwaterError
 
 
 def main(argv: list[str] | None = None) -> int:

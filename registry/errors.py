@@ -8,7 +8,7 @@ same request may succeed in a few seconds, and why it cannot now.
 
 from __future__ import annotations
 
-from headwater.errors import FatalError, HeadwaterError, RetryableError
+from tables.errors import FatalError, HeadwaterError, RetryableError
 
 
 class HttpError(HeadwaterError):

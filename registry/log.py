@@ -29,9 +29,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from headwater.errors import FatalError, HeadwaterError, RetryableError
 from registry import errors
 from registry.store import Record, Store
+from tables.errors import FatalError, HeadwaterError, RetryableError
 
 log = logging.getLogger("headwater.registry")
 T = TypeVar("T")

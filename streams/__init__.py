@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from headwater.errors import HeadwaterError
+from tables.errors import HeadwaterError
 
 
 def __getattr__(name: str) -> Any:

@@ -24,11 +24,8 @@ from typing import Any, TypeVar
 
 from faust.types import TP
 
-from headwater.errors import FatalError
-from headwater.topics import UndecodableMessage, avro_body, bounds, reader
 from streams import profile
 from streams.app import app, cfg
-from streams.catalog import Schemas
 from streams.cursor import Cursor, Raw
 from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
 from streams.feed import Feed
@@ -39,6 +36,18 @@ from streams.tablefeed import Backlog, Part, Progress, TableFeed
 from streams.tables import store, view_state
 from streams.topics import SHAPES, TABLES, VIEWS, changes, schemas, table_topics, writer
 from streams.writer import Pending
+from tables.errors import FatalError
+from tables.kafka import bounds, reader
+from tables.registry import Registry
+from tables.wire import (
+    HEADER_ERROR,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+    UndecodableMessage,
+    avro_body,
+    schema_id,
+)
 
 log = logging.getLogger("headwater.streams")
 T = TypeVar("T")
@@ -149,20 +158,20 @@ class Runtime:
         log.error("raw message at %s offset %d cannot be decoded (%s): sent to %s",
                   cfg.changes_topic, offset, reason, cfg.dlq_topic)  # fmt: skip
         if fan.fresh(cfg.dlq_topic, 0, (offset, 0)):
-            meta = [("hw.source.topic", cfg.changes_topic.encode()), ("hw.source.partition", b"0"),
-                    ("hw.source.offset", b"%d" % offset), ("hw.error", reason.encode()[:1000])]  # fmt: skip
+            meta = [(HEADER_SOURCE_TOPIC, cfg.changes_topic.encode()), (HEADER_SOURCE_PARTITION, b"0"),
+                    (HEADER_SOURCE_OFFSET, b"%d" % offset), (HEADER_ERROR, reason.encode()[:1000])]  # fmt: skip
             writer.produce(cfg.dlq_topic, 0, key, value, headers("DEAD", offset, 0, 0, 0)[1:2] + meta, pending)
 
 
 class KeyOfRow:
     """The old key of an update under REPLICA IDENTITY FULL: key columns of the old row."""
 
-    def __init__(self, registry: Schemas) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.schemas = registry
 
     def __call__(self, old_row: bytes, new_key: bytes) -> bytes:
         row = self.schemas.decode(old_row)
-        key_schema = self.schemas.schema(int.from_bytes(new_key[1:5], "big"))
+        key_schema = self.schemas.parsed(schema_id(new_key))
         return new_key[:5] + avro_body(key_schema, {f["name"]: row[f["name"]] for f in key_schema["fields"]})
 
 

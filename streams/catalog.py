@@ -2,7 +2,7 @@
 
 Promise: ``discover`` lists the table topics capture registered under the topic prefix
 (``<topic>-value`` subjects whose schema names its ``pg.table``), or the tables named in
-``[streams] tables``; ``Schemas`` is the shared ``AvroDecoder`` with subject look-ups; ``KeyCodec``
+``[streams] tables``; ``KeyCodec``
 turns key columns given as text (a URL) into the exact key bytes capture wrote, and
 key bytes back into columns. Registry failures raise ``RetryableError``.
 """
@@ -18,22 +18,12 @@ from typing import Any
 
 import fastavro
 
-from capture.encoder import frame
-from headwater.errors import FatalError
-from headwater.topics import AvroDecoder, avro_body
 from streams.config import StreamsConfig
 from streams.errors import KeyError400
-
-
-class Schemas(AvroDecoder):
-    """Writer schemas by id (fetched once) and decoding, plus the registry's subjects and latest versions."""
-
-    def subjects(self) -> list[str]:
-        return list(self.get("/subjects") or [])
-
-    def latest(self, subject: str) -> tuple[int, dict[str, Any]] | None:
-        body = self.get(f"/subjects/{subject}/versions/latest")
-        return None if body is None else (int(body["id"]), json.loads(body["schema"]))
+from tables.errors import FatalError
+from tables.registry import Registry
+from tables.topics import key_subject, table_topic_of_subject
+from tables.wire import SCHEMA_VIEW, avro_body, frame
 
 
 def _parse(text: str, avro: Any) -> Any:
@@ -105,21 +95,17 @@ class TableTopic:
         return name if schema == "public" else self.qualified
 
 
-def discover(cfg: StreamsConfig, schemas: Schemas) -> list[TableTopic]:
+def discover(cfg: StreamsConfig, schemas: Registry) -> list[TableTopic]:
     """The table topics capture registered (keyed ones only), in name order."""
-    internal = {cfg.changes_topic, cfg.dlq_topic, cfg.progress_topic, cfg.cuts_topic}
-    prefix = f"{cfg.topic_prefix}." if cfg.topic_prefix else ""
     found: dict[str, TableTopic] = {}
     for subject in sorted(schemas.subjects()):
-        if not subject.endswith("-value") or not subject.startswith(prefix):
-            continue
-        topic = subject[: -len("-value")]
-        if topic in internal:
+        topic = table_topic_of_subject(cfg.topic_prefix, subject)
+        if topic is None:
             continue
         value = schemas.latest(subject)
-        key = schemas.latest(f"{topic}-key")
+        key = schemas.latest(key_subject(topic))
         qualified = value[1].get("pg.table") if value and isinstance(value[1], dict) else None
-        if qualified is None or key is None or "hw.view" in value[1]:  # type: ignore[index]
+        if qualified is None or key is None or SCHEMA_VIEW in value[1]:  # type: ignore[index]
             continue  # not a captured table, or one without key (not served)
         found[qualified] = TableTopic(qualified, topic, KeyCodec(key[0], key[1]))
     wanted = cfg.table_names

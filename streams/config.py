@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from headwater.config import InvalidSetting, Settings, check_port, config_path, load, read_file, setting
-from headwater.stack import StackConfig
-from tables.views import ViewSpec, cuts_topic, parse_views, view_topic
+from tables.config import InvalidSetting, Settings, StackConfig, check_port, config_path, load, read_file, setting
+from tables.topics import changes_topic, cuts_topic, dlq_topic, progress_topic, view_topic
+from tables.views import ViewSpec, parse_views
 
 APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 PROFILES = ("auto", "tansu", "kafka")
@@ -66,17 +66,17 @@ class StreamsConfig:
 
     @property
     def changes_topic(self) -> str:
-        return f"{self.topic_prefix}.changes" if self.topic_prefix else "changes"
+        return changes_topic(self.topic_prefix)
 
     @property
     def dlq_topic(self) -> str:
         """Where raw messages that cannot be decoded go, with their offset and the reason."""
-        return f"{self.changes_topic}.dlq"
+        return dlq_topic(self.topic_prefix)
 
     @property
     def progress_topic(self) -> str:
         """The fan-out's checkpoint: how far the raw topic is fully written to the table topics."""
-        return f"{self.changes_topic}.fanout"
+        return progress_topic(self.topic_prefix)
 
     @property
     def cuts_topic(self) -> str:

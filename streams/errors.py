@@ -1,11 +1,11 @@
-"""Errors of the stream workers, on the shared hierarchy (``headwater.errors``).
+"""Errors of the stream workers, on the shared hierarchy (``tables.errors``).
 
 Promise: each carries the facts (topic, offset, table) as attributes and says what to do.
 """
 
 from __future__ import annotations
 
-from headwater.errors import FatalError
+from tables.errors import FatalError
 
 
 class TopicLayoutError(FatalError):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tables.partition import partition_for
+from tables.wire import HEADER_LSN, HEADER_OP, HEADER_POS, HEADER_RAW
 
 STREAMED = frozenset({"INSERT", "UPDATE", "DELETE", "TRUNCATE"})
 Position = tuple[int, int]  # (raw offset, sub-index of the record written for it)
@@ -72,14 +73,14 @@ class Truncate:
 
 
 def headers(op: str, offset: int, sub: int, lsn: int, position: int) -> list[tuple[str, bytes]]:
-    return [("hw.op", op.encode()), ("hw.raw", b"%d.%d" % (offset, sub)), ("hw.lsn", b"%d" % lsn),
-            ("hw.pos", b"%d" % position)]  # fmt: skip
+    return [(HEADER_OP, op.encode()), (HEADER_RAW, b"%d.%d" % (offset, sub)), (HEADER_LSN, b"%d" % lsn),
+            (HEADER_POS, b"%d" % position)]  # fmt: skip
 
 
 def header_position(record_headers: Iterable[tuple[str, bytes | None]] | None) -> Position | None:
     """The ``(raw offset, sub)`` a record was written for, from its ``hw.raw`` header."""
     for name, value in record_headers or ():
-        if name == "hw.raw" and value:
+        if name == HEADER_RAW and value:
             offset, _, sub = value.decode().partition(".")
             return int(offset), int(sub or 0)
     return None
@@ -89,9 +90,9 @@ def header_lsn(record_headers: Iterable[tuple[str, bytes | None]] | None) -> tup
     """``(commit_lsn, position)`` of the change a table-topic record carries (0, 0 if none)."""
     lsn = position = 0
     for name, value in record_headers or ():
-        if name == "hw.lsn" and value:
+        if name == HEADER_LSN and value:
             lsn = int(value)
-        elif name == "hw.pos" and value:
+        elif name == HEADER_POS and value:
             position = int(value)
     return lsn, position
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from headwater.errors import FatalError, RetryableError
-from headwater.topics import StallWatch, reader
 from streams.cursor import Raw
+from tables.errors import FatalError, RetryableError
+from tables.kafka import StallWatch, reader
 
 log = logging.getLogger("headwater.streams")
 MAX_PAUSE = 30.0

@@ -24,6 +24,7 @@ from typing import Any
 
 from streams.fanout import Change
 from tables.views import LSN_FIELD, Join, TableShape, ViewSpec
+from tables.wire import SCHEMA_BASE, SCHEMA_VIEW
 
 SEP = b"\x1f"
 Row = dict[str, Any]
@@ -272,8 +273,8 @@ def view_schema(spec: ViewSpec, value_schemas: Mapping[str, dict[str, Any]]) -> 
     reflects = "the commit LSN this row reflects: every transaction up to it, none after"
     root["fields"].append({"name": LSN_FIELD, "type": "long", "doc": reflects})
     del root["pg.table"]  # a view is not a captured table (the workers discover tables by pg.table)
-    root["hw.view"] = spec.name
-    root["hw.base"] = spec.base
+    root[SCHEMA_VIEW] = spec.name
+    root[SCHEMA_BASE] = spec.base
     if spec.doc:
         root["doc"] = spec.doc
     return root

@@ -40,20 +40,20 @@ from typing import Any
 import fastavro
 from confluent_kafka import KafkaError, Producer
 
-from capture.encoder import frame
-from capture.schemas import Registrar
-from headwater.errors import FatalError
-from headwater.topics import UndecodableMessage, avro_body, read_framed, read_topic_from
 from streams import profile
-from streams.catalog import KeyCodec, Schemas, TableTopic
+from streams.catalog import KeyCodec, TableTopic
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.fanout import STREAMED, Change, header_lsn
 from streams.joins import Joiner, canon, store_key, view_schema
-from streams.rows import lsn_text, pack, unpack
+from streams.rows import pack, unpack
 from streams.writer import Pending, TableWriter, produce
+from tables.errors import FatalError
+from tables.kafka import read_topic_from
 from tables.partition import partition_for
+from tables.registry import Registry
 from tables.views import CUT_PARSED, CUT_SCHEMA, LSN_FIELD, TableShape, ViewSpec
+from tables.wire import HEADER_LSN, HEADER_VIEW, UndecodableMessage, avro_body, body, frame, lsn_text, read_framed
 
 log = logging.getLogger("headwater.streams")
 HIGH = b"@high"  # no state write comes from a raw offset above this one
@@ -109,7 +109,7 @@ class Delivered(Pending):
             self.ends[at] = max(self.ends.get(at, 0), msg.offset() + 1)
 
 
-def shapes_of(tables: Sequence[TableTopic], schemas: Schemas) -> tuple[dict[str, TableShape], dict[str, Any]]:
+def shapes_of(tables: Sequence[TableTopic], schemas: Registry) -> tuple[dict[str, TableShape], dict[str, Any]]:
     """The captured tables' columns and key (for validation) and their latest value schemas."""
     shapes, values = {}, {}
     for t in tables:
@@ -122,13 +122,13 @@ def shapes_of(tables: Sequence[TableTopic], schemas: Schemas) -> tuple[dict[str,
     return shapes, values
 
 
-def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[TableTopic], schemas: Schemas,
+def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[TableTopic], schemas: Registry,
                 writer: TableWriter) -> tuple[dict[str, ViewTopic], dict[str, TableShape]]:  # fmt: skip
     """Validate the specs, register the views' schemas and make their topics (and the cuts topic)."""
     shapes, values = shapes_of(tables, schemas)
     for spec in specs:
         spec.check(shapes)
-    registrar = Registrar(cfg.registry_url, setting="[streams] registry_url")
+    registrar = Registry(cfg.registry_url, setting="[streams] registry_url")
     by_table = {t.qualified: t for t in tables}
     out = {}
     for spec in specs:
@@ -165,7 +165,7 @@ class Materializer:
     """Keeps the views: join state, dirty rows, publication at consistent points, cuts."""
 
     def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], shapes: dict[str, TableShape],
-                 store: MutableMapping[bytes, bytes], writer: TableWriter, schemas: Schemas) -> None:  # fmt: skip
+                 store: MutableMapping[bytes, bytes], writer: TableWriter, schemas: Registry) -> None:  # fmt: skip
         self.cfg = cfg
         self.views = views
         self.shapes = shapes
@@ -350,7 +350,7 @@ class Materializer:
         else:
             key_bytes, value = view.key(doc), view.encode(doc, lsn)
             self.store[doc_key] = pack(lsn, 0, value)
-        headers = [("hw.lsn", b"%d" % lsn), ("hw.view", view.spec.name.encode())]
+        headers = [(HEADER_LSN, b"%d" % lsn), (HEADER_VIEW, view.spec.name.encode())]
         delivered.outstanding += 1
         produce(self.producer, view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers,
                 delivered.delivered)  # fmt: skip
@@ -361,7 +361,7 @@ class Materializer:
     def _key_bytes(self, view: ViewTopic, key: bytes) -> bytes:
         """Key bytes of a view row from its store key (the key columns' values, parsed by their Avro types)."""
         text = ",".join(str(v) for v in json.loads(key))
-        return view.key_frame + view.codec.encode_text(text)[5:]
+        return view.key_frame + body(view.codec.encode_text(text))
 
     def _poll(self) -> None:
         """Serve deliveries; publish each point's cuts once its rows (and all before) are acknowledged."""
@@ -382,14 +382,14 @@ class Materializer:
 
     def _write_cut(self, view: ViewTopic, lsn: int) -> None:
         if self.frames is None:
-            registrar = Registrar(self.cfg.registry_url, setting="[streams] registry_url")
+            registrar = Registry(self.cfg.registry_url, setting="[streams] registry_url")
             self.frames = (frame(registrar.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA)),
                            frame(registrar.register(f"{self.cfg.cuts_topic}-key", {"type": "string"})))  # fmt: skip
         ends = [{"partition": p, "offset": o} for p, o in sorted(view.ends.items())]
         value = self.frames[0] + avro_body(CUT_PARSED, {"view": view.spec.name, "commit_lsn": lsn,
                                                          "topic": view.topic, "ends": ends})  # fmt: skip
         key = self.frames[1] + avro_body(KEY_STRING, view.spec.name)
-        produce(self.producer, self.cfg.cuts_topic, 0, key, value, [("hw.lsn", b"%d" % lsn)])
+        produce(self.producer, self.cfg.cuts_topic, 0, key, value, [(HEADER_LSN, b"%d" % lsn)])
 
     # ---- reading ------------------------------------------------------------------------
     def report(self, offset: int, every: float = 10.0) -> None:

@@ -25,13 +25,16 @@ from typing import Any
 import redis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from headwater.topics import AvroDecoder, reader, record
 from streams import profile
 from streams.config import StreamsConfig
 from streams.fanout import header_lsn
 from streams.materializer import ViewTopic
-from streams.rows import lsn_text, to_json
+from streams.rows import to_json
+from tables.kafka import reader, record
+from tables.registry import Registry
+from tables.topics import view_key
 from tables.views import LSN_FIELD, decode_cut
+from tables.wire import lsn_text
 
 log = logging.getLogger("headwater.streams")
 
@@ -55,23 +58,19 @@ return 1
 
 
 def row_key(prefix: str, view: str, key: dict[str, Any], columns: list[str]) -> str:
-    return f"{prefix}:{view}:" + ",".join(str(to_json(key[c])) for c in columns)
-
-
-def meta_key(prefix: str, view: str) -> str:
-    return f"{prefix}:{view}"
+    return f"{view_key(prefix, view)}:" + ",".join(str(to_json(key[c])) for c in columns)
 
 
 class RedisMirror(threading.Thread):
     """Follows the cuts topic and the view topics with one consumer; applies each view up to its newest cut."""
 
-    def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], decoder: AvroDecoder) -> None:
+    def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], decoder: Registry) -> None:
         super().__init__(name="headwater-redis-mirror", daemon=True)
         self.cfg = cfg
         self.views = views
         self.topics = {v.topic: name for name, v in views.items()}
         self.decoder = decoder
-        self.prefix = cfg.topic_prefix or "headwater"
+        self.prefix = cfg.topic_prefix
         self.cuts: dict[str, dict[str, Any]] = {}
         self.held: dict[str, str] = {}  # view -> the offsets JSON Redis holds (compared in the script)
         self.read: dict[str, dict[int, int]] = {}  # view -> partition -> next offset the consumer gives
@@ -121,7 +120,7 @@ class RedisMirror(threading.Thread):
         low, high = consumer.get_watermark_offsets(TopicPartition(self.cfg.cuts_topic, 0), timeout=10)
         todo = [TopicPartition(self.cfg.cuts_topic, 0, max(low, high - 1 - 4 * len(self.views)))]
         for name, view in self.views.items():
-            held = self.client.hget(meta_key(self.prefix, name), "offsets")
+            held = self.client.hget(view_key(self.prefix, name), "offsets")
             self.held[name] = held.decode() if isinstance(held, bytes) else "{}"
             offsets = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
             self.read[name] = {p: offsets.get(p, 0) for p in range(self.cfg.partitions)}
@@ -168,7 +167,7 @@ class RedisMirror(threading.Thread):
         self.buffer[name] = [r for r in self.buffer[name] if r[1] >= ends.get(r[0], 0)]
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
         args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"]), *self._rows(name, ready)]
-        if not self.apply(keys=[meta_key(self.prefix, name)], args=args):
+        if not self.apply(keys=[view_key(self.prefix, name)], args=args):
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
             return

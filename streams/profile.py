@@ -28,9 +28,9 @@ from aiokafka.protocol.metadata import MetadataRequest
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP, Message
 
-from headwater.errors import FatalError
-from headwater.topics import fetched_ends, reader
 from streams.config import StreamsConfig
+from tables.errors import FatalError
+from tables.kafka import fetched_ends, reader
 
 TANSU_FAUST: dict[str, Any] = {
     "broker_session_timeout": 6.0,
@@ -98,7 +98,7 @@ class _ShortFetchThread(_RoutedThread):
 
 
 def true_ends(servers: str, reported: Mapping[TP, int]) -> dict[TP, int]:
-    """Each partition's end found by fetching (``headwater.topics.fetched_ends``)."""
+    """Each partition's end found by fetching (``tables.kafka.fetched_ends``)."""
     if not any(end > 0 for end in reported.values()):
         return dict(reported)
     consumer = reader({"bootstrap.servers": servers, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS})

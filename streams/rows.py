@@ -28,10 +28,6 @@ def unpack(data: bytes) -> tuple[int, int, bytes]:
     return commit_lsn, position, data[HEAD.size :]
 
 
-def lsn_text(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
 def to_json(value: Any) -> Any:
     """A decoded Avro value as JSON-ready data (see the module promise)."""
     if value is None or isinstance(value, bool | int | str):

@@ -25,11 +25,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from headwater.errors import FatalError, RetryableError
-from headwater.topics import StallWatch, bounds, reader
 from streams.fanout import header_lsn
 from streams.feed import GONE, Follower, gone
 from streams.store import Record, TableStore
+from tables.errors import FatalError, RetryableError
+from tables.kafka import StallWatch, bounds, reader
 
 log = logging.getLogger("headwater.streams")
 Part = tuple[str, int]  # (table topic, partition)

@@ -10,12 +10,13 @@ stay bytes: row images are forwarded as capture encoded them.
 from __future__ import annotations
 
 from streams.app import app, cfg
-from streams.catalog import Schemas, TableTopic, discover
+from streams.catalog import TableTopic, discover
 from streams.config import load_views
 from streams.materializer import ViewTopic, setup_views
 from streams.writer import TableWriter
+from tables.registry import Registry
 
-schemas = Schemas(cfg.registry_url)
+schemas = Registry(cfg.registry_url)
 TABLES: list[TableTopic] = discover(cfg, schemas)
 writer = TableWriter(cfg)
 writer.ensure_topics([t.topic for t in TABLES])

@@ -23,18 +23,18 @@ from urllib.parse import unquote
 import aiohttp
 from yarl import URL
 
-from headwater.topics import UndecodableMessage
 from streams.agents import backlog, materializer, runtime, tables
 from streams.app import app, cfg
 from streams.catalog import TableTopic
 from streams.errors import KeyError400
 from streams.materializer import view_key
-from streams.rows import lsn_text, to_json, unpack
+from streams.rows import to_json, unpack
 from streams.tablefeed import Progress
 from streams.tables import store, view_state
 from streams.topics import TABLES, VIEWS, find, schemas
 from tables.partition import partition_for
 from tables.views import LSN_FIELD
+from tables.wire import UndecodableMessage, lsn_text
 
 RETRY = {"Retry-After": "2"}
 

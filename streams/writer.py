@@ -23,23 +23,14 @@ import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from capture.encoder import frame
-from capture.schemas import Registrar
-from headwater.errors import FatalError, RetryableError
-from headwater.topics import (
-    Record,
-    avro_body,
-    create_topics,
-    partition_counts,
-    read_framed,
-    read_to_end,
-    reader,
-    record,
-)
 from streams import profile
 from streams.config import StreamsConfig
 from streams.errors import TopicLayoutError
 from streams.fanout import Output, Position, header_position
+from tables.errors import FatalError, RetryableError
+from tables.kafka import Record, create_topics, partition_counts, read_to_end, reader, record
+from tables.registry import Registry
+from tables.wire import avro_body, frame, read_framed
 
 log = logging.getLogger("headwater.streams")
 
@@ -163,7 +154,7 @@ class TableWriter:
 
     def save_checkpoint(self, raw_offset: int, watermark: tuple[int, int]) -> None:
         if self.checkpoint_frame is None:
-            registrar = Registrar(self.cfg.registry_url, setting="[streams] registry_url")
+            registrar = Registry(self.cfg.registry_url, setting="[streams] registry_url")
             self.checkpoint_frame = frame(registrar.register(f"{self.cfg.progress_topic}-value", CHECKPOINT_SCHEMA))
         body = avro_body(CHECKPOINT_PARSED,
                          {"raw_offset": raw_offset, "commit_lsn": watermark[0], "position": watermark[1]})  # fmt: skip

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture.types import Converter, PgType, avro_name
-from capture.types import field as avro_field
+from tables.topics import table_topic
+from tables.types import Converter, PgType, avro_name
+from tables.types import field as avro_field
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,6 @@ class ColumnInfo:
     typmod: int
     nullable: bool
     is_key: bool
-
-
-def topic_name(prefix: str, schema: str, table: str) -> str:
-    """``[prefix.][schema.]table``: the schema is left out for ``public`` (as in Bottled Water)."""
-    parts = [p for p in (prefix, None if schema == "public" else schema, table) if p]
-    return ".".join(parts)
 
 
 @dataclass(frozen=True)
@@ -78,7 +73,7 @@ class TableSchema:
         return cls(
             schema=schema,
             name=name,
-            topic=topic_name(prefix, schema, name),
+            topic=table_topic(prefix, schema, name),
             columns=tuple(columns),
             key_schema=key,
             value_schema=value,

@@ -32,8 +32,8 @@ from typing import Any
 
 import fastavro
 
-from headwater.errors import ConfigError
-from headwater.topics import read_framed
+from tables.errors import ConfigError
+from tables.wire import read_framed
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JOIN = re.compile(
@@ -64,15 +64,6 @@ CUT_PARSED = fastavro.parse_schema(CUT_SCHEMA)
 def decode_cut(value: bytes) -> dict[str, Any]:
     """A cut record's value (Confluent-framed ``ViewCut``)."""
     return dict(read_framed(value, CUT_PARSED))
-
-
-def view_topic(prefix: str, view: str) -> str:
-    return f"{prefix}.views.{view}" if prefix else f"views.{view}"
-
-
-def cuts_topic(prefix: str) -> str:
-    """Where workers publish how far each view is complete (a commit LSN and the view topic's ends)."""
-    return f"{prefix}.views.cuts" if prefix else "views.cuts"
 
 
 def qualify(table: str) -> str:

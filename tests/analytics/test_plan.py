@@ -9,7 +9,7 @@ import pytest
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics_config
 from analytics.jobs import JOBS
 from analytics.plan import Request, Slice, _split
-from headwater.errors import ConfigError, HeadwaterError
+from tables.errors import ConfigError, HeadwaterError
 
 pytestmark = pytest.mark.unit
 BASE = {"bootstrap": "127.0.0.1:9", "registry": "http://127.0.0.1:8"}

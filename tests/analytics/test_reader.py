@@ -14,11 +14,10 @@ from analytics.config import AnalyticsConfig
 from analytics.jobs import explain, read
 from analytics.plan import Request, Slice, plan, value_schema
 from analytics.reader import SliceReader
-from capture.encoder import frame
-from capture.schemas import Registrar
-from headwater.errors import HeadwaterError
-from headwater.stack import StackConfig
-from headwater.topics import avro_body
+from tables.config import StackConfig
+from tables.errors import HeadwaterError
+from tables.registry import Registry
+from tables.wire import avro_body, frame
 from tests.plugins.stack import free_port
 
 pytestmark = pytest.mark.slow
@@ -40,7 +39,7 @@ class Things:
 
     def __init__(self, stack: StackConfig, topic: str) -> None:
         self.topic = topic
-        self.registrar = Registrar(stack.registry_url)
+        self.registrar = Registry(stack.registry_url)
         self.producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 5})
         self.key_id = self.registrar.register(f"{topic}-key", KEY)
         self.v1 = self.registrar.register(f"{topic}-value", V1)
@@ -104,6 +103,7 @@ def test_big_partitions_are_split_into_tasks_that_read_the_same_messages(
     whole = read(spark, analytics_config(""), topic=things.topic, metadata="true")
     split = read(spark, cfg, topic=things.topic, metadata="true")
     assert split.rdd.getNumPartitions() == len(slices)
+
     def ordered(rows: list[Any]) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in sorted(rows, key=lambda r: (r._partition, r._offset))]
 

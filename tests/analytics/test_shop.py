@@ -16,8 +16,8 @@ from analytics.jobs import JOBS, REPORT_SQL, REPORT_VIEW, read, report_cut, view
 from headwater import shop
 from headwater.cli import main
 from headwater.reconcile import compare, compare_docs, keyed_rows, view_docs_sql
-from headwater.topics import read_topic
 from streams.rows import to_json
+from tables.kafka import read_topic
 from tests.analytics.test_reader import error_of
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.streams import Worker

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import types as T
 
 from analytics.types import UnsupportedSchema, arrow_type, column_array, plain, record_fields, struct_type
-from capture.types import INTERVAL_SCHEMA, parse_date, parse_timestamp
+from tables.types import INTERVAL_SCHEMA, parse_date, parse_timestamp
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import fastavro
 import pytest
 
 from capture.avro import compile_schema, long_bytes
-from capture.types import INTERVAL_SCHEMA
 from tables.change import CHANGE_VALUE_SCHEMA
+from tables.types import INTERVAL_SCHEMA
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import psycopg2
 import pytest
 
 from headwater import stack
-from headwater.stack import StackConfig
+from tables.config import StackConfig
 from tests.plugins.stack import free_port, free_ports, stack_dir
 
 

@@ -14,10 +14,10 @@ import psycopg2
 import pytest
 
 from capture import snapshot
-from capture.errors import SchemaChangeError
 from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches
-from headwater.topics import AvroDecoder
+from tables.errors import SchemaChangeError
+from tables.registry import Registry
 from tests.plugins.capture import Capture
 
 SHOP_KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
@@ -57,7 +57,7 @@ def test_snapshot_with_concurrent_writes_equals_final_tables(
     capture.stop()
 
     changes = capture.changes()
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     reads = [c for c in changes if c["op"] == "READ"]
     ends = [c for c in changes if c["op"] == "SNAPSHOT_END"]
     assert len(ends) == 1 and ends[0]["tx_size"] == len(reads)
@@ -99,7 +99,7 @@ def test_commit_order_positions_and_aborted_transactions(
     conn.close()
 
     changes = [c for c in capture.changes() if c["op"] != "SNAPSHOT_END"]
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     summary = [(c["op"], c["table"], c["position"], c["tx_size"]) for c in changes]
     assert summary == [
         ("INSERT", "a", 0, 3), ("INSERT", "a", 1, 3), ("INSERT", "b", 2, 3),
@@ -129,7 +129,7 @@ def test_unchanged_toast_value_is_carried(
         descriptions = dict(cur.fetchall())
     capture.wait_caught_up(pg_database)
     capture.stop()
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     updates = [decode(c["after"]) for c in capture.changes() if c["op"] == "UPDATE"]
     assert len(updates) == 2
     for row in updates:
@@ -154,7 +154,7 @@ def test_alter_table_registers_new_version_and_keeps_streaming(
         cur.execute("INSERT INTO t VALUES (4, 4, 'renamed')")
     capture.wait_caught_up(pg_database)
     capture.stop()
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     rows = [decode(c["after"]) for c in capture.changes() if c["op"] in ("READ", "INSERT")]
     assert rows == [
         {"id": 1, "a": 1},
@@ -236,7 +236,7 @@ def test_json_format_needs_no_registry(pg_database: str, capture_factory: Callab
     capture.wait_caught_up(pg_database)
     capture.stop()
     conn.close()
-    from headwater.topics import read_topic
+    from tables.kafka import read_topic
 
     records = read_topic(capture.cfg.bootstrap, capture.cfg.changes_topic)
     changes = [json.loads(r.value) for r in records if r.value is not None]
@@ -267,7 +267,7 @@ def test_unkeyed_tables(pg_database: str, capture_factory: Callable[..., Capture
     capture.wait_caught_up(pg_database)
     capture.stop()
     conn.close()
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     loose = [c for c in capture.changes() if c["table"] == "loose"]
     if not allow:
         assert loose == []

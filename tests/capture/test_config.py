@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from capture.config import CaptureConfig
-from headwater.config import Secret, Settings, load
-from headwater.errors import ConfigError
+from tables.config import Secret, Settings, load
+from tables.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

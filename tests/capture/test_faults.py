@@ -17,12 +17,13 @@ from typing import Any
 import psycopg2
 import pytest
 
-from capture.decoder import parse_lsn
 from capture.state import snapshot_done
-from headwater.config import Settings
 from headwater.reconcile import apply_changes, assert_table_matches
 from headwater.stack import Broker, StackConfig
-from headwater.topics import AvroDecoder, read_topic
+from tables.config import Settings
+from tables.kafka import read_topic
+from tables.registry import Registry
+from tables.wire import parse_lsn
 from tests.plugins.capture import Capture
 from tests.plugins.capture import ShopWriter as Writer
 
@@ -49,7 +50,7 @@ def wait_snapshot(capture: Capture, timeout: float = 60) -> None:
 
 def check_reconciles(capture: Capture, shop_db: Any, committed: int) -> list[dict[str, Any]]:
     changes = capture.changes()
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     state = apply_changes(changes, decode)
     for table, key in SHOP_KEYS.items():
         assert_table_matches(shop_db, table, key, state.get(table, {}))

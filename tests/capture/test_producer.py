@@ -23,10 +23,9 @@ from capture.producer import (
     librdkafka_library,
     librdkafka_settings,
 )
-from headwater.config import Secret, Settings
-from headwater.errors import FatalError
-from headwater.stack import StackConfig
-from headwater.topics import read_topic
+from tables.config import Secret, Settings, StackConfig
+from tables.errors import FatalError
+from tables.kafka import read_topic
 from tests.capture.test_transcoder import CHANGE_KEY, ROW, copier_for, copy_line, with_
 from tests.plugins.stack import free_port
 

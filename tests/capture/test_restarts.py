@@ -26,7 +26,7 @@ from capture.errors import CheckpointMismatchError
 from capture.state import State
 from headwater import shop, stack
 from headwater.reconcile import apply_changes, assert_table_matches, compare
-from headwater.topics import AvroDecoder
+from tables.registry import Registry
 from tests.analytics.test_shop import plain
 from tests.capture.test_faults import check_reconciles
 from tests.plugins.capture import Capture, ShopWriter
@@ -68,7 +68,7 @@ def test_a_slot_ahead_of_an_unsettled_checkpoint_is_refused(tmp_path: Path) -> N
 def test_the_state_directory_and_files_are_private(tmp_path: Path) -> None:
     state = state_at(tmp_path, 0x2000, settled=True)
     state.remember("public.t", b"k", 1, 0x2000, "a TOASTed value: table data")
-    state.checkpoint(0x2000, 0x1ff0, 0, 1, 0.0)
+    state.checkpoint(0x2000, 0x1FF0, 0, 1, 0.0)
     assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
     files = list((tmp_path / "state").iterdir())
     assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files), [
@@ -141,7 +141,7 @@ def test_capture_stopped_and_started_after_quiet_periods_resumes_every_time(
     capture.stop()
     log = capture.log.read_text() if capture.log else ""
     assert "error" not in log.lower() and "Traceback" not in log, log[-3000:]
-    state = apply_changes(capture.changes(), AvroDecoder(capture.cfg.registry_url))
+    state = apply_changes(capture.changes(), Registry(capture.cfg.registry_url))
     assert_table_matches(conn, "zoo", ["id"], state.get("zoo", {}))
     conn.close()
 
@@ -208,7 +208,7 @@ def test_a_snapshot_started_over_retracts_the_rows_deleted_meanwhile(
     applied in order, the table topics, the worker's tables, the view, Redis and Spark equal PostgreSQL."""
     capture = capture_factory(pg_database)
     partial = killed_mid_snapshot(shop_db, capture)
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     items = [decode(c["key"]) for c in partial if c["op"] == "READ" and c["table"] == "order_items"]
     orders = sorted({k["order_id"] for k in items})[::150]
     assert len(orders) >= 5, "the abandoned snapshot read too few items to test this"
@@ -271,9 +271,7 @@ class Load:
     def _step(self, conn: Any) -> None:
         key = self.rng.randrange(500)
         with conn, conn.cursor() as cur:
-            cur.execute(
-                "INSERT INTO items VALUES (%s, 1, 'n') ON CONFLICT (id) DO UPDATE SET n = items.n + 1", (key,)
-            )
+            cur.execute("INSERT INTO items VALUES (%s, 1, 'n') ON CONFLICT (id) DO UPDATE SET n = items.n + 1", (key,))
             if self.rng.random() < 0.3:
                 cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(500),))
         self.committed += 1
@@ -315,7 +313,7 @@ def test_postgresql_restarted_under_load_fast_and_immediate_capture_resumes(
     assert "retrying in" in log and "streaming from slot" in log
     assert committed > 100
     conn = psycopg2.connect(dsn)
-    state = apply_changes(capture.changes(), AvroDecoder(capture.cfg.registry_url))
+    state = apply_changes(capture.changes(), Registry(capture.cfg.registry_url))
     assert_table_matches(conn, "items", ["id"], state.get("items", {}))
     conn.close()
 

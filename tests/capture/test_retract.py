@@ -43,9 +43,17 @@ def test_live_keys_apply_the_raw_topic_in_order() -> None:
 @pytest.mark.unit
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(None, None), ("a b", "a b"), (True, "true"), (7, "7"), (b"\x00\xff", "\\x00ff"),
-     (date(2024, 2, 29), "2024-02-29"), (date.max, "infinity"), (datetime.min, "-infinity"),
-     (datetime.max.replace(tzinfo=UTC), "infinity")],
+    [
+        (None, None),
+        ("a b", "a b"),
+        (True, "true"),
+        (7, "7"),
+        (b"\x00\xff", "\\x00ff"),
+        (date(2024, 2, 29), "2024-02-29"),
+        (date.max, "infinity"),
+        (datetime.min, "-infinity"),
+        (datetime.max.replace(tzinfo=UTC), "infinity"),
+    ],
 )
 def test_key_values_as_postgresql_text(value: Any, text: str | None) -> None:
     assert retract._pg_text(value) == text

@@ -19,7 +19,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from capture import types as t
+from tables import types as t
 from capture.avro import compile_schema
 from capture.jsonformat import JsonRowWriter
 from headwater.reconcile import same

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from analytics.config import AnalyticsConfig
 from analytics.session import spark_session
-from headwater.stack import StackConfig
+from tables.config import StackConfig
 
 
 @pytest.fixture(scope="session")

@@ -23,9 +23,9 @@ import pytest
 from capture import agent, slot
 from capture.config import CaptureConfig
 from headwater import shop
-from headwater.config import Secret
-from headwater.stack import StackConfig
-from headwater.topics import AvroDecoder, read_topic
+from tables.config import Secret, StackConfig
+from tables.kafka import read_topic
+from tables.registry import Registry
 
 
 @dataclasses.dataclass
@@ -91,7 +91,7 @@ class Capture:
         return self.process
 
     def changes(self) -> list[dict[str, Any]]:
-        decode = AvroDecoder(self.cfg.registry_url)
+        decode = Registry(self.cfg.registry_url)
         out = []
         for record in read_topic(self.cfg.bootstrap, self.cfg.changes_topic):
             change = decode(record.value)

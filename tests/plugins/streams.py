@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from headwater.stack import StackConfig
+from tables.config import StackConfig
 from tests.plugins.stack import free_port
 
 REPO = Path(__file__).resolve().parents[2]

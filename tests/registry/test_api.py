@@ -20,7 +20,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from schema_registry.client import SchemaRegistryClient as PySchemaRegistryClient
 from schema_registry.client import schema as py_schema
 
-from headwater.stack import StackConfig
+from tables.config import StackConfig
 from tests.plugins.stack import RegistryProcess
 
 V1 = {"type": "record", "name": "Customer", "namespace": "shop", "fields": [

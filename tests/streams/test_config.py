@@ -9,12 +9,12 @@ import faust
 import pytest
 
 from capture.encoder import AvroWriter
-from headwater.config import Settings, load
-from headwater.errors import ConfigError
 from streams import profile
 from streams.catalog import KeyCodec
 from streams.config import StreamsConfig, load_streams_config
 from streams.errors import KeyError400
+from tables.config import Settings, load
+from tables.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from streams.rows import lsn_text, pack, to_json, unpack
+from streams.rows import pack, to_json, unpack
+from tables.wire import lsn_text
 
 pytestmark = pytest.mark.unit
 

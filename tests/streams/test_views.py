@@ -24,9 +24,10 @@ from headwater.reconcile import (
     redis_view_docs,
     view_docs_sql,
 )
-from headwater.stack import StackConfig
-from headwater.topics import AvroDecoder, read_topic
 from streams.rows import to_json
+from tables.config import StackConfig
+from tables.kafka import read_topic
+from tables.registry import Registry
 from tables.views import TableShape, decode_cut, parse_views
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import free_port
@@ -45,7 +46,7 @@ def view_problems(conn: Any, capture: Capture, worker: Worker, redis_url: str | 
     expected = view_docs_sql(conn, SQL)
     prefix = capture.cfg.topic_prefix
     topic = latest_view_docs(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched",
-                             AvroDecoder(capture.cfg.registry_url))  # fmt: skip
+                             Registry(capture.cfg.registry_url))  # fmt: skip
     found = compare_docs(expected, topic, "topic")
     if found:
         return found
@@ -190,7 +191,7 @@ def test_a_transaction_is_never_half_visible_at_a_published_cut(
     assert not mixed, mixed[:5]
     # the topic: read to each published cut's ends, both rows show one generation
     records = read_topic(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched")
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     cuts = [decode_cut(r.value) for r in read_topic(capture.cfg.bootstrap, f"{prefix}.views.cuts") if r.value]
     assert len(cuts) > 10
     for cut in cuts:

@@ -16,8 +16,9 @@ from confluent_kafka import Producer
 
 from headwater import shop
 from headwater.reconcile import compare, compare_endpoint, latest_rows
-from headwater.stack import StackConfig
-from headwater.topics import AvroDecoder, read_topic
+from tables.config import StackConfig
+from tables.kafka import read_topic
+from tables.registry import Registry
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.streams import Worker
 
@@ -35,7 +36,7 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, every: float = 0.0
 
 def problems(conn: Any, capture: Capture, workers: list[Worker]) -> list[str]:
     """PostgreSQL against each table topic's latest state and against every worker's endpoint."""
-    decode = AvroDecoder(capture.cfg.registry_url)
+    decode = Registry(capture.cfg.registry_url)
     found: list[str] = []
     for table, key in shop.KEYS.items():
         topic = f"{capture.cfg.topic_prefix}.{table}"
@@ -127,7 +128,7 @@ def test_insert_update_delete_reach_topic_and_endpoint_within_2s(
     assert time.monotonic() - started < 2.0, "delete not served within 2 s"
 
     records = [r for r in read_topic(capture.cfg.bootstrap, f"{capture.cfg.topic_prefix}.customers")]
-    mine = [r for r in records if r.key is not None and AvroDecoder(capture.cfg.registry_url)(r.key)["id"] == new_id]
+    mine = [r for r in records if r.key is not None and Registry(capture.cfg.registry_url)(r.key)["id"] == new_id]
     assert [r.value is None for r in mine] == [False, False, True], "insert, update, then a tombstone"
     assert len({r.partition for r in mine}) == 1, "one key, one partition"
 

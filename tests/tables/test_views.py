@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from headwater.errors import ConfigError
+from tables.errors import ConfigError
 from tables.views import TableShape, ViewSpec, parse_views
 
 pytestmark = pytest.mark.unit

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from headwater.config import Secret, load
-from headwater.errors import ConfigError
-from headwater.stack import StackConfig
+from tables.config import Secret, StackConfig, load
+from tables.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

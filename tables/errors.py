@@ -92,3 +92,22 @@ class ServiceStartError(FatalError):
         )
         self.service = service
         self.log_path = log_path
+
+
+class RegistryUnavailableError(RetryableError):
+    """The schema registry cannot be reached."""
+
+
+class SchemaChangeError(FatalError):
+    """A table changed in a way its topic's compatibility rules refuse."""
+
+    def __init__(self, table: str, subject: str, detail: str) -> None:
+        super().__init__(
+            f"table {table} changed incompatibly: the registry refused the new schema for '{subject}': {detail}",
+            hint=(
+                "give the new column a DEFAULT and make it nullable, or change the type to one that widens; "
+                f"or relax the subject's compatibility (PUT /config/{subject}) and restart capture"
+            ),
+        )
+        self.table = table
+        self.subject = subject

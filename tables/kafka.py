@@ -6,32 +6,25 @@ multi-record batches while its fetch high watermark is right; ``read_to_end`` is
 loop for any partitions from any offsets.
 ``fetched_ends`` finds partitions' true ends the same way.
 ``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists.
-``AvroDecoder`` decodes Confluent-framed Avro with schemas fetched once per id from the registry;
+``Registry`` decodes Confluent-framed Avro with schemas fetched once per id from the registry;
 ``avro_body`` / ``read_framed`` encode and read with a schema the caller holds.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headwater.errors import FatalError, RetryableError
+from tables.errors import RetryableError
 
-log = logging.getLogger("headwater.topics")
+log = logging.getLogger("tables.kafka")
 STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
-
-
-class UndecodableMessage(FatalError):
-    """A record that is not Confluent-framed Avro of a schema the registry holds."""
 
 
 @dataclass(frozen=True)
@@ -185,66 +178,3 @@ def record(msg: Message) -> Record:
     raw_headers: list[tuple[str, Any]] = cast(Any, msg.headers()) or []  # librdkafka: (name, bytes) pairs
     headers = tuple((k, v if isinstance(v, bytes) else str(v or "").encode()) for k, v in raw_headers)
     return Record(int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), msg.value(), headers, msg.topic() or "")
-
-
-def avro_body(parsed: Any, datum: Any) -> bytes:
-    """``datum`` Avro-encoded with a parsed schema (no Confluent frame)."""
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, parsed, datum)
-    return out.getvalue()
-
-
-def read_framed(data: bytes, parsed: Any) -> Any:
-    """A Confluent-framed record read with a schema the caller already holds (the frame is skipped)."""
-    return fastavro.schemaless_reader(io.BytesIO(data[5:]), parsed, None)
-
-
-class AvroDecoder:
-    """Decodes Confluent-framed Avro with schemas fetched (once per id) from the registry.
-
-    A record that cannot be decoded is an ``UndecodableMessage``; a registry that does
-    not answer, a ``RetryableError`` naming it.
-    """
-
-    def __init__(self, registry_url: str) -> None:
-        self.url = registry_url.rstrip("/")
-        self.schemas: dict[int, Any] = {}
-
-    def get(self, path: str) -> Any:
-        """The registry's JSON answer to ``GET path`` (None for 404)."""
-        import httpx  # here: capture imports this module, and starts faster without httpx
-
-        try:
-            response = httpx.get(self.url + path, timeout=10)
-        except httpx.HTTPError as exc:
-            raise RetryableError(f"schema registry {self.url} is unreachable ({exc})",
-                                 hint="start the registry or set registry_url in the config") from exc  # fmt: skip
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise RetryableError(f"schema registry {self.url}: GET {path} answered {response.status_code}: "
-                                 f"{response.text[:200]}")  # fmt: skip
-        return response.json()
-
-    def schema(self, schema_id: int) -> Any:
-        found = self.schemas.get(schema_id)
-        if found is None:
-            body = self.get(f"/schemas/ids/{schema_id}")
-            if body is None:
-                raise UndecodableMessage(f"schema id {schema_id} is not in the registry")
-            found = self.schemas[schema_id] = fastavro.parse_schema(json.loads(body["schema"]))
-        return found
-
-    def decode(self, data: bytes | None) -> Any:
-        if data is None:
-            return None
-        if len(data) < 5 or data[0] != 0:
-            raise UndecodableMessage("not the Confluent wire format (magic byte 0 and a schema id)")
-        schema_id = int.from_bytes(data[1:5], "big")
-        schema = self.schema(schema_id)
-        try:
-            return read_framed(data, schema)
-        except (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError) as exc:
-            raise UndecodableMessage(f"Avro body does not match schema {schema_id}: {exc!r}") from exc
-
-    __call__ = decode

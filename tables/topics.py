@@ -1,0 +1,91 @@
+"""Topic names: the one rule every component, test and tool builds them with.
+
+Promise: given the topic prefix (``topic_prefix``; may be empty), every Headwater topic has one
+name: the raw topic ``<prefix>.changes``, its dead letters ``.dlq`` and the fan-out's
+checkpoint ``.fanout``; a table's topic ``[prefix.][schema.]table`` (schema left out for
+``public``, as in Bottled Water); a view's ``<prefix>.views.<view>`` and the views' cuts
+``<prefix>.views.cuts``; the registry subjects ``<topic>-key`` / ``<topic>-value``; and Redis
+keys under ``<prefix>`` (``headwater`` when the prefix is empty). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+DEFAULT_PREFIX = "headwater"
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def under(prefix: str) -> str:
+    """What every topic under ``prefix`` starts with: ``<prefix>.``, or nothing for an empty prefix."""
+    return f"{prefix}." if prefix else ""
+
+
+def changes_topic(prefix: str) -> str:
+    """The raw change topic: one partition, every change in commit order."""
+    return _join(prefix, "changes")
+
+
+def dlq_topic(prefix: str) -> str:
+    """Where raw messages that cannot be decoded go, with their offset and the reason."""
+    return changes_topic(prefix) + ".dlq"
+
+
+def progress_topic(prefix: str) -> str:
+    """The fan-out's checkpoint: how far the raw topic is fully written to the table topics."""
+    return changes_topic(prefix) + ".fanout"
+
+
+def table_topic(prefix: str, schema: str, table: str) -> str:
+    """``[prefix.][schema.]table``: the schema is left out for ``public`` (as in Bottled Water)."""
+    return _join(prefix, "" if schema == "public" else schema, table)
+
+
+def table_topic_of(prefix: str, qualified: str) -> str:
+    """``table_topic`` of ``schema.table`` (or a bare ``table`` of ``public``)."""
+    schema, _, table = qualified.rpartition(".")
+    return table_topic(prefix, schema or "public", table)
+
+
+def view_topic(prefix: str, view: str) -> str:
+    return _join(prefix, "views", view)
+
+
+def cuts_topic(prefix: str) -> str:
+    """Where workers publish how far each view is complete (a commit LSN and the view topic's ends)."""
+    return _join(prefix, "views", "cuts")
+
+
+def internal_topics(prefix: str) -> set[str]:
+    """The topics under ``prefix`` that hold no table: raw, dead letters, checkpoint, cuts."""
+    return {changes_topic(prefix), dlq_topic(prefix), progress_topic(prefix), cuts_topic(prefix)}
+
+
+def key_subject(topic: str) -> str:
+    return f"{topic}-key"
+
+
+def value_subject(topic: str) -> str:
+    return f"{topic}-value"
+
+
+def redis_prefix(prefix: str) -> str:
+    """What Redis keys of views start with: the topic prefix, or ``headwater`` when it is empty."""
+    return prefix or DEFAULT_PREFIX
+
+
+def view_key(prefix: str, view: str) -> str:
+    """The Redis hash of a view's published cut and offsets; its rows are ``<view_key>:<key text>``."""
+    return f"{redis_prefix(prefix)}:{view}"
+
+
+def table_topic_of_subject(prefix: str, subject: str) -> str | None:
+    """The topic a ``<topic>-value`` subject registers, when it can be a table's topic under ``prefix``
+    (not the raw, dead-letter, checkpoint, cuts or a view topic); else None."""
+    if not subject.endswith("-value"):
+        return None
+    topic = subject.removesuffix("-value")
+    if topic.startswith(under(view_topic(prefix, ""))) or topic in internal_topics(prefix):
+        return None
+    return topic if topic.startswith(under(prefix)) else None
