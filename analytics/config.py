@@ -1,21 +1,32 @@
 """The analytics settings ([analytics] in headwater.toml, HEADWATER_ANALYTICS_*, flags).
 
-Promise: one frozen, validated object, loaded like every other component's (defaults <
-file < environment < flags); broker and registry default to the local stack's. Kafka
-SASL/TLS go through ``kafka`` (librdkafka names, secret values print as ``***``), Spark
-settings through ``spark``. ``source_options`` turns it into the data source's options.
+Promise: one frozen, validated object, loaded like every other component's
+(``tables.config.load_component``): the broker, Kafka client settings, registry and topic prefix
+come from ``[pipeline]`` unless ``[analytics]`` sets its own, and broker and registry nobody sets
+are the local stack's. Kafka SASL/TLS go through ``kafka`` (librdkafka names, secret values print
+as ``***``), Spark settings through ``spark``. ``source_options`` turns it into the data source's
+options.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tables.config import InvalidSetting, Settings, StackConfig, config_path, load, setting
+from tables.config import (
+    InvalidSetting,
+    Loaded,
+    Settings,
+    StackConfig,
+    check_shared,
+    config_path,
+    load_component,
+    masked_repr,
+    setting,
+)
 
 JOB_HELP = {  # the jobs of analytics.jobs.JOBS, named here so the command line does not import Spark
     "shop-report": "sample shop: revenue by day, customer region and product category (Parquet too)",
@@ -27,17 +38,20 @@ JOB_HELP = {  # the jobs of analytics.jobs.JOBS, named here so the command line 
 class AnalyticsConfig:
     """Where the topics are and how Spark runs (see the README's Analytics section)."""
 
-    bootstrap: str = setting("", "Kafka bootstrap servers (default: the local stack's broker)")
-    registry_url: str = setting("", "Confluent-compatible schema registry URL (default: the local stack's)")
-    topic_prefix: str = setting("headwater", "the capture's topic prefix (table and view topics start with it)")
+    bootstrap: str = setting("", "Kafka bootstrap servers (default: [pipeline] bootstrap, else the local stack's)")
+    registry_url: str = setting("", "schema registry URL (default: [pipeline] registry_url, else the local stack's)")
+    topic_prefix: str = setting("headwater", "the capture's topic prefix (default: [pipeline]'s, else headwater)")
     master: str = setting("local[*]", "Spark master: local[*], local[N], spark://host:port, yarn, k8s://...")
     output: Path = setting(Path("analytics-output"), "directory the jobs write their Parquet into")
-    kafka: Settings = setting(Settings(), "librdkafka settings of the readers (security.protocol, sasl.*, ssl.*)")
+    kafka: Settings = setting(Settings(), "librdkafka settings of the readers, over [pipeline] kafka (sasl.*, ssl.*)")
     spark: Settings = setting(Settings(), "Spark settings for the session (spark.executor.memory=4g, ...)")
     task_records: int = setting(1_000_000, "most messages one Spark task reads; bigger partitions are split")
     timeout: float = setting(300.0, "seconds a task may take to reach its planned end before it fails")
 
+    __repr__ = masked_repr
+
     def __post_init__(self) -> None:
+        check_shared(self.topic_prefix, self.registry_url)
         if self.task_records < 1:
             raise InvalidSetting("task_records", f"must be at least 1, got {self.task_records}")
         if self.timeout <= 0:
@@ -53,14 +67,24 @@ class AnalyticsConfig:
         return options
 
 
-def load_analytics_config(
-    explicit: str | None = None, environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None
-) -> AnalyticsConfig:
-    """[analytics] from the config file, environment and flags; broker and registry from the stack."""
-    env = dict(os.environ if environ is None else environ)
-    path = config_path(explicit, env)
-    cfg = load(AnalyticsConfig, "analytics", path=path, environ=env, flags=flags)
-    local = load(StackConfig, "stack", path=path, environ=env, flags=flags)
-    return dataclasses.replace(
-        cfg, bootstrap=cfg.bootstrap or local.bootstrap, registry_url=cfg.registry_url or local.registry_url
+def load_analytics(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    local: StackConfig | None = None,
+) -> Loaded[AnalyticsConfig]:
+    """[analytics] over [pipeline] (config file, environment, ``flags``), with where each value came from."""
+    env = os.environ if environ is None else environ
+    return load_component(
+        AnalyticsConfig, "analytics", path=config_path(explicit, env), environ=env, flags=flags, local=local
     )
+
+
+def load_analytics_config(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    local: StackConfig | None = None,
+) -> AnalyticsConfig:
+    """The analytics' effective settings (see ``load_analytics``)."""
+    return load_analytics(explicit, environ, flags, local).config

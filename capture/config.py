@@ -1,18 +1,36 @@
 """The capture agent's settings ([capture] in headwater.toml, HEADWATER_CAPTURE_*, flags).
 
-Promise: one frozen, validated object. The DSN is a ``Secret`` (never printed);
-PostgreSQL TLS goes through the DSN (``sslmode=...``), Kafka SASL/TLS through
-``producer`` settings (librdkafka names), whose secret values print as ``***``.
+Promise: one frozen, validated object. The broker, Kafka client settings, registry and topic
+prefix come from ``[pipeline]`` unless ``[capture]`` sets its own (``producer`` takes
+``[pipeline] kafka``, merged key by key); the DSN, broker and registry nobody sets are the local
+stack's and ``state_dir`` is ``<[stack] data_dir>/capture`` (``load_capture``). The DSN is a
+``Secret`` (never printed); PostgreSQL TLS goes through the DSN (``sslmode=...``), Kafka SASL/TLS
+through ``producer`` settings (librdkafka names), whose secret values print as ``***``.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tables.config import InvalidSetting, Secret, Settings, check_dsn, setting
+from tables.config import (
+    InvalidSetting,
+    Loaded,
+    Secret,
+    Settings,
+    StackConfig,
+    check_dsn,
+    check_shared,
+    config_path,
+    load_component,
+    masked_repr,
+    setting,
+)
 from tables.topics import changes_topic
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -27,14 +45,16 @@ class CaptureConfig:
     publication: str = setting("headwater", "publication (created for the chosen tables if missing)")
     include: str = setting("public.*", "comma-separated schema.table patterns to capture")
     exclude: str = setting("", "comma-separated schema.table patterns to leave out")
-    topic_prefix: str = setting("headwater", "prefix of every topic: <prefix>.changes, <prefix>.<table>")
+    topic_prefix: str = setting("headwater", "prefix of every topic (default: [pipeline] topic_prefix, else headwater)")
     format: str = setting("avro", "avro (Confluent wire format, schemas in the registry) or json")
     allow_unkeyed: bool = setting(False, "capture tables without primary key or replica identity index")
     skip_snapshot: bool = setting(False, "stream only, without the initial consistent snapshot")
     on_error: str = setting("log", "on a transient error: log and retry, or exit non-zero")
-    bootstrap: str = setting("", "Kafka bootstrap servers (default: the local stack's broker)")
-    registry_url: str = setting("", "Confluent-compatible schema registry URL (default: the local stack's)")
-    producer: Settings = setting(Settings(), "librdkafka settings passed to the producer (SASL, TLS, ...)")
+    bootstrap: str = setting("", "Kafka bootstrap servers (default: [pipeline] bootstrap, else the local stack's)")
+    registry_url: str = setting("", "schema registry URL (default: [pipeline] registry_url, else the local stack's)")
+    producer: Settings = setting(
+        Settings(), "librdkafka settings of its clients, over [pipeline] kafka (SASL, TLS, ...)"
+    )
     topic_config: Settings = setting(Settings(), "settings for topics Headwater creates (e.g. retention.ms)")
     replication_factor: int = setting(1, "replication factor of topics Headwater creates")
     heartbeat_interval: float = setting(10.0, "seconds between heartbeats that keep the slot moving (0: off)")
@@ -42,10 +62,15 @@ class CaptureConfig:
     snapshot_workers: int = setting(2, "worker processes copying tables in parallel during the snapshot")
     snapshot_chunk_pages: int = setting(2000, "heap pages per snapshot chunk (big tables are split)")
     max_tx_memory: int = setting(64 * 1024 * 1024, "bytes of a transaction kept in memory before spilling to disk")
-    state_dir: Path = setting(Path(".headwater/capture"), "checkpoint, TOAST cache and spill files")
+    state_dir: Path = setting(
+        Path(".headwater/capture"), "checkpoint, TOAST cache, spills (default: <data_dir>/capture)"
+    )
+
+    __repr__ = masked_repr
 
     def __post_init__(self) -> None:
         check_dsn("dsn", self.dsn.reveal())
+        check_shared(self.topic_prefix, self.registry_url)
         for key in ("slot", "publication"):
             if not NAME.match(getattr(self, key)):
                 raise InvalidSetting(
@@ -74,3 +99,27 @@ class CaptureConfig:
     @property
     def changes_topic(self) -> str:
         return changes_topic(self.topic_prefix)
+
+
+def load_capture(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    local: StackConfig | None = None,
+) -> Loaded[CaptureConfig]:
+    """[capture] over [pipeline] (config file, environment, ``flags``), with where each value came from."""
+    env = os.environ if environ is None else environ
+    path = config_path(explicit, env)
+    return load_component(
+        CaptureConfig, "capture", path=path, environ=env, flags=flags, local=local, renames={"producer": "kafka"}
+    )
+
+
+def load_capture_config(
+    explicit: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    local: StackConfig | None = None,
+) -> CaptureConfig:
+    """The capture agent's effective settings (see ``load_capture``)."""
+    return load_capture(explicit, environ, flags, local).config

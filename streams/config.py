@@ -1,20 +1,34 @@
 """The stream workers' settings ([streams] in headwater.toml, HEADWATER_STREAMS_*, faust flags).
 
 Promise: one frozen, validated object, loaded the same way as every other component's
-(defaults < file < environment). Broker and registry default to the local stack's;
-Kafka SASL/TLS go through ``kafka`` (librdkafka names, secret values print as ``***``).
-The broker profile is ``tansu`` exactly when the broker is the local stack's, unless set.
+(``tables.config.load_component``): the broker, Kafka client settings, registry, Redis and topic
+prefix come from ``[pipeline]`` unless ``[streams]`` sets its own; what nobody sets is the local
+stack's, and ``state_dir`` is ``<[stack] data_dir>/streams``. Kafka SASL/TLS go through ``kafka``
+(librdkafka names, secret values print as ``***``). The broker profile ``auto`` is ``tansu``
+exactly when the broker is the local stack's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tables.config import InvalidSetting, Settings, StackConfig, check_port, config_path, load, read_file, setting
+from tables.config import (
+    InvalidSetting,
+    Loaded,
+    Settings,
+    Source,
+    check_port,
+    check_shared,
+    config_path,
+    load_component,
+    masked_repr,
+    read_file,
+    setting,
+)
 from tables.topics import changes_topic, cuts_topic, dlq_topic, progress_topic, view_topic
 from tables.views import ViewSpec, parse_views
 
@@ -27,9 +41,9 @@ class StreamsConfig:
     """How the Faust workers read the raw topic and what they build (see the README's table)."""
 
     app_id: str = setting("headwater-streams", "Faust app id: consumer group and changelog topic prefix")
-    bootstrap: str = setting("", "Kafka bootstrap servers (default: the local stack's broker)")
-    registry_url: str = setting("", "Confluent-compatible schema registry URL (default: the local stack's)")
-    topic_prefix: str = setting("headwater", "the capture's topic prefix: reads <prefix>.changes")
+    bootstrap: str = setting("", "Kafka bootstrap servers (default: [pipeline] bootstrap, else the local stack's)")
+    registry_url: str = setting("", "schema registry URL (default: [pipeline] registry_url, else the local stack's)")
+    topic_prefix: str = setting("headwater", "the capture's topic prefix (default: [pipeline]'s, else headwater)")
     tables: str = setting("", "comma-separated schema.table to serve (default: every table capture registered)")
     partitions: int = setting(4, "partitions of the per-table topics and of the tables' changelogs")
     replication_factor: int = setting(1, "replication factor of the topics the workers create")
@@ -37,17 +51,20 @@ class StreamsConfig:
     broker_profile: str = setting(
         "auto", "tansu (the local broker's needs), kafka, or auto (tansu for the local stack)"
     )
-    kafka: Settings = setting(Settings(), "librdkafka-style client settings (security.protocol, sasl.*, ssl.*)")
+    kafka: Settings = setting(Settings(), "librdkafka-style client settings, over [pipeline] kafka (sasl.*, ssl.*)")
     table_standby_replicas: int = setting(0, "standby copies of each table partition kept by other workers")
     web_host: str = setting("127.0.0.1", "address the query endpoint binds to and advertises")
     web_port: int = setting(6066, "port of the query endpoint (faust worker --web-port overrides it)")
     canonical_url: str = setting("", "URL other workers use to reach this one (default http://web_host:web_port)")
     batch_size: int = setting(2000, "raw changes the fan-out handles per batch")
     batch_wait: float = setting(0.005, "seconds an agent waits to fill a batch (latency against per-batch work)")
-    state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory")
-    redis_url: str = setting("", "Redis the views are mirrored into (default: the local stack's; 'none' turns it off)")
+    state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory (default: <data_dir>/streams)")
+    redis_url: str = setting("", "Redis of the views (default: [pipeline]'s, else the local stack's; 'none': off)")
+
+    __repr__ = masked_repr
 
     def __post_init__(self) -> None:
+        check_shared(self.topic_prefix, self.registry_url, self.redis_url)
         if not APP_ID.match(self.app_id):
             raise InvalidSetting("app_id", f"must be letters, digits, '.', '_' or '-', got {self.app_id!r}")
         if self.broker_profile not in PROFILES:
@@ -95,25 +112,24 @@ class StreamsConfig:
         return self.broker_profile == "tansu"
 
 
-def load_streams_config(environ: dict[str, str] | None = None) -> StreamsConfig:
-    """[streams] from the config file and environment; broker, registry and profile from the stack."""
-    env = dict(os.environ if environ is None else environ)
-    path = config_path(None, env)
-    cfg = load(StreamsConfig, "streams", path=path, environ=env)
-    local = load(StackConfig, "stack", path=path, environ=env)
-    profile = cfg.broker_profile
-    if profile == "auto":
-        profile = "tansu" if cfg.bootstrap in ("", local.bootstrap) else "kafka"
-    return dataclasses.replace(
-        cfg,
-        bootstrap=cfg.bootstrap or local.bootstrap,
-        registry_url=cfg.registry_url or local.registry_url,
-        redis_url=cfg.redis_url or local.redis_url,
-        broker_profile=profile,
-    )
+def load_streams(environ: Mapping[str, str] | None = None, explicit: str | None = None) -> Loaded[StreamsConfig]:
+    """[streams] over [pipeline] (config file and environment), with where each value came from;
+    ``broker_profile = auto`` resolved against the local stack's broker."""
+    env = os.environ if environ is None else environ
+    loaded = load_component(StreamsConfig, "streams", path=config_path(explicit, env), environ=env)
+    if loaded.config.broker_profile != "auto" or loaded.local is None:
+        return loaded
+    local = loaded.config.bootstrap == loaded.local.bootstrap
+    why = "the broker is the local stack's" if local else "the broker is not the local stack's"
+    return loaded.replace("broker_profile", "tansu" if local else "kafka", Source("auto", why))
 
 
-def load_views(environ: dict[str, str] | None = None) -> list[ViewSpec]:
+def load_streams_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:
+    """The stream workers' effective settings (see ``load_streams``)."""
+    return load_streams(environ).config
+
+
+def load_views(environ: Mapping[str, str] | None = None) -> list[ViewSpec]:
     """The ``[views.<name>]`` specs of the config file (syntax checked; tables are checked at start-up)."""
     path = config_path(None, dict(os.environ if environ is None else environ))
     if path is None:

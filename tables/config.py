@@ -1,22 +1,31 @@
 """Typed, frozen configuration objects loaded from a TOML file, the environment and flags.
 
-Promise: one frozen dataclass per component, filled in this order (later wins):
-defaults, the ``[section]`` table of the TOML file, ``HEADWATER_<SECTION>_<KEY>``
-environment variables, then command-line flags. Every bad value is a ``ConfigError``
-naming the file, line and key (or the variable or flag) and what is expected.
-Secrets are ``Secret`` values: their ``repr`` and ``str`` never show the value.
+Promise: one frozen dataclass per component, filled in this order (later wins): defaults,
+the ``[section]`` table of the TOML file, ``HEADWATER_<SECTION>_<KEY>`` environment
+variables, then command-line flags. The settings every component shares (``PipelineConfig``:
+broker, Kafka client settings, registry, Redis, topic prefix) are written once in
+``[pipeline]`` (``HEADWATER_PIPELINE_<KEY>``); ``load_component`` puts them under each
+component's own: default < local stack < [pipeline] < [section] < HEADWATER_PIPELINE_* <
+HEADWATER_<SECTION>_* < flag. Addresses nothing sets are the local stack's (``local_defaults``,
+the one place). Pass-through ``Settings`` merge key by key. ``load_traced`` and
+``load_component`` say where each value came from (``Source``). Every bad value is a
+``ConfigError`` naming the file, line and key (or the variable or flag) and what is expected.
+Secrets are ``Secret`` values: their ``repr`` and ``str`` never show the value; ``display``
+shows any value with secrets, secret-looking settings and URL passwords masked.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Generic, TypeVar, cast, get_type_hints
+from urllib.parse import urlsplit
 
 import psycopg2
 import psycopg2.extensions
@@ -26,7 +35,8 @@ from tables.errors import ConfigError
 DEFAULT_FILE = "headwater.toml"
 CONFIG_ENV = "HEADWATER_CONFIG"
 # Sections other components own; a table not named here is most likely a typo.
-KNOWN_SECTIONS = ("stack", "registry", "capture", "streams", "views", "analytics")
+KNOWN_SECTIONS = ("stack", "pipeline", "registry", "capture", "streams", "views", "analytics")
+DEFAULT_PREFIX = "headwater"  # tables.topics' too; the config model stands alone
 
 T = TypeVar("T")
 
@@ -61,9 +71,12 @@ class Settings(dict[str, str]):
 
     SECRET_WORDS = ("password", "secret", "token", "key.pem", "sasl.jaas")
 
+    def masked(self) -> dict[str, str]:
+        """The settings with the values of secret-looking keys as ``***``."""
+        return {k: ("***" if any(w in k.lower() for w in self.SECRET_WORDS) else v) for k, v in self.items()}
+
     def __repr__(self) -> str:
-        shown = {k: ("***" if any(w in k.lower() for w in self.SECRET_WORDS) else v) for k, v in self.items()}
-        return f"Settings({shown!r})"
+        return f"Settings({self.masked()!r})"
 
     __str__ = __repr__
 
@@ -96,10 +109,10 @@ def _toml_line(text: str, section: str, key: str | None) -> int | None:
         header = re.match(r"^\[\s*([^\]\s]+)\s*\]", line)
         if header:
             current = header.group(1)
-            if key is None and current == section:
-                return number
+            if current == (section if key is None else f"{section}.{key}"):
+                return number  # the section's header, or a sub-table [section.key]
             continue
-        if current == section and key and re.match(rf"^{re.escape(key)}\s*=", line):
+        if current == section and key and re.match(rf"^{re.escape(key)}\s*[=.]", line):
             return number
     return None
 
@@ -163,7 +176,7 @@ def _coerce(kind: Any, value: Any, *, from_text: bool) -> Any:
         raise ValueError("expected a number")
     if kind is Settings:
         if isinstance(value, dict):
-            return Settings({str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()})
+            return Settings(_flat(value))
         if isinstance(value, str):
             return Settings.parse(value)
         raise ValueError("expected a table of settings (or key=value,key=value)")
@@ -176,9 +189,62 @@ def _coerce(kind: Any, value: Any, *, from_text: bool) -> Any:
     return value
 
 
+def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A TOML table as pass-through settings: unquoted dotted keys (``sasl.mechanism = ...``) rejoined."""
+    out: dict[str, str] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
 def _fields(cls: type) -> dict[str, Any]:
     hints = get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where one value came from, as ``headwater config show`` prints it."""
+
+    kind: str  # default, file, env, flag, stack (the local stack's address) or auto (a rule chose it)
+    name: str = ""  # the file, the variable, the flag, the [stack] settings or the rule
+    line: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "file":
+            return f"{self.name}:{self.line}" if self.line else self.name
+        if self.kind == "stack":
+            return f"local stack ([stack] {self.name})"
+        if self.kind == "auto":
+            return f"auto: {self.name}"
+        return self.name or self.kind
+
+
+DEFAULT = Source("default")
+Sources = Mapping[str, tuple[Source, ...]]
+Layer = tuple[str, Any, Source]  # a field, its value, where it came from
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded(Generic[T]):
+    """A config object, the sources of its values (last wins) and the local stack it was defaulted from."""
+
+    config: T
+    sources: Sources
+    local: StackConfig | None = None
+
+    def source(self, name: str) -> str:
+        """Where ``name`` came from: ``default``, ``file:line``, a variable, a flag, the local stack."""
+        return ", ".join(str(s) for s in self.sources.get(name, (DEFAULT,)))
+
+    def replace(self, name: str, value: Any, why: Source) -> Loaded[T]:
+        """The same with ``name`` set to ``value`` by a rule (``why`` is added to its sources)."""
+        config = dataclasses.replace(cast(Any, self.config), **{name: value})
+        sources = {**self.sources, name: (*self.sources.get(name, ()), why)}
+        return dataclasses.replace(self, config=config, sources=sources)
 
 
 def load(
@@ -190,36 +256,135 @@ def load(
     flags: Mapping[str, Any] | None = None,
 ) -> T:
     """Build ``cls`` from defaults, ``[section]`` of ``path``, the environment and ``flags``."""
+    return load_traced(cls, section, path=path, environ=environ, flags=flags).config
+
+
+def load_traced(
+    cls: type[T],
+    section: str,
+    *,
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Loaded[T]:
+    """``load``, with where each value came from."""
     environ = os.environ if environ is None else environ
     kinds = _fields(cls)
+    data, text = _sections(path)
+    layers = [
+        *_file_layer(kinds, section, data, text, path),
+        *_env_layer(kinds, section, environ),
+        *_flag_layer(kinds, flags),
+    ]
+    return _build(cls, *_fold(layers))
+
+
+def load_component(
+    cls: type[T],
+    section: str,
+    *,
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    local: StackConfig | None = None,
+    renames: Mapping[str, str] | None = None,
+) -> Loaded[T]:
+    """A component's settings: ``[pipeline]`` under its own section, the local stack's addresses where
+    neither sets them. Later wins: default, local stack (only where empty), [pipeline], [section],
+    HEADWATER_PIPELINE_*, HEADWATER_<SECTION>_*, flags. ``renames`` maps a field of ``cls`` to the
+    [pipeline] setting it takes (capture's ``producer`` takes ``kafka``); same-named fields take theirs.
+    ``local`` is the stack to default from (else ``[stack]`` of the same file and environment)."""
+    environ = os.environ if environ is None else environ
+    kinds = _fields(cls)
+    data, text = _sections(path)
+    shared = {} if section == "pipeline" else _shared(kinds, renames or {})
+    general: tuple[list[Layer], list[Layer]] = ([], [])
+    if shared:
+        pipeline = _fields(PipelineConfig)
+        general = _file_layer(pipeline, "pipeline", data, text, path), _env_layer(pipeline, "pipeline", environ)
+        _build(PipelineConfig, *_fold([*general[0], *general[1]]))  # a bad [pipeline] is named as such
+    layers = [
+        *_renamed(general[0], shared),
+        *_file_layer(kinds, section, data, text, path),
+        *_renamed(general[1], shared),
+        *_env_layer(kinds, section, environ),
+        *_flag_layer(kinds, flags),
+    ]
+    values, sources = _fold(layers)
+    local = local if local is not None else load(StackConfig, "stack", path=path, environ=environ)
+    _default_to_local(values, sources, kinds, local_defaults(local, section))
+    return dataclasses.replace(_build(cls, values, sources), local=local)
+
+
+def local_defaults(local: StackConfig, section: str) -> dict[str, tuple[Any, str]]:
+    """The one place components take the local stack's addresses from: each setting's value and the
+    [stack] settings it is made of. State directories follow ``data_dir``: ``<data_dir>/<section>``."""
+    return {
+        "dsn": (Secret(local.dsn()), "host, postgres_port, postgres_user, postgres_password, database"),
+        "bootstrap": (local.bootstrap, "host, kafka_port"),
+        "registry_url": (local.registry_url, "host, registry_port"),
+        "redis_url": (local.redis_url, "host, redis_port"),
+        "state_dir": (local.data_dir / section, "data_dir"),
+    }
+
+
+def _default_to_local(
+    values: dict[str, Any], sources: dict[str, tuple[Source, ...]], kinds: Collection[str],
+    defaults: Mapping[str, tuple[Any, str]],
+) -> None:  # fmt: skip
+    """Fill the settings of ``kinds`` nothing set (or set empty) from the local stack's ``defaults``."""
+    for name, (value, made_of) in defaults.items():
+        if name in kinds and _empty(values.get(name, "")):
+            values[name], sources[name] = value, (Source("stack", made_of),)
+
+
+def _empty(value: Any) -> bool:
+    return (value.reveal() if isinstance(value, Secret) else value) == ""
+
+
+def _shared(kinds: Collection[str], renames: Mapping[str, str]) -> dict[str, str]:
+    """Each field of a component that takes a [pipeline] setting, and that setting's name."""
+    same = {name: name for name in _fields(PipelineConfig) if name in kinds}
+    return {**same, **{mine: theirs for mine, theirs in renames.items() if mine in kinds}}
+
+
+def _renamed(layers: Iterable[Layer], shared: Mapping[str, str]) -> list[Layer]:
+    """[pipeline] values under the names the component gives them."""
+    return [
+        (mine, value, source) for mine, theirs in shared.items() for name, value, source in layers if name == theirs
+    ]
+
+
+def _fold(layers: Iterable[Layer]) -> tuple[dict[str, Any], dict[str, tuple[Source, ...]]]:
+    """The values the layers give, later winning; pass-through ``Settings`` merge key by key."""
     values: dict[str, Any] = {}
-    text = ""
-    if path is not None:
-        from_file, text = _from_file(kinds, section, path)
-        values.update(from_file)
-    prefix = f"HEADWATER_{section.upper()}_"
-    for name, kind in kinds.items():
-        var = prefix + name.upper()
-        if var in environ:
-            try:
-                values[name] = _coerce(kind, environ[var], from_text=True)
-            except ValueError as exc:
-                raise ConfigError(f"{exc}, got {environ[var]!r}", key=var) from exc
-    for name, value in (flags or {}).items():
-        if name in kinds and value is not None:
-            flag = "--" + name.replace("_", "-")
-            try:
-                values[name] = _coerce(kinds[name], value, from_text=True)
-            except ValueError as exc:
-                raise ConfigError(f"{exc}, got {value!r}", key=flag) from exc
+    sources: dict[str, tuple[Source, ...]] = {}
+    for name, value, source in layers:
+        if isinstance(value, Settings) and name in values:
+            values[name] = Settings({**values[name], **value})
+            sources[name] = (*sources[name], source)
+        else:
+            values[name], sources[name] = value, (source,)
+    return values, sources
+
+
+def _build(cls: type[T], values: dict[str, Any], sources: Mapping[str, tuple[Source, ...]]) -> Loaded[T]:
+    """``cls(**values)``; a setting it refuses is a ConfigError naming where that value came from."""
     try:
-        return cls(**values)
+        config = cls(**values)
     except InvalidSetting as exc:
-        line = _toml_line(text, section, exc.key) if text else None
-        raise ConfigError(str(exc), path=str(path) if line else None, line=line, key=exc.key) from exc
+        where = sources.get(exc.key, (DEFAULT,))[-1]
+        if where.kind == "file":
+            raise ConfigError(str(exc), path=where.name, line=where.line, key=exc.key) from exc
+        suffix = "" if where.kind == "default" else f" (set by {where})"
+        raise ConfigError(f"{exc}{suffix}", key=exc.key) from exc
+    return Loaded(config, {name: sources.get(name, (DEFAULT,)) for name in _fields(cls)})
 
 
-def _from_file(kinds: Mapping[str, Any], section: str, path: Path) -> tuple[dict[str, Any], str]:
+def _sections(path: Path | None) -> tuple[dict[str, Any], str]:
+    """The parsed file (empty without one); a section no component owns is refused with its line."""
+    if path is None:
+        return {}, ""
     data, text = read_file(path)
     for name, table in data.items():
         if name not in KNOWN_SECTIONS or not isinstance(table, dict):
@@ -229,7 +394,17 @@ def _from_file(kinds: Mapping[str, Any], section: str, path: Path) -> tuple[dict
                 line=_toml_line(text, name, None),
                 hint=f"known sections: {', '.join(KNOWN_SECTIONS)}",
             )
-    values: dict[str, Any] = {}
+    return data, text
+
+
+def _got(kind: Any, value: Any) -> str:
+    """The bad value for an error message, unless it may hold a secret."""
+    return "" if kind in (Secret, Settings) else f", got {value!r}"
+
+
+def _file_layer(kinds: Mapping[str, Any], section: str, data: Mapping[str, Any], text: str,
+                path: Path | None) -> list[Layer]:  # fmt: skip
+    out: list[Layer] = []
     for key, value in data.get(section, {}).items():
         line = _toml_line(text, section, key)
         if key not in kinds:
@@ -241,32 +416,54 @@ def _from_file(kinds: Mapping[str, Any], section: str, path: Path) -> tuple[dict
                 hint=f"known settings: {', '.join(sorted(kinds))}",
             )
         try:
-            values[key] = _coerce(kinds[key], value, from_text=False)
+            out.append((key, _coerce(kinds[key], value, from_text=False), Source("file", str(path), line)))
         except ValueError as exc:
-            raise ConfigError(f"{exc}, got {value!r}", path=str(path), line=line, key=key) from exc
-    return values, text
+            raise ConfigError(f"{exc}{_got(kinds[key], value)}", path=str(path), line=line, key=key) from exc
+    return out
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
-    """Add one ``--kebab-name`` flag per field of ``cls`` (all default to 'not given')."""
+def _env_layer(kinds: Mapping[str, Any], section: str, environ: Mapping[str, str]) -> list[Layer]:
+    out: list[Layer] = []
+    for name, kind in kinds.items():
+        var = f"HEADWATER_{section.upper()}_{name.upper()}"
+        if var in environ:
+            try:
+                out.append((name, _coerce(kind, environ[var], from_text=True), Source("env", var)))
+            except ValueError as exc:
+                raise ConfigError(f"{exc}{_got(kind, environ[var])}", key=var) from exc
+    return out
+
+
+def _flag_layer(kinds: Mapping[str, Any], flags: Mapping[str, Any] | None) -> list[Layer]:
+    out: list[Layer] = []
+    for name, value in (flags or {}).items():
+        if name in kinds and value is not None:
+            flag = "--" + name.replace("_", "-")
+            try:
+                out.append((name, _coerce(kinds[name], value, from_text=True), Source("flag", flag)))
+            except ValueError as exc:
+                raise ConfigError(f"{exc}{_got(kinds[name], value)}", key=flag) from exc
+    return out
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, only: Collection[str] | None = None
+) -> None:
+    """Add one ``--kebab-name`` flag per field of ``cls`` (or of those named in ``only``); none has a
+    default of its own, so a flag not given leaves the file and the environment in charge."""
     kinds = _fields(cls)
     for field in dataclasses.fields(cls):
-        if kinds[field.name] is bool:
-            parser.add_argument(
-                "--" + field.name.replace("_", "-"),
-                dest=field.name,
-                action="store_const",
-                const="true",
-                default=None,
-                help=field.metadata.get("help", ""),
-            )
+        if only is not None and field.name not in only:
             continue
+        text = field.metadata.get("help", "")
+        if kinds[field.name] is bool:
+            parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, action="store_const",
+                                const="true", default=None, help=text)  # fmt: skip
+            continue
+        if "default" not in text and field.default not in ("", Settings()):  # else the help says it better
+            text = f"{text} (default: {field.default})"
         parser.add_argument(
-            "--" + field.name.replace("_", "-"),
-            dest=field.name,
-            default=None,
-            metavar=field.name.upper(),
-            help=f"{field.metadata.get('help', '')} (default: {field.default})",
+            "--" + field.name.replace("_", "-"), dest=field.name, default=None, metavar=field.name.upper(), help=text
         )
 
 
@@ -291,6 +488,58 @@ def check_port(name: str, port: int) -> None:
     """Raise InvalidSetting unless ``port`` is a usable TCP port."""
     if not 1 <= port <= 65535:
         raise InvalidSetting(name, f"must be a TCP port between 1 and 65535, got {port}")
+
+
+TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]*$")
+
+
+def check_prefix(name: str, prefix: str) -> None:
+    """Raise InvalidSetting unless ``prefix`` can start Kafka topic names (it may be empty)."""
+    if not TOPIC_PREFIX.match(prefix):
+        raise InvalidSetting(name, f"must be letters, digits, '.', '_' or '-' (it starts topic names), got {prefix!r}")
+
+
+def check_url(name: str, url: str, schemes: Collection[str], example: str) -> None:
+    """Raise InvalidSetting unless ``url`` is empty or a URL of one of ``schemes`` with a host."""
+    try:
+        parts = urlsplit(url)
+        ok = not url or (parts.scheme in schemes and bool(parts.hostname or parts.scheme == "unix"))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise InvalidSetting(name, f"must be a {'/'.join(schemes)} URL such as {example}, got {_unpassworded(url)!r}")
+
+
+def _unpassworded(text: str) -> str:
+    """``text`` with the password of a URL in it masked (tables.registry.shown); unparsable: all masked."""
+    from tables.registry import shown  # not at the top: the config model imports no Avro
+
+    if "://" not in text:
+        return text
+    try:
+        return shown(text)
+    except ValueError:
+        return "***"
+
+
+def display(value: Any) -> str:
+    """A setting's value as TOML, with secrets, secret-looking settings and URL passwords as ``***``."""
+    if isinstance(value, Secret):
+        return '"***"'
+    if isinstance(value, Settings):
+        pairs = (f"{json.dumps(k)} = {json.dumps(_unpassworded(v))}" for k, v in value.masked().items())
+        return "{ " + ", ".join(pairs) + " }" if value else "{}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(_unpassworded(str(value)))
+
+
+def masked_repr(self: Any) -> str:
+    """``repr`` of a config object with every value as ``display`` shows it."""
+    shown = ", ".join(f"{f.name}={display(getattr(self, f.name))}" for f in dataclasses.fields(self))
+    return f"{type(self).__name__}({shown})"
 
 
 # libpq options whose values libpq refuses only when connecting; checked up front instead.
@@ -342,6 +591,31 @@ def check_dsn(name: str, dsn: str) -> None:
     problem = dsn_problem(dsn) if dsn else None
     if problem:
         raise InvalidSetting(name, f"not a valid PostgreSQL connection string: {problem} (expected {DSN_EXAMPLE})")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """What every component shares, written once ([pipeline] in headwater.toml, HEADWATER_PIPELINE_*):
+    capture, the stream workers and analytics use it unless their own section sets the same setting."""
+
+    bootstrap: str = setting("", "Kafka bootstrap servers of every component (default: the local stack's broker)")
+    kafka: Settings = setting(Settings(), "librdkafka client settings of every component (SASL, TLS, ...)")
+    registry_url: str = setting("", "schema registry URL, basic auth as user:password@ (default: the local stack's)")
+    redis_url: str = setting("", "Redis the workers mirror views into (default: the local stack's; 'none': off)")
+    topic_prefix: str = setting(DEFAULT_PREFIX, "prefix of every topic: <prefix>.changes, <prefix>.<table>, ...")
+
+    __repr__ = masked_repr
+
+    def __post_init__(self) -> None:
+        check_shared(self.topic_prefix, self.registry_url, self.redis_url)
+
+
+def check_shared(topic_prefix: str, registry_url: str, redis_url: str = "") -> None:
+    """Raise InvalidSetting for a malformed topic prefix, registry URL or Redis URL (wherever they are set)."""
+    check_prefix("topic_prefix", topic_prefix)
+    check_url("registry_url", registry_url, ("http", "https"), "http://127.0.0.1:8081")
+    if redis_url != "none":
+        check_url("redis_url", redis_url, ("redis", "rediss", "unix"), "redis://127.0.0.1:6379/0")
 
 
 @dataclasses.dataclass(frozen=True)

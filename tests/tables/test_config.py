@@ -1,4 +1,4 @@
-"""Configuration: file, environment and flags, typed and validated, secrets masked."""
+"""Configuration: file, environment and flags, typed and validated, secrets masked; one [pipeline] for all."""
 
 from __future__ import annotations
 
@@ -6,7 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from tables.config import Secret, StackConfig, load
+from analytics.config import load_analytics, load_analytics_config
+from capture.config import load_capture, load_capture_config
+from streams.config import load_streams, load_streams_config
+from tables.config import (
+    PipelineConfig,
+    Secret,
+    StackConfig,
+    display,
+    load,
+    load_component,
+    load_traced,
+)
 from tables.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -83,3 +94,150 @@ def test_secrets_never_print(tmp_path: Path) -> None:
     for shown in (repr(cfg), str(cfg), cfg.display_dsn(), str(cfg.postgres_password)):
         assert "hunter2-secret" not in shown
     assert "hunter2-secret" in cfg.dsn()  # only the driver gets it
+
+
+# ---- one configuration: [pipeline] under every component ------------------------------------
+PIPELINE = """\
+[stack]
+data_dir = "{data}"
+
+[pipeline]
+bootstrap = "kafka1.example.com:9093,kafka2.example.com:9093"
+registry_url = "https://svc:RegistrySecret1@registry.example.com"
+redis_url = "redis://:RedisSecret2@redis.example.com:6380/1"
+topic_prefix = "pgb"
+
+[pipeline.kafka]
+security.protocol = "SASL_SSL"
+sasl.mechanism = "SCRAM-SHA-256"
+"sasl.username" = "svc"
+"sasl.password" = "KafkaSecret3"
+"""
+SHARED_KAFKA = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+                "sasl.username": "svc", "sasl.password": "KafkaSecret3"}  # fmt: skip
+
+
+def pipeline_file(tmp_path: Path, extra: str = "") -> Path:
+    return write(tmp_path, PIPELINE.format(data=tmp_path / "data") + extra)
+
+
+def test_every_component_reads_one_pipeline_file(tmp_path: Path) -> None:
+    path = pipeline_file(tmp_path)
+    capture = load_capture_config(str(path), {})
+    streams = load_streams_config({"HEADWATER_CONFIG": str(path)})
+    analytics = load_analytics_config(str(path), {})
+    for cfg in (capture, streams, analytics):
+        assert cfg.bootstrap == "kafka1.example.com:9093,kafka2.example.com:9093"
+        assert cfg.registry_url == "https://svc:RegistrySecret1@registry.example.com"
+        assert cfg.topic_prefix == "pgb"
+    assert dict(capture.producer) == dict(streams.kafka) == dict(analytics.kafka) == SHARED_KAFKA
+    assert streams.redis_url == "redis://:RedisSecret2@redis.example.com:6380/1"
+    assert streams.broker_profile == "kafka"  # auto: not the local stack's broker
+    assert (capture.changes_topic, streams.changes_topic) == ("pgb.changes", "pgb.changes")
+    assert analytics.source_options()["kafka.sasl.password"] == "KafkaSecret3"
+    assert capture.state_dir == tmp_path / "data" / "capture" and streams.state_dir == tmp_path / "data" / "streams"
+    assert capture.dsn == Secret(StackConfig(data_dir=tmp_path / "data").dsn())  # only capture reads PostgreSQL
+
+
+def test_a_components_own_setting_wins_and_kafka_settings_merge_key_by_key(tmp_path: Path) -> None:
+    path = pipeline_file(
+        tmp_path,
+        '\n[capture]\nbootstrap = "capture-only:9092"\nproducer = { "linger.ms" = 5, "sasl.username" = "cap" }\n'
+        '\n[analytics]\ntopic_prefix = "mirror"\n',
+    )
+    capture = load_capture(str(path), {})
+    assert capture.config.bootstrap == "capture-only:9092" and capture.source("bootstrap") == f"{path}:17"
+    assert dict(capture.config.producer) == {**SHARED_KAFKA, "sasl.username": "cap", "linger.ms": "5"}
+    assert capture.source("producer") == f"{path}:10, {path}:18"
+    assert capture.config.topic_prefix == "pgb" and capture.source("topic_prefix") == f"{path}:8"
+    assert load_analytics_config(str(path), {}).topic_prefix == "mirror"
+    assert load_streams_config({"HEADWATER_CONFIG": str(path)}).bootstrap.startswith("kafka1.")
+
+
+def test_precedence_default_pipeline_section_pipeline_env_section_env_flag(tmp_path: Path) -> None:
+    path = write(tmp_path, '[pipeline]\ntopic_prefix = "p-file"\n[capture]\ntopic_prefix = "c-file"\n')
+    layers = [
+        ({}, {}, "c-file", f"{path}:4"),
+        ({"HEADWATER_PIPELINE_TOPIC_PREFIX": "p-env"}, {}, "p-env", "HEADWATER_PIPELINE_TOPIC_PREFIX"),
+        ({"HEADWATER_PIPELINE_TOPIC_PREFIX": "p-env", "HEADWATER_CAPTURE_TOPIC_PREFIX": "c-env"}, {}, "c-env",
+         "HEADWATER_CAPTURE_TOPIC_PREFIX"),
+        ({"HEADWATER_CAPTURE_TOPIC_PREFIX": "c-env"}, {"topic_prefix": "flag"}, "flag", "--topic-prefix"),
+    ]  # fmt: skip
+    for environ, flags, value, source in layers:
+        loaded = load_capture(str(path), environ, flags)
+        assert (loaded.config.topic_prefix, loaded.source("topic_prefix")) == (value, source)
+    only_pipeline = write(tmp_path, '[pipeline]\ntopic_prefix = "p-file"\n')
+    assert load_capture(str(only_pipeline), {}).source("topic_prefix") == f"{only_pipeline}:2"
+    assert load_capture(None, {}).source("topic_prefix") == "default"
+
+
+def test_what_nothing_sets_is_the_local_stacks_in_one_place(tmp_path: Path) -> None:
+    path = write(tmp_path, f'[stack]\ndata_dir = "{tmp_path / "d"}"\nkafka_port = 29092\nredis_port = 29379\n')
+    local = load(StackConfig, "stack", path=path, environ={})
+    streams = load_streams({"HEADWATER_CONFIG": str(path)})
+    assert (streams.config.bootstrap, streams.config.broker_profile) == ("127.0.0.1:29092", "tansu")
+    assert streams.config.redis_url == local.redis_url and streams.config.registry_url == local.registry_url
+    assert streams.source("bootstrap") == "local stack ([stack] host, kafka_port)"
+    assert streams.source("broker_profile") == "default, auto: the broker is the local stack's"
+    capture = load_capture(str(path), {})
+    assert capture.config.dsn == Secret(local.dsn()) and capture.config.state_dir == tmp_path / "d" / "capture"
+    assert capture.source("state_dir") == "local stack ([stack] data_dir)"
+    assert load_analytics_config(str(path), {}).bootstrap == "127.0.0.1:29092"
+    explicit = load_capture(str(path), {"HEADWATER_CAPTURE_STATE_DIR": "mine"})
+    assert explicit.config.state_dir == Path("mine")  # only the default follows data_dir
+    same = load_streams({"HEADWATER_CONFIG": str(path), "HEADWATER_PIPELINE_BOOTSTRAP": "127.0.0.1:29092"})
+    assert same.config.broker_profile == "tansu"  # the local stack's broker, however it was named
+    assert load_capture(None, {}).config.state_dir == Path(".headwater/capture")  # data_dir's default
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "says"),
+    [
+        ('topic_prefix = "no spaces"', "topic_prefix", "letters, digits"),
+        ('registry_url = "registry:8081"', "registry_url", "http/https URL"),
+        ('redis_url = "localhost:6379"', "redis_url", "redis/rediss/unix URL"),
+        ("bootstrap = 9092", "bootstrap", "expected a string"),
+        ('bootsrap = "x:1"', "bootsrap", "known settings: bootstrap"),
+    ],
+)
+def test_a_bad_pipeline_setting_names_file_line_and_key_for_every_component(
+    tmp_path: Path, text: str, key: str, says: str
+) -> None:
+    path = write(tmp_path, f"[pipeline]\n# shared\n{text}\n")
+    loaders = (lambda: load_capture(str(path), {}), lambda: load_streams({"HEADWATER_CONFIG": str(path)}),
+               lambda: load_analytics(str(path), {}))  # fmt: skip
+    for loader in loaders:
+        with pytest.raises(ConfigError) as info:
+            loader()
+        assert (info.value.path, info.value.line, info.value.key) == (str(path), 3, key)
+        assert says in str(info.value) and "\n" not in info.value.message
+
+
+def test_shared_secrets_never_print(tmp_path: Path) -> None:
+    path = pipeline_file(tmp_path)
+    loaded = [load_capture(str(path), {}), load_streams({"HEADWATER_CONFIG": str(path)}), load_analytics(str(path), {})]
+    pipeline = load_component(PipelineConfig, "pipeline", path=path, environ={})
+    shown = " ".join(repr(x.config) + str(x.config) for x in [*loaded, pipeline])
+    shown += " ".join(display(getattr(x.config, f)) for x in loaded for f in ("registry_url", "bootstrap"))
+    for secret in ("RegistrySecret1", "RedisSecret2", "KafkaSecret3"):
+        assert secret not in shown
+    assert "https://svc:***@registry.example.com" in shown and "redis://:***@redis.example.com" in shown
+    with pytest.raises(ConfigError) as info:  # a malformed pass-through value is not echoed
+        load_capture(None, {"HEADWATER_PIPELINE_KAFKA": "sasl.password=KafkaSecret3,oops"})
+    assert "KafkaSecret3" not in str(info.value) and "HEADWATER_PIPELINE_KAFKA" in str(info.value)
+    with pytest.raises(ConfigError, match="unix URL") as info:
+        load_streams({"HEADWATER_PIPELINE_REDIS_URL": "http://u:RedisSecret2@[bad"})
+    assert "RedisSecret2" not in str(info.value) and "HEADWATER_PIPELINE_REDIS_URL" in str(info.value)
+
+
+def test_pipeline_sources_and_settings_from_environment(tmp_path: Path) -> None:
+    env = {"HEADWATER_PIPELINE_KAFKA": "security.protocol=SSL", "HEADWATER_STREAMS_KAFKA": "client.id=w1"}
+    streams = load_streams(env)
+    assert dict(streams.config.kafka) == {"security.protocol": "SSL", "client.id": "w1"}
+    assert streams.source("kafka") == "HEADWATER_PIPELINE_KAFKA, HEADWATER_STREAMS_KAFKA"
+    assert streams.source("app_id") == "default"
+    traced = load_traced(
+        StackConfig, "stack", environ={"HEADWATER_STACK_KAFKA_PORT": "7001"}, flags={"redis_port": "8"}
+    )
+    assert (traced.source("kafka_port"), traced.source("redis_port"), traced.source("host")) == (
+        "HEADWATER_STACK_KAFKA_PORT", "--redis-port", "default")  # fmt: skip
