@@ -1,8 +1,10 @@
-"""The ``headwater`` command: the local stack, the sample shop and the demo.
+"""The ``headwater`` command: the local stack, the sample shop, the demo, capture and analytics.
 
 Promise: every subcommand reads its settings from the config file, the environment
-and flags (see ``tables.config``); any ``HeadwaterError`` ends the command with a
-one-paragraph message on stderr and a non-zero exit code, never a traceback.
+and flags (see ``tables.config``), and its ``--help`` lists only the flags it uses;
+``config show`` prints each component's effective settings with where each came from,
+secrets masked. Any ``HeadwaterError`` ends the command with a one-paragraph message on
+stderr and a non-zero exit code, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,15 +17,25 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 import psycopg2
 
-from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics_config
-from capture.config import CaptureConfig
+from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics, load_analytics_config
+from capture.config import CaptureConfig, load_capture, load_capture_config
 from headwater import __version__, shop, stack
-from tables.config import Secret, add_flags, config_path, flag_values, load
+from tables.config import (
+    Loaded,
+    PipelineConfig,
+    add_flags,
+    config_path,
+    display,
+    flag_values,
+    load,
+    load_component,
+    load_traced,
+)
 from tables.errors import FatalError, HeadwaterError
 
 
@@ -120,18 +132,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cmd_demo_seed(args)
     local, capture = stack_config(args), capture_config(args)
     print(f"\n== capture: snapshot, then every committed change into {capture.changes_topic}")
-    passthrough = ["--config", args.config] if args.config else []
-    for name, value in flag_values(args, stack.StackConfig).items():
-        passthrough += ["--" + name.replace("_", "-"), str(value)]
-    pid = demo.start_capture(local, capture, passthrough)
+    stack_env = {f"HEADWATER_STACK_{k.upper()}": str(v) for k, v in flag_values(args, stack.StackConfig).items()}
+    passthrough = (["--config", args.config] if args.config else []) + _as_flags(flag_values(args, CaptureConfig))
+    pid = demo.start_capture(local, capture, passthrough, stack_env)
     print(f"\n== running the shop workload for {args.duration:g} s at {args.rate:g} tx/s")
     cmd_demo_load(args)
     demo.wait_caught_up(capture, pid)
     print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {capture.registry_url})")
     demo.show_changes(capture)
     print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
-    env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local)}
-    env.update({f"HEADWATER_STACK_{k.upper()}": str(v) for k, v in flag_values(args, stack.StackConfig).items()})
+    env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local), **stack_env}
     from streams.config import load_streams_config
 
     streams_cfg = load_streams_config({**os.environ, **env})
@@ -141,7 +151,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\n== views: orders joined with their customer, items and products, kept in Redis")
     demo.show_views(streams_cfg, env, capture, url)
     print("\n== analytics: PySpark reads the view at its newest cut (headwater analytics shop-report)")
-    analytics_cfg = load_analytics_config(args.config, os.environ, flag_values(args, stack.StackConfig))
+    analytics_cfg = load_analytics_config(args.config, os.environ, local=local)
     demo.show_analytics(analytics_cfg, local.dsn())
     print("\n== headwater status")
     cmd_status(args)
@@ -160,18 +170,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _as_flags(values: Mapping[str, Any]) -> list[str]:
+    """Flags given to this command, as the command line of another (bool flags take no value)."""
+    out: list[str] = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        out += [flag] if value == "true" else [flag, str(value)]
+    return out
+
+
 # ---- capture --------------------------------------------------------------------------
 def capture_config(args: argparse.Namespace) -> CaptureConfig:
-    """[capture] settings; the DSN, broker and registry default to the local stack's."""
-    path = config_path(args.config, os.environ)
-    cfg = load(CaptureConfig, "capture", path=path, flags=flag_values(args, CaptureConfig))
-    local = stack_config(args)
-    return dataclasses.replace(
-        cfg,
-        dsn=cfg.dsn if cfg.dsn.reveal() else Secret(local.dsn()),
-        bootstrap=cfg.bootstrap or local.bootstrap,
-        registry_url=cfg.registry_url or local.registry_url,
-    )
+    """[capture] over [pipeline]; what neither sets is the local stack's (``capture.config.load_capture``)."""
+    return load_capture_config(args.config, os.environ, flag_values(args, CaptureConfig), local=stack_config(args))
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -239,8 +250,7 @@ def cmd_analytics(args: argparse.Namespace) -> int:
     from analytics.jobs import JOBS, explain, show
     from analytics.session import spark_session
 
-    flags = flag_values(args, AnalyticsConfig) | flag_values(args, stack.StackConfig)
-    cfg = load_analytics_config(args.config, os.environ, flags)
+    cfg = load_analytics_config(args.config, os.environ, flag_values(args, AnalyticsConfig), local=stack_config(args))
     run = JOBS[args.job]
     started = SparkSession.getActiveSession() is None  # a session this process already runs is used, left running
     spark = spark_session(cfg, f"headwater {args.job}")
@@ -256,6 +266,43 @@ def cmd_analytics(args: argparse.Namespace) -> int:
         if started:
             spark.stop()
     return 0
+
+
+# ---- config ---------------------------------------------------------------------------
+def _effective(component: str, explicit: str | None) -> Loaded[Any]:
+    """One component's settings as it would run with them, with their sources."""
+    from streams.config import load_streams
+
+    env, path = os.environ, config_path(explicit, os.environ)
+    loaders: dict[str, Callable[[], Loaded[Any]]] = {
+        "stack": lambda: load_traced(stack.StackConfig, "stack", path=path, environ=env),
+        "pipeline": lambda: load_component(PipelineConfig, "pipeline", path=path, environ=env),
+        "capture": lambda: load_capture(explicit, env),
+        "streams": lambda: load_streams(env, explicit),
+        "analytics": lambda: load_analytics(explicit, env),
+    }
+    return loaders[component]()
+
+
+def render(section: str, loaded: Loaded[Any]) -> list[str]:
+    """``[section]`` and one ``key = value  # source`` line per setting, secrets masked."""
+    rows = [
+        (f"{f.name} = {display(getattr(loaded.config, f.name))}", loaded.source(f.name))
+        for f in dataclasses.fields(loaded.config)
+    ]
+    width = min(max(len(text) for text, _ in rows), 56)
+    return [f"[{section}]", *(f"{text:<{width}}  # {source}" for text, source in rows)]
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    path = config_path(args.config, os.environ)
+    print(f"# config file: {path}" if path else "# no config file: defaults, the environment and the local stack")
+    for component in [args.component] if args.component else CONFIG_COMPONENTS:
+        print("\n" + "\n".join(render(component, _effective(component, args.config))))
+    return 0
+
+
+CONFIG_COMPONENTS = ("stack", "pipeline", "capture", "streams", "analytics")
 
 
 # ---- parser ---------------------------------------------------------------------------
@@ -287,16 +334,86 @@ COUNT = _number(int, least=0, what="a whole number of at least 0")
 POSITIVE = _number(float, least=sys.float_info.min, what="a number greater than 0")
 
 
-def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _with_config_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
+    return parser
+
+
+def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _with_config_flag(parser)
     add_flags(parser.add_argument_group("local stack settings ([stack] in the config file)"), stack.StackConfig)
     return parser
+
+
+def _capture_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    add_flags(parser.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig, only)
 
 
 def _workload_flags(parser: argparse.ArgumentParser, rate: float, duration: float) -> None:
     parser.add_argument("--rate", type=POSITIVE, default=rate, help=f"transactions per second (default: {rate})")
     parser.add_argument("--duration", type=POSITIVE, default=duration, help=f"seconds to run (default: {duration})")
     parser.add_argument("--seed", type=int, default=7, help="random seed of the workload")
+
+
+Commands = argparse._SubParsersAction  # what add_subparsers returns
+
+
+def _stack_commands(commands: Commands) -> None:
+    stack_cmd = commands.add_parser("stack", help="start, stop and check the embedded local stack")
+    stack_sub = stack_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, fn, text in (
+        ("up", cmd_stack_up, "start PostgreSQL, Kafka (Tansu), the registry and Redis"),
+        ("down", cmd_stack_down, "stop them all"),
+        ("status", cmd_stack_status, "show each service's address and health (exit 3 if any is down)"),
+    ):
+        _with_stack_flags(stack_sub.add_parser(name, help=text)).set_defaults(func=fn)
+
+
+def _capture_commands(commands: Commands) -> None:
+    text = "snapshot, then stream every committed change into <prefix>.changes"
+    capture_cmd = _with_config_flag(commands.add_parser("capture", help=text))
+    _capture_flags(capture_cmd)
+    capture_cmd.set_defaults(func=cmd_capture)
+    text = "the slot (confirmed LSN, WAL retained, lag) and capture's progress"
+    status_cmd = _with_config_flag(commands.add_parser("status", help=text))
+    _capture_flags(status_cmd, only=("dsn", "slot", "state_dir"))
+    status_cmd.set_defaults(func=cmd_status)
+
+
+def _analytics_command(commands: Commands) -> None:
+    text = "run a batch job on the topics with PySpark (local[*] by default)"
+    analytics_cmd = _with_config_flag(commands.add_parser("analytics", help=text))
+    jobs = "; ".join(f"{k}: {v}" for k, v in JOB_HELP.items())
+    analytics_cmd.add_argument("job", choices=sorted(JOB_HELP), help=jobs)
+    analytics_cmd.add_argument("--rows", type=POSITIVE_INT, default=50, help="rows of each result to print")
+    add_flags(analytics_cmd.add_argument_group("analytics settings ([analytics] in the config file)"), AnalyticsConfig)
+    analytics_cmd.set_defaults(func=cmd_analytics)
+
+
+def _demo_commands(commands: Commands) -> None:
+    demo_cmd = commands.add_parser("demo", help="the sample shop: seed it, load it, or run the whole demo")
+    demo_sub = demo_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = _with_stack_flags(demo_sub.add_parser("run", help="stack up, seed the shop, run a short load, show it"))
+    _workload_flags(run, rate=50, duration=5)
+    _capture_flags(run)
+    run.set_defaults(func=cmd_demo, customers=200, products=50, orders=400)
+    seed = _with_stack_flags(demo_sub.add_parser("seed", help="create and seed the sample shop (once)"))
+    seed.add_argument("--customers", type=POSITIVE_INT, default=200, help="customers (default: 200)")
+    seed.add_argument("--products", type=POSITIVE_INT, default=50, help="products (default: 50)")
+    seed.add_argument("--orders", type=COUNT, default=400, help="orders, each with 1 to 4 items (default: 400)")
+    seed.set_defaults(func=cmd_demo_seed)
+    load_cmd = _with_stack_flags(demo_sub.add_parser("load", help="run the shop's transaction mix"))
+    _workload_flags(load_cmd, rate=100, duration=10)
+    load_cmd.set_defaults(func=cmd_demo_load)
+
+
+def _config_commands(commands: Commands) -> None:
+    config_cmd = commands.add_parser("config", help="the settings every component runs with")
+    config_sub = config_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    text = "each component's effective settings and where each came from (secrets masked)"
+    show = _with_config_flag(config_sub.add_parser("show", help=text))
+    show.add_argument("--component", choices=CONFIG_COMPONENTS, help="only this component (default: all)")
+    show.set_defaults(func=cmd_config_show)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -308,50 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"headwater {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    stack_cmd = commands.add_parser("stack", help="start, stop and check the embedded local stack")
-    stack_sub = stack_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, fn, text in (
-        ("up", cmd_stack_up, "start PostgreSQL, Kafka (Tansu), the registry and Redis"),
-        ("down", cmd_stack_down, "stop them all"),
-        ("status", cmd_stack_status, "show each service's address and health (exit 3 if any is down)"),
-    ):
-        _with_stack_flags(stack_sub.add_parser(name, help=text)).set_defaults(func=fn)
-
-    capture_cmd = _with_stack_flags(
-        commands.add_parser("capture", help="snapshot, then stream every committed change into <prefix>.changes")
-    )
-    add_flags(capture_cmd.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
-    capture_cmd.set_defaults(func=cmd_capture)
-    status_cmd = _with_stack_flags(
-        commands.add_parser("status", help="the slot (confirmed LSN, WAL retained, lag) and capture's progress")
-    )
-    add_flags(status_cmd.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
-    status_cmd.set_defaults(func=cmd_status)
-
-    analytics_cmd = _with_stack_flags(
-        commands.add_parser("analytics", help="run a batch job on the topics with PySpark (local[*] by default)")
-    )
-    jobs = "; ".join(f"{k}: {v}" for k, v in JOB_HELP.items())
-    analytics_cmd.add_argument("job", choices=sorted(JOB_HELP), help=jobs)
-    analytics_cmd.add_argument("--rows", type=POSITIVE_INT, default=50, help="rows of each result to print")
-    add_flags(analytics_cmd.add_argument_group("analytics settings ([analytics] in the config file)"), AnalyticsConfig)
-    analytics_cmd.set_defaults(func=cmd_analytics)
-
-    demo_cmd = commands.add_parser("demo", help="the sample shop: seed it, load it, or run the whole demo")
-    demo_sub = demo_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
-    run = _with_stack_flags(demo_sub.add_parser("run", help="stack up, seed the shop, run a short load, show it"))
-    _workload_flags(run, rate=50, duration=5)
-    add_flags(run.add_argument_group("capture settings ([capture] in the config file)"), CaptureConfig)
-    run.set_defaults(func=cmd_demo, customers=200, products=50, orders=400)
-    seed = _with_stack_flags(demo_sub.add_parser("seed", help="create and seed the sample shop (once)"))
-    seed.add_argument("--customers", type=POSITIVE_INT, default=200, help="customers (default: 200)")
-    seed.add_argument("--products", type=POSITIVE_INT, default=50, help="products (default: 50)")
-    seed.add_argument("--orders", type=COUNT, default=400, help="orders, each with 1 to 4 items (default: 400)")
-    seed.set_defaults(func=cmd_demo_seed)
-    load_cmd = _with_stack_flags(demo_sub.add_parser("load", help="run the shop's transaction mix"))
-    _workload_flags(load_cmd, rate=100, duration=10)
-    load_cmd.set_defaults(func=cmd_demo_load)
+    for add in (_stack_commands, _capture_commands, _analytics_command, _demo_commands, _config_commands):
+        add(commands)
     return parser
 
 

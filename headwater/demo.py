@@ -59,8 +59,9 @@ def capture_pidfile(cfg: StackConfig) -> Path:
     return cfg.data_dir.resolve() / "run" / "capture.pid"
 
 
-def start_capture(stack: StackConfig, capture: CaptureConfig, passthrough: list[str]) -> int:
-    """``headwater capture`` in the background; reused when already running."""
+def start_capture(stack: StackConfig, capture: CaptureConfig, passthrough: list[str], env: dict[str, str]) -> int:
+    """``headwater capture`` in the background with ``passthrough`` flags and ``env`` (the stack's settings
+    given as flags); reused when already running."""
     pidfile = capture_pidfile(stack)
     pid = process.recorded_pid(pidfile)
     if pid is not None:
@@ -69,7 +70,7 @@ def start_capture(stack: StackConfig, capture: CaptureConfig, passthrough: list[
     _reset_if_broker_forgot(stack, capture)
     log = stack.data_dir.resolve() / "logs" / "capture.log"
     argv = [sys.executable, "-m", "headwater.cli", "capture", *passthrough, "--state-dir", str(capture.state_dir)]
-    pid = process.spawn(argv, log=log, pidfile=pidfile, cwd=Path.cwd())
+    pid = process.spawn(argv, log=log, pidfile=pidfile, cwd=Path.cwd(), env={**os.environ, **env})
     print(f"started headwater capture (pid {pid}, log {log})")
     return pid
 

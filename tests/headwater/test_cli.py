@@ -296,3 +296,85 @@ def test_malformed_dsn_is_one_line_naming_the_setting(tmp_path: Path, dsn: str, 
             assert "hunter2" not in result.stderr
             if where == "file":
                 assert "headwater.toml, line 3" in result.stderr
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without any HEADWATER_ setting of the caller's, plus ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")}, **extra}
+
+
+def test_config_show_names_every_source_and_masks_secrets(tmp_path: Path) -> None:
+    (tmp_path / "headwater.toml").write_text(
+        '[stack]\nkafka_port = 29092\n\n[pipeline]\nbootstrap = "kafka.example.com:9093"\n'
+        'registry_url = "https://svc:RegistrySecret1@registry.example.com"\n'
+        'kafka = { "security.protocol" = "SASL_SSL", "sasl.password" = "KafkaSecret2" }\n'
+        '\n[capture]\nslot = "orders"\n',
+        encoding="utf-8",
+    )
+    env = clean_env(HEADWATER_PIPELINE_TOPIC_PREFIX="pgb", HEADWATER_CAPTURE_DSN="host=db password=DsnSecret3")
+    result = subprocess.run(
+        [sys.executable, "-m", "headwater.cli", "config", "show"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for secret in ("RegistrySecret1", "KafkaSecret2", "DsnSecret3", "password=headwater"):
+        assert secret not in out
+    sections = {s.split("]", 1)[0]: s for s in out.split("\n[")[1:]}
+    assert set(sections) == {"stack", "pipeline", "capture", "streams", "analytics"}
+
+    def line(section: str, key: str) -> str:
+        found = [x for x in sections[section].splitlines() if x.startswith(f"{key} = ")]
+        assert len(found) == 1, (section, key, sections[section])
+        return re.sub(r"\s+#", "  #", found[0])
+
+    assert line("stack", "kafka_port") == "kafka_port = 29092  # headwater.toml:2"
+    assert line("stack", "postgres_password") == 'postgres_password = "***"  # default'
+    for section in ("capture", "streams", "analytics"):
+        assert line(section, "bootstrap") == 'bootstrap = "kafka.example.com:9093"  # headwater.toml:5'
+        assert (
+            line(section, "registry_url") == 'registry_url = "https://svc:***@registry.example.com"  # headwater.toml:6'
+        )
+        assert line(section, "topic_prefix") == 'topic_prefix = "pgb"  # HEADWATER_PIPELINE_TOPIC_PREFIX'
+    assert '"sasl.password" = "***"' in line("capture", "producer") and "SASL_SSL" in line("capture", "producer")
+    assert line("capture", "slot") == 'slot = "orders"  # headwater.toml:10'
+    assert line("capture", "dsn") == 'dsn = "***"  # HEADWATER_CAPTURE_DSN'
+    assert line("capture", "include") == 'include = "public.*"  # default'
+    assert (
+        line("streams", "redis_url")
+        == 'redis_url = "redis://127.0.0.1:16379/0"  # local stack ([stack] host, redis_port)'
+    )
+    assert line("streams", "broker_profile").endswith("# default, auto: the broker is not the local stack's")
+
+    flag = headwater("config", "show", "--component", "capture", "--config", "headwater.toml", cwd=tmp_path, env=env)
+    assert flag.returncode == 0 and flag.stdout.count("\n[") == 1 and "\n[capture]\n" in flag.stdout
+
+
+def test_config_show_refuses_a_bad_pipeline_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "headwater.toml").write_text('[pipeline]\nregistry_url = "registry:8081"\n', encoding="utf-8")
+    result = headwater("config", "show", cwd=tmp_path, env=clean_env())
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "headwater.toml, line 2, key 'registry_url'" in result.stderr and "http/https URL" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "own", "foreign"),
+    [
+        ("status", ["--config", "--dsn", "--slot", "--state-dir"],
+         ["--kafka-port", "--bootstrap", "--producer", "--include", "--snapshot-workers", "--data-dir"]),
+        ("capture", ["--config", "--dsn", "--bootstrap", "--producer", "--state-dir"],
+         ["--kafka-port", "--redis-port", "--start-timeout", "--master"]),
+        ("analytics", ["--config", "--rows", "--master", "--bootstrap", "--kafka"],
+         ["--kafka-port", "--postgres-password", "--dsn"]),
+        ("config show", ["--config", "--component"], ["--kafka-port", "--bootstrap", "--dsn"]),
+    ],
+)  # fmt: skip
+def test_help_lists_only_the_commands_own_flags(
+    tmp_path: Path, command: str, own: list[str], foreign: list[str]
+) -> None:
+    result = headwater(*command.split(), "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", result.stdout))
+    assert set(own) <= flags and not flags & set(foreign), sorted(flags)
+    if command == "status":
+        assert flags == {"--help", *own}
