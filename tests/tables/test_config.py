@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,28 @@ def test_pipeline_sources_and_settings_from_environment(tmp_path: Path) -> None:
     )
     assert (traced.source("kafka_port"), traced.source("redis_port"), traced.source("host")) == (
         "HEADWATER_STACK_KAFKA_PORT", "--redis-port", "default")  # fmt: skip
+
+
+def test_the_readmes_real_services_files_move_every_component(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    example, secured = re.findall(
+        r"```toml\n(.*?)```", readme.split("## Pointing Headwater at real services")[1], re.S
+    )[:2]
+    path = write(tmp_path, example + "\n" + secured)
+    env = {"HEADWATER_CONFIG": str(path), "HEADWATER_PIPELINE_KAFKA": "sasl.password=pw"}
+    capture, streams, analytics = (
+        load_capture_config(None, env),
+        load_streams_config(env),
+        load_analytics_config(None, env),
+    )
+    for cfg in (capture, streams, analytics):
+        assert (cfg.bootstrap, cfg.registry_url, cfg.topic_prefix) == (
+            "127.0.0.1:9092",
+            "http://127.0.0.1:8081",
+            "shop",
+        )
+    assert capture.dsn.reveal().startswith("postgresql://headwater:headwater@127.0.0.1:5432/shop")
+    assert (streams.redis_url, streams.broker_profile) == ("redis://127.0.0.1:6379/0", "kafka")
+    kafka = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "headwater",
+             "sasl.password": "pw"}  # fmt: skip
+    assert dict(capture.producer) == dict(streams.kafka) == dict(analytics.kafka) == kafka
