@@ -25,7 +25,7 @@ from analytics.config import AnalyticsConfig
 from analytics.errors import SourceError
 from analytics.plan import Cut, Request, find_cut, plan
 from tables.errors import FatalError, HeadwaterError, RetryableError
-from tables.registry import Registry
+from tables.registry import Registry, shown
 from tables.topics import table_topic_of_subject
 
 REPORT_VIEW = "orders_enriched"
@@ -111,8 +111,8 @@ def tables(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
         frame.write.mode("overwrite").parquet(str(path))
         out.append(Result(f"{topic}: {frame.count()} rows (latest state)", frame.limit(5), path))
     if not out:
-        raise FatalError(f"no table topics under the prefix {cfg.topic_prefix!r} in {cfg.registry_url}",
-                         hint="run capture first, or set topic_prefix in [analytics]")  # fmt: skip
+        raise FatalError(f"no table topics under the prefix {cfg.topic_prefix!r} in {shown(cfg.registry_url)}",
+                         hint="run capture first, or set topic_prefix in [pipeline] or [analytics]")  # fmt: skip
     return out
 
 

@@ -59,7 +59,8 @@ class TopicLostError(FatalError):
             hint=(
                 "to rebuild every topic from a fresh snapshot, drop the slot "
                 f"(SELECT pg_drop_replication_slot('{slot}')) and delete {state}, then run capture again; "
-                "if the broker keeps its data, check that capture points at the right one ([capture] bootstrap)"
+                "if the broker keeps its data, check that capture points at the right one "
+                "(bootstrap in [pipeline] or [capture])"
             ),
         )
         self.topic = topic

@@ -115,7 +115,8 @@ def ensure_changes_topic(cfg: CaptureConfig, *, written: bool = False) -> None:
         existing = partition_counts(admin).get(cfg.changes_topic)
     except KafkaException as exc:
         raise BrokerError(
-            f"cannot reach Kafka at {cfg.bootstrap}: {exc}", hint="start the broker or set [capture] bootstrap"
+            f"cannot reach Kafka at {cfg.bootstrap}: {exc}",
+            hint="start the broker or set bootstrap in [pipeline] or [capture]",
         ) from exc
     if existing is not None:
         if existing != 1:

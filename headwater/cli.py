@@ -37,6 +37,7 @@ from tables.config import (
     load_traced,
 )
 from tables.errors import FatalError, HeadwaterError
+from tables.registry import shown
 
 
 def stack_config(args: argparse.Namespace) -> stack.StackConfig:
@@ -138,7 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n== running the shop workload for {args.duration:g} s at {args.rate:g} tx/s")
     cmd_demo_load(args)
     demo.wait_caught_up(capture, pid)
-    print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {capture.registry_url})")
+    print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {shown(capture.registry_url)})")
     demo.show_changes(capture)
     print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
     env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local), **stack_env}

@@ -11,11 +11,12 @@ import logging
 
 from streams import profile
 from streams.config import load_streams_config
+from tables.registry import shown
 
 cfg = load_streams_config()
 app = profile.app_class(cfg)(cfg.app_id, **profile.faust_settings(cfg))
 app.direct = frozenset({cfg.changes_topic})  # its owner reads it in batches (streams.feed)
 logging.getLogger("headwater.streams").info(
     "streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
-    cfg.registry_url,
+    shown(cfg.registry_url),
 )  # fmt: skip

@@ -31,7 +31,7 @@ from streams.fanout import header_lsn
 from streams.materializer import ViewTopic
 from streams.rows import to_json
 from tables.kafka import reader, record
-from tables.registry import Registry
+from tables.registry import Registry, shown
 from tables.topics import view_key
 from tables.views import LSN_FIELD, decode_cut
 from tables.wire import lsn_text
@@ -92,7 +92,7 @@ class RedisMirror(threading.Thread):
                     for name in self.views:
                         self.sync(name)
                 except redis.RedisError as exc:
-                    self._warn(f"Redis at {self.cfg.redis_url} is unavailable ({exc}); the views keep flowing "
+                    self._warn(f"Redis at {shown(self.cfg.redis_url)} is unavailable ({exc}); the views keep flowing "
                                "to their topics and Redis catches up when it is back")  # fmt: skip
                     self._unassign(consumer)
                     self.stopping.wait(1.0)

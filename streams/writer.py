@@ -97,8 +97,8 @@ class TableWriter:
         try:
             existing = partition_counts(self.admin)
         except KafkaException as exc:
-            raise RetryableError(f"cannot reach Kafka at {self.cfg.bootstrap}: {exc}",
-                                 hint="start the broker or set [streams] bootstrap") from exc  # fmt: skip
+            hint = "start the broker, or set bootstrap in [pipeline] or [streams]"
+            raise RetryableError(f"cannot reach Kafka at {self.cfg.bootstrap}: {exc}", hint=hint) from exc
         for topic in todo:
             if existing.get(topic, want) != want:
                 raise TopicLayoutError(
@@ -154,7 +154,7 @@ class TableWriter:
 
     def save_checkpoint(self, raw_offset: int, watermark: tuple[int, int]) -> None:
         if self.checkpoint_frame is None:
-            registrar = Registry(self.cfg.registry_url, setting="[streams] registry_url")
+            registrar = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
             self.checkpoint_frame = frame(registrar.register(f"{self.cfg.progress_topic}-value", CHECKPOINT_SCHEMA))
         body = avro_body(CHECKPOINT_PARSED,
                          {"raw_offset": raw_offset, "commit_lsn": watermark[0], "position": watermark[1]})  # fmt: skip

@@ -31,12 +31,12 @@ import psycopg2
 import psycopg2.extensions
 
 from tables.errors import ConfigError
+from tables.topics import DEFAULT_PREFIX
 
 DEFAULT_FILE = "headwater.toml"
 CONFIG_ENV = "HEADWATER_CONFIG"
 # Sections other components own; a table not named here is most likely a typo.
 KNOWN_SECTIONS = ("stack", "pipeline", "registry", "capture", "streams", "views", "analytics")
-DEFAULT_PREFIX = "headwater"  # tables.topics' too; the config model stands alone
 
 T = TypeVar("T")
 
