@@ -18,7 +18,6 @@ import pytest
 
 from capture import catalog
 from capture import decoder as pg
-from tables import types as t
 from capture._copier import Copier
 from capture.config import CaptureConfig
 from capture.encoder import ChangeWriter, RowEncoder
@@ -26,6 +25,7 @@ from capture.snapshot import _Lines, copy_field, general_path
 from capture.state import State
 from capture.stream import Streamer
 from capture.transcoder import Transcoder, copier_columns, copier_spec
+from tables import types as t
 from tables.catalog import ColumnInfo, TableSchema
 from tables.registry import NoRegistry
 from tests.capture.test_types import EVERY_TYPE, copy_row
