@@ -11,7 +11,10 @@ table and a list of ``joins``, one string per join::
         "items[].product: inner products on product_id", # a lookup inside each item
     ]
 
-``<path>: [left|inner] <table> on <column>``. A path ending in ``[]`` collects the
+``<path>: [left|inner] <table> on <column> [(<columns to keep>)]``, and ``base = "<table>
+[(<columns>)]"``: a column list keeps only those columns of that table in the document (plus
+the key and the join columns the view needs); without one every column is kept. A path
+ending in ``[]`` collects the
 rows of ``<table>`` whose ``<column>`` holds the parent's key, as a list; otherwise the
 parent's ``<column>`` holds the key of one ``<table>`` row. Paths nest under joins
 declared before them. ``parse_views`` reads the specs (frozen dataclasses that check
@@ -38,9 +41,11 @@ from tables.wire import read_framed
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JOIN = re.compile(
     r"^\s*(?P<path>[A-Za-z0-9_.\[\]]+)\s*:\s*(?:(?P<kind>left|inner)\s+)?(?P<table>[A-Za-z0-9_.]+)\s+on\s+"
-    r"(?P<column>[A-Za-z_][A-Za-z0-9_]*)(?:\s*=\s*(?P<target>[A-Za-z_][A-Za-z0-9_]*))?\s*$",
+    r"(?P<column>[A-Za-z_][A-Za-z0-9_]*)(?:\s*=\s*(?P<target>[A-Za-z_][A-Za-z0-9_]*))?"
+    r"\s*(?:\((?P<columns>[^()]*)\))?\s*$",
     re.IGNORECASE,
 )
+BASE = re.compile(r"^\s*(?P<table>[A-Za-z0-9_.]+)\s*(?:\((?P<columns>[^()]*)\))?\s*$")
 LSN_FIELD = "hw_commit_lsn"  # every view row carries the commit LSN it reflects
 SPEC_KEYS = ("base", "joins", "doc")
 # A cut on <prefix>.views.cuts (key: the view's name): the view topic read up to `ends` is the view at commit_lsn.
@@ -91,6 +96,7 @@ class Join:
     inner: bool
     target: str | None = None  # the other side's column when written out (must be the key)
     line: int | None = field(default=None, compare=False)
+    columns: tuple[str, ...] | None = None  # the columns the document keeps (None: every column)
 
     @property
     def name(self) -> str:
@@ -112,10 +118,12 @@ class ViewSpec:
     path: str | None = field(default=None, compare=False)
     line: int | None = field(default=None, compare=False)
     doc: str = ""
+    columns: tuple[str, ...] | None = None  # the base row's columns the document keeps (None: all)
 
     def __post_init__(self) -> None:
         if not NAME.match(self.name):
             self.fail("view names are letters, digits and '_'", self.line)
+        self._check_listed("the base", self.columns, self.line)
         seen = {""}
         for join in self.joins:
             segments = join.path.split(".")
@@ -125,7 +133,41 @@ class ViewSpec:
                 self.fail(f"join path {join.path!r} is declared twice", join.line)
             if join.parent not in seen:
                 self.fail(f"join path {join.path!r}: its parent {join.parent!r} must be declared before it", join.line)
+            self._check_listed(join.path, join.columns, join.line)
             seen.add(join.path)
+
+    def _check_listed(self, where: str, columns: tuple[str, ...] | None, line: int | None) -> None:
+        if columns is None:
+            return
+        if not columns or not all(NAME.match(c) for c in columns):
+            self.fail(f"{where}: list the columns to keep as (name, name, ...), got ({', '.join(columns)})", line)
+        if len(set(columns)) < len(columns):
+            self.fail(f"{where}: a column is listed twice in ({', '.join(columns)})", line)
+
+    def listed(self, path: str) -> tuple[str, ...] | None:
+        """The columns written out for ``path`` ('' for the base row), None when every column is kept."""
+        return self.columns if path == "" else next(j.columns for j in self.joins if j.path == path)
+
+    def needed(self, path: str, shape: TableShape) -> set[str]:
+        """The columns of ``path``'s rows the joins need whatever is listed: the key and the join columns."""
+        out = set(shape.key)
+        here = next((j for j in self.joins if j.path == path), None)
+        if here is not None and here.many:
+            out.add(here.column)  # a collected row names its parent here
+        out.update(j.column for j in self.children(path) if not j.many)  # the key each lookup follows
+        return out
+
+    def kept(self, path: str, shape: TableShape) -> tuple[str, ...]:
+        """The columns a document holds at ``path``, in the table's order: the listed ones (all when none
+        are listed) plus those the joins need."""
+        listed = self.listed(path)
+        if listed is None:
+            return shape.columns
+        needed = self.needed(path, shape)
+        if not shape.columns:  # columns not known (a shape made for the SQL): listed, then needed
+            return (*listed, *sorted(needed - set(listed)))
+        wanted = set(listed) | needed
+        return tuple(c for c in shape.columns if c in wanted)
 
     def fail(self, message: str, line: int | None) -> None:
         raise ConfigError(f"view {self.name}: {message}", path=self.path, line=line or self.line,
@@ -146,10 +188,19 @@ class ViewSpec:
         known = ", ".join(sorted(shapes)) or "none"
         if self.base not in shapes:
             self.fail(f"base table {self.base} is not captured with a key (captured: {known})", self.line)
+        self._check_columns("the base", self.base, self.columns, shapes, self.line)
         for join in self.joins:
             if join.table not in shapes:
                 self.fail(f"{join.path}: table {join.table} is not captured with a key (captured: {known})", join.line)
             self._check_join(join, shapes)
+            self._check_columns(join.path, join.table, join.columns, shapes, join.line)
+
+    def _check_columns(self, where: str, table: str, columns: tuple[str, ...] | None,
+                       shapes: Mapping[str, TableShape], line: int | None) -> None:  # fmt: skip
+        missing = [c for c in columns or () if c not in shapes[table].columns]
+        if missing:
+            self.fail(f"{where}: {table} has no column {', '.join(map(repr, missing))} "
+                      f"(its columns: {', '.join(shapes[table].columns)})", line)  # fmt: skip
 
     def _check_join(self, join: Join, shapes: Mapping[str, TableShape]) -> None:
         parent_table = self.table_of(join.parent)
@@ -209,8 +260,17 @@ class ViewSpec:
                 if join.inner:
                     required.append(f"{sub} IS NULL")
             parts.append(f"'{join.name}', {sub}")
-        doc = f"to_jsonb({alias})" + (f" || jsonb_build_object({', '.join(parts)})" if parts else "")
+        doc = self._sql_row(path, table, alias, shapes) + (
+            f" || jsonb_build_object({', '.join(parts)})" if parts else ""
+        )
         return f"(CASE WHEN {' OR '.join(required)} THEN NULL ELSE {doc} END)" if required else doc
+
+    def _sql_row(self, path: str, table: str, alias: str, shapes: Mapping[str, TableShape]) -> str:
+        """The row's own columns as jsonb: the whole row, or the kept columns."""
+        if self.listed(path) is None:
+            return f"to_jsonb({alias})"
+        pairs = ", ".join(f"'{c}', {alias}.{quote(c)}" for c in self.kept(path, shapes[table]))
+        return f"jsonb_build_object({pairs})"
 
     def _ancestors(self, join: Join) -> list[str]:
         chain: list[str] = []
@@ -246,13 +306,18 @@ def parse_join(spec: str, line: int | None, view: str, path: str | None) -> Join
             f"view {view}: cannot read the join {spec!r}",
             path=path,
             line=line,
-            hint="write '<path>: [left|inner] <table> on <column>', e.g. 'customer: customers on customer_id' or "
-            "'items[]: order_items on order_id'",
+            hint="write '<path>: [left|inner] <table> on <column> [(columns to keep)]', e.g. 'customer: customers "
+            "on customer_id (id, name)' or 'items[]: order_items on order_id'",
         )
     kind = (found.group("kind") or "left").lower()
     return Join(path=found.group("path"), table=qualify(found.group("table")), column=found.group("column"),
                 many=found.group("path").endswith("[]"), inner=kind == "inner", target=found.group("target"),
-                line=line)  # fmt: skip
+                line=line, columns=column_list(found.group("columns")))  # fmt: skip
+
+
+def column_list(text: str | None) -> tuple[str, ...] | None:
+    """``"id, name"`` as ``("id", "name")``; None when no list was written."""
+    return None if text is None else tuple(c.strip() for c in text.split(",") if c.strip())
 
 
 def parse_view(name: str, body: Any, text: str, path: str | None) -> ViewSpec:
@@ -267,8 +332,12 @@ def parse_view(name: str, body: Any, text: str, path: str | None) -> ViewSpec:
     if not isinstance(joins, list) or not all(isinstance(j, str) for j in joins):
         raise ConfigError(f"view {name}: joins must be a list of strings", path=path, line=header)
     parsed = tuple(parse_join(j, _line_of(text, j, header or 0), name, path) for j in joins)
-    return ViewSpec(name=name, base=qualify(body["base"]), joins=parsed, path=path, line=header,
-                    doc=str(body.get("doc", "")))  # fmt: skip
+    base = BASE.match(body["base"])
+    if base is None:
+        raise ConfigError(f"view {name}: cannot read base = {body['base']!r}", path=path, line=header,
+                          hint='write base = "<table>" or base = "<table> (columns to keep)"')  # fmt: skip
+    return ViewSpec(name=name, base=qualify(base.group("table")), joins=parsed, path=path, line=header,
+                    doc=str(body.get("doc", "")), columns=column_list(base.group("columns")))  # fmt: skip
 
 
 def parse_views(data: Mapping[str, Any], text: str = "", path: Path | None = None) -> list[ViewSpec]:

@@ -56,6 +56,46 @@ def test_the_shop_view_reads_as_a_tree_of_joins() -> None:
     assert spec.tables == set(SHOP)
 
 
+def test_column_lists_keep_what_is_listed_plus_keys_and_join_columns() -> None:
+    (spec,) = specs("""\
+[views.slim]
+base = "orders (status)"
+joins = [
+    "customer: customers on customer_id (region)",
+    "items[]: order_items on order_id (quantity)",
+    "items[].product: inner products on product_id ( category , price )",
+]
+""")
+    spec.check(SHOP)
+    assert spec.columns == ("status",) and spec.joins[2].columns == ("category", "price")
+    assert spec.kept("", SHOP["public.orders"]) == ("id", "customer_id", "status")  # key, lookup column, listed
+    assert spec.kept("customer", SHOP["public.customers"]) == ("id", "region")
+    assert spec.kept("items[]", SHOP["public.order_items"]) == ("order_id", "line_no", "product_id", "quantity")
+    assert spec.kept("items[].product", SHOP["public.products"]) == ("id", "category", "price")
+    (whole,) = specs(GOOD)
+    assert whole.kept("", SHOP["public.orders"]) == SHOP["public.orders"].columns
+    sql = spec.sql(SHOP)
+    assert "jsonb_build_object('id', t0.\"id\", 'customer_id', t0.\"customer_id\", 'status', t0.\"status\")" in sql
+    assert "to_jsonb(" not in sql and "to_jsonb(" in whole.sql(SHOP)
+
+
+@pytest.mark.parametrize(
+    ("base", "join", "words"),
+    [
+        ("orders (nope)", "customer: customers on customer_id", ["the base: public.orders has no column 'nope'"]),
+        ("orders", "customer: customers on customer_id (id, mail)", ["customers has no column 'mail'"]),
+        ("orders", "customer: customers on customer_id ()", ["list the columns to keep"]),
+        ("orders", "customer: customers on customer_id (id, id)", ["a column is listed twice"]),
+        ("orders (id", "customer: customers on customer_id", ["cannot read base", "(columns to keep)"]),
+    ],
+)  # fmt: skip
+def test_a_bad_column_list_fails_naming_its_line(base: str, join: str, words: list[str], tmp_path: Path) -> None:
+    text = f'# the shop\n[views.v]\nbase = "{base}"\njoins = [\n    "{join}",\n]\n'
+    caught = error(text, tmp_path)
+    assert all(w in str(caught) for w in words), str(caught)
+    assert caught.line in (2, 5)
+
+
 @pytest.mark.parametrize(
     ("join", "words"),
     [
