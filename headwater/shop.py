@@ -31,14 +31,15 @@ from tables.errors import FatalError, HeadwaterError, first_line
 
 log = logging.getLogger("headwater.shop")
 Connection = psycopg2.extensions.connection
-# The shop's view (README "Views"): an order with its customer, and its items each with their product.
+# The shop's view (README "Views"): an order with its customer, and its items each with their product —
+# only the columns the report and the README need (not the products' TOASTed descriptions).
 VIEWS_TOML = """\
 [views.orders_enriched]
 base = "orders"
 joins = [
-    "customer: customers on customer_id",
+    "customer: customers on customer_id (name, region)",
     "items[]: order_items on order_id",
-    "items[].product: products on product_id",
+    "items[].product: products on product_id (name, category, price)",
 ]
 """
 TABLES = ("customers", "products", "orders", "order_items")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from faust.types import TP
@@ -33,7 +33,7 @@ from streams.materializer import Materializer
 from streams.mirror import RedisMirror
 from streams.store import TableStore
 from streams.tablefeed import Backlog, Part, Progress, TableFeed
-from streams.tables import store, view_state
+from streams.tables import store, view_store
 from streams.topics import SHAPES, TABLES, VIEWS, changes, schemas, table_topics, writer
 from streams.writer import Pending
 from tables.errors import FatalError
@@ -189,7 +189,7 @@ def decode(value: bytes | None) -> Change:
 
 
 runtime = Runtime()
-materializer = Materializer(cfg, VIEWS, SHAPES, view_state, writer, schemas) if VIEWS else None
+materializer = Materializer(cfg, VIEWS, SHAPES, view_store, writer, schemas) if VIEWS else None
 mirror = RedisMirror(cfg, VIEWS, schemas) if VIEWS and cfg.redis_url != "none" else None
 
 
@@ -206,16 +206,7 @@ class Owner:
         if materializer is not None:
             if mirror is not None and not mirror.is_alive():
                 mirror.start()
-            views = materializer
-            self.feeds.append(
-                self._feed(
-                    "views",
-                    lambda: on_loop(views.resume(), loop),
-                    lambda batch: on_loop(views.handle(batch), loop),
-                    lambda: None,
-                    loop,
-                )
-            )
+            self.feeds.append(self._feed("views", materializer.resume, materializer.handle, lambda: None, loop))
         for feed in self.feeds:
             feed.start()
 
@@ -238,10 +229,6 @@ class Owner:
         return Feed(name, cfg.changes_topic, profile.reader_settings(cfg), start=start, handle=handle, idle=idle,
                     on_fatal=fatal, batch_size=cfg.batch_size, wait=cfg.batch_wait)  # fmt: skip
 
-
-def on_loop(coroutine: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> T:
-    """Run a coroutine on the worker's event loop (where Faust tables live) from a feed thread."""
-    return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
 
 owner = Owner()
@@ -329,6 +316,7 @@ async def _shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
     await asyncio.to_thread(tables.stop)
     backlog.stopping.set()
     store.close()
+    view_store.close()
 
 
 @app.agent(changes, name="raw")

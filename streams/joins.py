@@ -1,26 +1,26 @@
 """The join engine behind the views: rows in, affected view rows and their documents out.
 
-Promise: pure (no I/O). ``Joiner`` keeps the rows of every table a view uses in a
-store (any ``MutableMapping[bytes, bytes]``: a Faust table in the workers, a dict in
-tests) and derives from them, in memory, an index on every join column. ``apply``
-takes one raw change (snapshot read, insert, update — a key change deletes the old
-key — delete, truncate) and marks every view row it can affect *dirty*, in the old
-state and in the new (a foreign key that moves dirties both parents), writing the
-marks to the store *before* the row itself. Re-applying a change, or a run of changes
-whose writes partly reached the store before a crash, leaves the same rows and
-indexes (rows are set to the change's image, indexes follow the rows). ``document``
-builds a view row from the current rows: lookups as a record or null (inner: no view
-row), collects as a list sorted by key (inner: no view row when empty).
-``view_schema`` is the Avro schema of a view's documents, composed from the tables'
-registered schemas (every copied column nullable, named types defined once).
+Promise: pure (no I/O of its own). ``Joiner`` keeps the rows of every table a view uses, and
+an index on every join column, in a store (``streams.viewstore``: RocksDB in the workers, a dict
+in tests) — only a bounded cache of decoded rows is held in memory, whatever the tables' size.
+``apply`` takes one raw change (snapshot read, insert, update — a key change deletes the old
+key — delete, truncate) and marks every view row it can affect *dirty*, in the old state and
+in the new (a foreign key that moves dirties both parents). Re-applying a change, or a run of
+changes on top of a state committed part way through them, leaves the same rows and indexes
+(rows are set to the change's image, index entries follow the rows). ``document`` builds a view
+row from the current rows: the columns the spec keeps (``ViewSpec.kept``), lookups as a record
+or null (inner: no view row), collects as a list sorted by key (inner: no view row when empty).
+``view_schema`` is the Avro schema of a view's documents, composed from the tables' registered
+schemas (every kept column nullable, named types defined once).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from streams.fanout import Change
 from tables.views import LSN_FIELD, Join, TableShape, ViewSpec
@@ -29,6 +29,16 @@ from tables.wire import SCHEMA_BASE, SCHEMA_VIEW
 SEP = b"\x1f"
 Row = dict[str, Any]
 Decode = Callable[[bytes], Row]
+CACHED_ROWS = 20_000  # decoded rows kept in memory (the rest are read from the store when needed)
+
+
+class Store(Protocol):
+    """What the joiner needs of a store (``streams.viewstore``)."""
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None: ...
+    def __setitem__(self, key: bytes, value: bytes) -> None: ...
+    def pop(self, key: bytes, default: bytes | None = None) -> bytes | None: ...
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
 
 
 def canon(values: Sequence[Any]) -> bytes:
@@ -40,9 +50,9 @@ def store_key(kind: bytes, name: str, key: bytes) -> bytes:
     return kind + SEP + name.encode() + SEP + key
 
 
-def split_key(entry: bytes) -> tuple[bytes, str, bytes]:
-    kind, name, key = entry.split(SEP, 2)
-    return kind, name.decode(), key
+def index_prefix(table: str, column: str, value: bytes) -> bytes:
+    """Where the keys of ``table``'s rows whose ``column`` holds ``value`` (``canon``-ed) are listed."""
+    return store_key(b"i", table, column.encode() + SEP + value + SEP)
 
 
 @dataclass(eq=False)
@@ -53,14 +63,15 @@ class Node:
     table: str
     join: Join | None
     parent: Node | None
+    columns: tuple[str, ...] = ()  # the columns the document holds here
     children: list[Node] = field(default_factory=list)
 
 
 class Joiner:
     """Rows of the joined tables, their join indexes and the dirty view rows."""
 
-    def __init__(self, views: Sequence[ViewSpec], shapes: Mapping[str, TableShape],
-                 store: MutableMapping[bytes, bytes], decode: Decode) -> None:  # fmt: skip
+    def __init__(self, views: Sequence[ViewSpec], shapes: Mapping[str, TableShape], store: Store,
+                 decode: Decode, cached: int = CACHED_ROWS) -> None:  # fmt: skip
         self.views = {v.name: v for v in views}
         self.shapes = shapes
         self.store = store
@@ -70,21 +81,19 @@ class Joiner:
         self.indexed: dict[str, set[str]] = {}  # table -> join columns to index
         for spec in views:
             self.roots[spec.name] = self._tree(spec)
-        self.rows: dict[str, dict[bytes, Row]] = {t: {} for t in self.nodes}
-        self.index: dict[tuple[str, str], dict[bytes, set[bytes]]] = {
-            (t, c): {} for t, cols in self.indexed.items() for c in cols
-        }
+        self.kept = {t: {c for n in nodes for c in n.columns} for t, nodes in self.nodes.items()}
+        self.cache: OrderedDict[tuple[str, bytes], Row | None] = OrderedDict()
+        self.cached = cached
         self.dirty: dict[str, set[bytes]] = {name: set() for name in self.views}
-        self._load()
 
     # ---- structure ----------------------------------------------------------------------
     def _tree(self, spec: ViewSpec) -> Node:
-        root = Node(spec.name, spec.base, None, None)
+        root = Node(spec.name, spec.base, None, None, spec.kept("", self.shapes[spec.base]))
         self.nodes.setdefault(spec.base, []).append(root)
         by_path = {"": root}
         for join in spec.joins:
             parent = by_path[join.parent]
-            node = Node(spec.name, join.table, join, parent)
+            node = Node(spec.name, join.table, join, parent, spec.kept(join.path, self.shapes[join.table]))
             parent.children.append(node)
             by_path[join.path] = node
             self.nodes.setdefault(join.table, []).append(node)
@@ -96,13 +105,38 @@ class Joiner:
     def tables(self) -> set[str]:
         return set(self.nodes)
 
-    def _load(self) -> None:
-        """Rows from the store (after a restart); indexes rebuilt from the rows."""
-        for entry, value in list(self.store.items()):
-            if entry.startswith(b"r" + SEP):
-                _, name, key = split_key(entry)
-                if name in self.rows:
-                    self._remember(name, key, self.decode(value))
+    # ---- rows ---------------------------------------------------------------------------
+    def row(self, table: str, key: bytes) -> Row | None:
+        """A row as the views keep it (its kept columns), from the cache or the store."""
+        at = (table, key)
+        if at in self.cache:
+            self.cache.move_to_end(at)
+            return self.cache[at]
+        image = self.store.get(store_key(b"r", table, key))
+        found = None if image is None else self._kept(table, self.decode(image))
+        self._cache(at, found)
+        return found
+
+    def _kept(self, table: str, row: Row) -> Row:
+        kept = self.kept[table]
+        return {c: v for c, v in row.items() if c in kept}
+
+    def _cache(self, at: tuple[str, bytes], row: Row | None) -> None:
+        self.cache[at] = row
+        self.cache.move_to_end(at)
+        if len(self.cache) > self.cached:
+            self.cache.popitem(last=False)
+
+    def keys(self, table: str) -> Iterator[bytes]:
+        """The keys of every row of ``table`` the store holds, in byte order."""
+        prefix = store_key(b"r", table, b"")
+        for entry, _ in self.store.scan(prefix):
+            yield entry[len(prefix) :]
+
+    def matching(self, table: str, column: str, value: bytes) -> list[bytes]:
+        """The keys of ``table``'s rows whose ``column`` holds ``value`` (``canon``-ed), in byte order."""
+        prefix = index_prefix(table, column, value)
+        return [entry[len(prefix) :] for entry, _ in self.store.scan(prefix)]
 
     # ---- changes ------------------------------------------------------------------------
     def key_of(self, table: str, record: Row) -> bytes:
@@ -111,10 +145,10 @@ class Joiner:
     def apply(self, change: Change) -> None:
         """One raw change of a table the views use (others are ignored)."""
         table = f"{change.schema}.{change.table}"
-        if table not in self.rows:
+        if table not in self.nodes:
             return
         if change.op == "TRUNCATE":
-            for key in list(self.rows[table]):
+            for key in list(self.keys(table)):
                 self._set(table, key, None)
             return
         if change.key is None or change.op not in ("READ", "INSERT", "UPDATE", "DELETE"):
@@ -127,38 +161,30 @@ class Joiner:
         if change.op == "DELETE" or change.after is None:
             self._set(table, key, None)
         else:
-            self._set(table, key, self.decode(change.after), change.after)
+            self._set(table, key, self._kept(table, self.decode(change.after)), change.after)
 
     def _set(self, table: str, key: bytes, row: Row | None, image: bytes | None = None) -> None:
-        affected = self._affected(table, key, self.rows[table].get(key))
-        self._forget(table, key)
-        if row is not None:
-            self._remember(table, key, row)
-        affected |= self._affected(table, key, row)
-        for view, root in affected:
-            self.dirty[view].add(root)
+        old = self.row(table, key)
+        affected = self._affected(table, key, old)
+        self._index(table, key, old, row)
         if image is None:
             self.store.pop(store_key(b"r", table, key), None)
         else:
             self.store[store_key(b"r", table, key)] = image
+        self._cache((table, key), row)
+        affected |= self._affected(table, key, row)
+        for view, root in affected:
+            self.dirty[view].add(root)
 
-    def _remember(self, table: str, key: bytes, row: Row) -> None:
-        self.rows[table][key] = row
+    def _index(self, table: str, key: bytes, old: Row | None, new: Row | None) -> None:
+        """Move ``key``'s index entries from the old row's join-column values to the new row's."""
         for column in self.indexed.get(table, ()):
-            if row.get(column) is not None:
-                self.index[(table, column)].setdefault(canon([row[column]]), set()).add(key)
-
-    def _forget(self, table: str, key: bytes) -> None:
-        row = self.rows[table].pop(key, None)
-        if row is None:
-            return
-        for column in self.indexed.get(table, ()):
-            if row.get(column) is not None:
-                bucket = self.index[(table, column)].get(canon([row[column]]))
-                if bucket is not None:
-                    bucket.discard(key)
-                    if not bucket:
-                        del self.index[(table, column)][canon([row[column]])]
+            before = None if old is None else old.get(column)
+            after = None if new is None else new.get(column)
+            if before is not None and before != after:
+                self.store.pop(index_prefix(table, column, canon([before])) + key, None)
+            if after is not None:
+                self.store[index_prefix(table, column, canon([after])) + key] = b""
 
     def _affected(self, table: str, key: bytes, row: Row | None) -> set[tuple[str, bytes]]:
         """(view, base key) of every view row that shows this row (or would)."""
@@ -176,43 +202,46 @@ class Joiner:
             value = None if row is None else row.get(join.column)
             parents = [] if value is None else [canon([value])]
         else:  # every parent row whose join column holds this row's key
-            parents = sorted(self.index[(parent.table, join.column)].get(key, ()))
+            parents = self.matching(parent.table, join.column, key)
         for parent_key in parents:
-            parent_row = self.rows[parent.table].get(parent_key)
+            parent_row = self.row(parent.table, parent_key)
             if parent.parent is None or parent_row is not None:
                 yield from self._up(parent, parent_key, parent_row)
 
     # ---- documents ----------------------------------------------------------------------
     def document(self, view: str, key: bytes) -> Row | None:
         """The view row for a base key now, or None if there is none (no base row, inner join unmet)."""
-        row = self.rows[self.roots[view].table].get(key)
+        row = self.row(self.roots[view].table, key)
         return None if row is None else self._doc(self.roots[view], row)
 
     def _doc(self, node: Node, row: Row) -> Row | None:
-        doc = dict(row)
+        doc = {c: row.get(c) for c in node.columns}
         for child in node.children:
             join = child.join
             assert join is not None
             if join.many:
                 parent_key = canon([row[self.shapes[node.table].key[0]]])
-                keys = self.index[(child.table, join.column)].get(parent_key, set())
-                items = [self._doc(child, self.rows[child.table][k]) for k in sorted(keys, key=json.loads)]
+                keys = sorted(self.matching(child.table, join.column, parent_key), key=json.loads)
+                items = [self._child(child, k) for k in keys]
                 present = [item for item in items if item is not None]
                 if join.inner and not present:
                     return None
                 doc[join.name] = present
             else:
                 value = row.get(join.column)
-                found = None if value is None else self.rows[child.table].get(canon([value]))
-                sub = None if found is None else self._doc(child, found)
+                sub = None if value is None else self._child(child, canon([value]))
                 if sub is None and join.inner:
                     return None
                 doc[join.name] = sub
         return doc
 
-    def base_keys(self, view: str) -> list[bytes]:
+    def _child(self, node: Node, key: bytes) -> Row | None:
+        found = self.row(node.table, key)
+        return None if found is None else self._doc(node, found)
+
+    def base_keys(self, view: str) -> Iterator[bytes]:
         """The keys of every base row of ``view`` (each may have a view row)."""
-        return list(self.rows[self.roots[view].table])
+        return self.keys(self.roots[view].table)
 
 
 # ---- schemas ----------------------------------------------------------------------------
@@ -250,15 +279,24 @@ def _dedupe(kind: Any, seen: set[str], namespace: str = "") -> Any:
     return kind
 
 
-def view_schema(spec: ViewSpec, value_schemas: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """The Avro record of ``spec``'s documents from its tables' value schemas."""
+def view_schema(spec: ViewSpec, value_schemas: Mapping[str, dict[str, Any]],
+                keys: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The Avro record of ``spec``'s documents from its tables' value schemas (and key columns,
+    which column lists always keep)."""
+
+    def shape_of(table: str, source: dict[str, Any]) -> TableShape:
+        columns = tuple(f["name"] for f in source["fields"])
+        return TableShape(table, columns, tuple((keys or {}).get(table, ())))
+
     namespace = f"headwater.views.{spec.name}"
     seen: set[str] = set()
 
     def record(path: str, table: str, name: str) -> dict[str, Any]:
         source = value_schemas[table]
+        listed = spec.listed(path)
+        wanted = None if listed is None else set(spec.kept(path, shape_of(table, source)))
         fields = [_nullable({**f, "type": _dedupe(f["type"], seen, source.get("namespace", ""))})
-                  for f in source["fields"]]  # fmt: skip
+                  for f in source["fields"] if wanted is None or f["name"] in wanted]  # fmt: skip
         for join in spec.children(path):
             sub = record(join.path, join.table, f"{name}_{join.name}")
             if join.many:

@@ -1,7 +1,7 @@
 """The views' runtime: raw changes in commit order in, view rows and published cuts out.
 
 Promise: ``Materializer.handle`` applies a batch of raw changes to the join state (a
-one-partition, changelog-backed Faust table), in order, dropping changes capture sent
+``streams.viewstore`` on disk, committed once per batch), in order, dropping changes capture sent
 twice (the ``(commit_lsn, position)`` watermark of streamed changes). At the last
 *consistent point* of the batch — the end of a transaction or of the snapshot — it
 builds every dirty view row and writes those that changed (against what was sent
@@ -12,7 +12,8 @@ to ``<prefix>.views.cuts``: the commit LSN and each view-topic partition's end, 
 reader who reads the view topic to those ends sees every transaction up to the LSN
 whole and none after it. Cuts are published in order by a poller thread.
 
-After a crash the state holds a prefix of what was written (one partition keeps order).
+After a crash the state is as of the last batch committed — or, on a worker that takes the
+views over without state of its own, empty, and the raw topic is replayed from its start.
 The view topics are the record of what was published: on (re)start they are read back,
 and every view row whose document, built from the recovered rows, differs from its
 latest record is dirty. Replay starts at the saved progress, re-applies changes
@@ -33,7 +34,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ from streams.cursor import Cursor, Raw
 from streams.fanout import STREAMED, Change, header_lsn
 from streams.joins import Joiner, canon, store_key, view_schema
 from streams.rows import pack, unpack
+from streams.viewstore import MemoryViewStore
 from streams.writer import Pending, TableWriter, produce
 from tables.errors import FatalError
 from tables.kafka import read_topic_from
@@ -128,12 +130,12 @@ def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[
     shapes, values = shapes_of(tables, schemas)
     for spec in specs:
         spec.check(shapes)
-    registrar = Registry(cfg.registry_url, setting="[streams] registry_url")
+    registrar = Registry(cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
     by_table = {t.qualified: t for t in tables}
     out = {}
     for spec in specs:
         topic = cfg.view_topic(spec.name)
-        schema = view_schema(spec, values)
+        schema = view_schema(spec, values, {q: s.key for q, s in shapes.items()})
         base_key = by_table[spec.base].key
         out[spec.name] = ViewTopic(
             spec, topic, schema, frame(registrar.register(f"{topic}-value", schema, table=f"view {spec.name}")),
@@ -165,7 +167,7 @@ class Materializer:
     """Keeps the views: join state, dirty rows, publication at consistent points, cuts."""
 
     def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], shapes: dict[str, TableShape],
-                 store: MutableMapping[bytes, bytes], writer: TableWriter, schemas: Registry) -> None:  # fmt: skip
+                 store: MemoryViewStore, writer: TableWriter, schemas: Registry) -> None:  # fmt: skip
         self.cfg = cfg
         self.views = views
         self.shapes = shapes
@@ -192,13 +194,14 @@ class Materializer:
     # ---- start-up -----------------------------------------------------------------------
     def load(self) -> Joiner:
         """(Re)build the join state from the recovered table and the view topics; replay from the progress."""
+        self.store.open()
         saved = self.store.get(PROGRESS)
         start, lsn, position = PROGRESS_FORMAT.unpack(saved) if saved else (0, -1, -1)
         self.joiner = joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store,
                                       self.schemas.decode)  # fmt: skip
         high = self.store.get(HIGH)
         self.quiet_until = int.from_bytes(high, "big", signed=True) if high else -1
-        kept = set(json.loads(self.store.get(TABLES_KEY, b"[]")))
+        kept = set(json.loads(self.store.get(TABLES_KEY) or b"[]"))
         if saved and not joiner.tables <= kept:
             start, lsn, position = self._from_the_start(joiner.tables - kept)
         self.store[TABLES_KEY] = json.dumps(sorted(joiner.tables | kept)).encode()
@@ -217,6 +220,7 @@ class Materializer:
         log.info("views %s resume at raw offset %d (quiet until offset %d and commit LSN %s, %d rows to publish "
                  "again)", ", ".join(self.views), start, self.quiet_until, lsn_text(max(self.published_lsn, 0)),
                  dirty)  # fmt: skip
+        self.store.commit()
         if self.poller is None:
             self.poller = threading.Thread(target=self._poll, name="headwater-view-cuts", daemon=True)
             self.poller.start()
@@ -270,14 +274,14 @@ class Materializer:
         body = None if doc is None else view.encode(doc, lsn)
         return digest(body) != held, doc, body
 
-    async def resume(self) -> int:
+    def resume(self) -> int:
         """Rebuild the join state as recovered (after a rebalance): the raw offset to read next."""
         self.load()
         return self.cursor.next
 
     # ---- changes ------------------------------------------------------------------------
-    async def handle(self, batch: Sequence[Raw]) -> None:
-        """Apply a batch of (raw offset, key, value); publish at its last consistent point."""
+    def handle(self, batch: Sequence[Raw]) -> None:
+        """Apply a batch of (raw offset, key, value); publish at its last consistent point; commit the state."""
         if self.failed is not None:
             raise FatalError(f"Kafka refused a view row: {self.failed}",
                              hint="check the broker log and the view topics' settings")  # fmt: skip
@@ -295,6 +299,7 @@ class Materializer:
             self.publish(changes[last][0], changes[last][1].commit_lsn)
         for _, change in changes[last + 1 :]:
             joiner.apply(change)
+        self.store.commit()
         self.stats["changes"] += len(changes)
         self.stats["batches"] += 1
         self.stats["busy_s"] += time.monotonic() - started
@@ -382,7 +387,7 @@ class Materializer:
 
     def _write_cut(self, view: ViewTopic, lsn: int) -> None:
         if self.frames is None:
-            registrar = Registry(self.cfg.registry_url, setting="[streams] registry_url")
+            registrar = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
             self.frames = (frame(registrar.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA)),
                            frame(registrar.register(f"{self.cfg.cuts_topic}-key", {"type": "string"})))  # fmt: skip
         ends = [{"partition": p, "offset": o} for p, o in sorted(view.ends.items())]

@@ -30,7 +30,7 @@ from streams.errors import KeyError400
 from streams.materializer import view_key
 from streams.rows import to_json, unpack
 from streams.tablefeed import Progress
-from streams.tables import store, view_state
+from streams.tables import store
 from streams.topics import TABLES, VIEWS, find, schemas
 from tables.partition import partition_for
 from tables.views import LSN_FIELD
@@ -148,7 +148,7 @@ async def get_view_row(web: Any, request: Any, name: str, key: str) -> Any:
         key_bytes = base.key.encode_text(unquote(key))
     except KeyError400 as exc:
         return web.json({"error": str(exc), "key": view.key_columns}, status=400)
-    elsewhere = await routed(lambda: app.router.key_store(view_state.name, key_bytes), web, request, "the views")
+    elsewhere = await routed(lambda: table_owner(cfg.changes_topic, 0), web, request, "the views")
     if elsewhere is not None:
         return elsewhere
     found = materializer.row(view.spec.name, view_key(view, key_bytes))

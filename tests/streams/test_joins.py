@@ -13,6 +13,7 @@ import pytest
 
 from streams.fanout import Change
 from streams.joins import Joiner, canon, view_schema
+from streams.viewstore import MemoryViewStore
 from tests.tables.test_views import GOOD, SHOP, specs
 
 pytestmark = pytest.mark.unit
@@ -26,8 +27,8 @@ def change(op: str, table: str, row: dict[str, Any], lsn: int = 1, before: dict[
     return Change(op, "public", table, table, lsn, 0, key, old, after, 1)
 
 
-def joiner(store: dict[bytes, bytes] | None = None, text: str = GOOD) -> Joiner:
-    return Joiner(specs(text), SHOP, {} if store is None else store, json.loads)
+def joiner(store: MemoryViewStore | None = None, text: str = GOOD, cached: int = 1000) -> Joiner:
+    return Joiner(specs(text), SHOP, MemoryViewStore() if store is None else store, json.loads, cached)
 
 
 def shop(j: Joiner) -> None:
@@ -113,67 +114,73 @@ def test_truncate_and_key_change_remove_the_old_rows() -> None:
     assert j.document("orders_enriched", canon([100])) is None
     assert j.document("orders_enriched", canon([200]))["items"] == []  # type: ignore[index]  # items still say 100
     j.apply(Change("TRUNCATE", "public", "customers", "customers", 2, 0, None, None, None, 1))
-    assert dirty(j) == {canon([200])} and j.rows["public.customers"] == {}
+    assert dirty(j) == {canon([200])} and list(j.keys("public.customers")) == []
 
 
-def test_restart_and_replay_of_a_partly_written_run_give_the_same_state() -> None:
-    rng = random.Random(7)
+def history_of(n: int, seed: int = 7) -> list[Change]:
+    rng = random.Random(seed)
     history = []
-    for n in range(400):
+    for i in range(n):
         table = rng.choice(["customers", "products", "orders", "order_items"])
         if table == "customers":
-            row: dict[str, Any] = {"id": rng.randint(1, 5), "email": "e", "name": f"n{n}", "region": "r"}
+            row: dict[str, Any] = {"id": rng.randint(1, 5), "email": "e", "name": f"n{i}", "region": "r"}
         elif table == "products":
-            row = {"id": rng.randint(1, 5), "name": f"p{n}", "category": "c", "price": str(Decimal(n) / 4)}
+            row = {"id": rng.randint(1, 5), "name": f"p{i}", "category": "c", "price": str(Decimal(i) / 4)}
         elif table == "orders":
             row = {"id": rng.randint(1, 8), "customer_id": rng.randint(1, 6), "status": "paid", "total": "1"}
         else:
             row = {"order_id": rng.randint(1, 8), "line_no": rng.randint(1, 3), "product_id": rng.randint(1, 6),
                    "quantity": 1}  # fmt: skip
-        history.append(change(rng.choice(["INSERT", "UPDATE", "DELETE"]) if n > 50 else "INSERT", table, row))
-    whole: dict[bytes, bytes] = {}
+        history.append(change(rng.choice(["INSERT", "UPDATE", "DELETE"]) if i > 50 else "INSERT", table, row))
+    return history
+
+
+def test_restart_from_any_commit_and_replay_give_the_same_state() -> None:
+    history = history_of(400)
+    whole = MemoryViewStore()
     reference = joiner(whole)
-    writes: list[tuple[bytes, bytes | None]] = []
-    logged = LoggingStore(writes)
-    j = joiner(logged)  # type: ignore[arg-type]
-    started = []
-    for c in history:
+    commits: dict[int, dict[bytes, bytes]] = {}
+    for n, c in enumerate(history):
         reference.apply(c)
-        started.append(len(writes))
-        j.apply(c)
-    # a crash kept a prefix of the writes, beyond change 300's; replay from change 300 on top of it
-    for cut in (started[300], started[300] + 1, started[350] + 1, len(writes) - 3):
-        partial = replay_writes(writes[:cut])
-        again = joiner(partial)
+        whole.commit()
+        commits[n] = dict(whole.data)
+    # a crash kept the state as of some commit past change 300; replay from change 300 on top of it
+    for cut in (300, 301, 350, 398):
+        partial = MemoryViewStore()
+        partial.data = dict(commits[cut])
+        again = joiner(partial, cached=3)  # a small cache: most reads go to the store
         for c in history[300:]:
             again.apply(c)
-        assert partial == whole
-        for key in set(reference.rows["public.orders"]) | set(again.rows["public.orders"]):
+        partial.commit()
+        assert partial.data == whole.data
+        for key in set(reference.keys("public.orders")) | set(again.keys("public.orders")):
             assert again.document("orders_enriched", key) == reference.document("orders_enriched", key)
 
 
-class LoggingStore(dict[bytes, bytes]):
-    def __init__(self, log: list[tuple[bytes, bytes | None]]) -> None:
-        super().__init__()
-        self.log = log
+def test_uncommitted_writes_are_read_back_and_lost_with_a_crash() -> None:
+    store = MemoryViewStore()
+    j = joiner(store)
+    shop(j)
+    assert j.document("orders_enriched", canon([100])) is not None and store.data == {}
+    store.commit()
+    held = dict(store.data)
+    j.apply(change("DELETE", "orders", {"id": 100}))
+    assert j.document("orders_enriched", canon([100])) is None
+    store.close()  # a crash: what was not committed is gone
+    assert store.data == held and joiner(store).document("orders_enriched", canon([100])) is not None
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.log.append((key, value))
-        super().__setitem__(key, value)
 
-    def pop(self, key: bytes, default: Any = None) -> Any:  # type: ignore[override]
-        self.log.append((key, None))
-        return super().pop(key, default)
-
-
-def replay_writes(writes: list[tuple[bytes, bytes | None]]) -> dict[bytes, bytes]:
-    store: dict[bytes, bytes] = {}
-    for key, value in writes:
-        if value is None:
-            store.pop(key, None)
-        else:
-            store[key] = value
-    return store
+def test_documents_keep_only_the_listed_columns_and_what_the_joins_need() -> None:
+    text = GOOD.replace("on customer_id", "on customer_id (region)").replace("on product_id", "on product_id (name)")
+    j = joiner(text=text.replace('base = "orders"', 'base = "orders (status)"'))
+    shop(j)
+    doc = j.document("orders_enriched", canon([100]))
+    assert doc == {"id": 100, "customer_id": 1, "status": "paid",
+                   "customer": {"id": 1, "region": "north"},
+                   "items": [{"order_id": 100, "line_no": 1, "product_id": 10, "quantity": 1,
+                              "product": {"id": 10, "name": "p10"}},
+                             {"order_id": 100, "line_no": 2, "product_id": 11, "quantity": 1,
+                              "product": {"id": 11, "name": "p11"}}]}  # fmt: skip
 
 
 def test_view_schema_nests_records_defines_named_types_once_and_round_trips() -> None:
@@ -206,3 +213,12 @@ def test_view_schema_nests_records_defines_named_types_once_and_round_trips() ->
     assert back == doc
     customer = next(f for f in schema["fields"] if f["name"] == "customer")
     assert customer["type"][1]["fields"][2]["type"] == ["null", "headwater.pg.public.order_status"]
+    text = GOOD.replace("on customer_id", "on customer_id (name)").replace("on product_id", "on product_id (id)")
+    (slim,) = specs(text)
+    keys = {"public.customers": ["id"], "public.products": ["id"], "public.order_items": ["order_id", "line_no"]}
+    narrow = view_schema(slim, values, keys)
+    customer = next(f for f in narrow["fields"] if f["name"] == "customer")
+    assert [f["name"] for f in customer["type"][1]["fields"]] == ["id", "name"]  # the key is always kept
+    items = next(f for f in narrow["fields"] if f["name"] == "items")["type"]["items"]
+    product = next(f for f in items["fields"] if f["name"] == "product")
+    assert [f["name"] for f in product["type"][1]["fields"]] == ["id"]

@@ -132,13 +132,14 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
     time.sleep(rng.uniform(2, 5))
     worker.kill()  # kill -9 mid-stream
     unruly(pg_database, 40, seed=rng.randint(0, 1000))
-    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()
+    state_dir = worker.env["HEADWATER_STREAMS_STATE_DIR"]  # the same machine: it resumes from its own state
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
     time.sleep(rng.uniform(1, 3))
     writer.stop()
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
     topic = f"{capture.cfg.topic_prefix}.views.orders_enriched"
     before = len(read_topic(capture.cfg.bootstrap, topic))
-    worker.kill()  # at rest: the restarted worker replays from its progress and must write nothing new
+    worker.kill()  # at rest: a worker without state of its own replays the raw topic and must write nothing new
     worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()
     time.sleep(5)
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
@@ -265,6 +266,8 @@ def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_top
     time.sleep(2)
     writer.stop()
     worker.kill(signal.SIGTERM)
-    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=first + "\n" + VIEWS).start()
+    state_dir = worker.env["HEADWATER_STREAMS_STATE_DIR"]
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=first + "\n" + VIEWS,
+                            state_dir=state_dir).start()  # fmt: skip
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)  # items and products came from offset 0
     assert "whose rows were not kept: replaying" in worker.log.read_text()

@@ -1,0 +1,153 @@
+"""The views' join state on disk: rows of the joined tables, join indexes, published rows, progress.
+
+Promise: a ``ViewStore`` is a bytes-to-bytes map with prefix scans whose writes are held in
+memory until ``commit`` writes them all in one atomic RocksDB write — so after any crash the
+state is exactly as of the last commit (the materializer commits once per batch of raw changes,
+with its progress marks in the same write). Reads see the uncommitted writes. ``open`` makes
+the database (rocksdict) in a directory only its owner can read (``<state_dir>/<app_id>-views``);
+its memory is RocksDB's block cache and write buffers — fixed sizes — plus the writes of one
+batch, whatever the number of rows. ``MemoryViewStore`` is the same over a dict (tests, and
+``[streams] view_store = "memory"``). No I/O until ``open``.
+
+The state is local to a worker (no changelog): a worker that takes the views over without
+state of its own rebuilds it from the raw topic (see ``streams.materializer``); one that had it
+resumes from its own progress — the state is a prefix of what it applied, which the
+materializer's recovery is built for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
+
+BLOCK_CACHE = 32 << 20  # bytes of decompressed blocks kept for reads
+WRITE_BUFFER = 16 << 20  # per memtable; at most WRITE_BUFFERS of them
+WRITE_BUFFERS = 3
+_GONE = None  # an uncommitted delete
+_ABSENT = b"\x00absent"  # sentinel: not among the uncommitted writes
+
+
+class MemoryViewStore:
+    """The view store over a dict: same contract, nothing on disk."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.pending: dict[bytes, bytes | None] = {}
+
+    def open(self) -> MemoryViewStore:
+        return self
+
+    def close(self) -> None:
+        self.pending.clear()
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        found = self.pending.get(key, _ABSENT)  # one lookup: the endpoint reads while a feed thread writes
+        if found is not _ABSENT:
+            return default if found is None else found
+        stored = self._stored(key)
+        return default if stored is None else stored
+
+    def __getitem__(self, key: bytes) -> bytes:
+        found = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self.get(key) is not None
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.pending[key] = value
+
+    def pop(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        found = self.get(key)
+        self.pending[key] = _GONE
+        return default if found is None else found
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with ``prefix``, uncommitted writes included, in key order."""
+        pending = {k: v for k, v in self.pending.items() if k.startswith(prefix)}
+        if not pending:
+            yield from self._scan_stored(prefix)
+            return
+        merged = {k: v for k, v in self._scan_stored(prefix) if k not in pending}
+        merged.update((k, v) for k, v in pending.items() if v is not None)
+        yield from sorted(merged.items())
+
+    def commit(self) -> None:
+        for key, value in self.pending.items():
+            if value is None:
+                self.data.pop(key, None)
+            else:
+                self.data[key] = value
+        self.pending = {}
+
+    def _stored(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def _scan_stored(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return iter(sorted((k, v) for k, v in self.data.items() if k.startswith(prefix)))
+
+
+class ViewStore(MemoryViewStore):
+    """The view store in one RocksDB database; ``commit`` is one atomic write batch."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.db: Rdict | None = None
+
+    def open(self) -> ViewStore:
+        if self.db is not None:
+            return self
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path.chmod(0o700)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        table = BlockBasedOptions()
+        table.set_block_cache(Cache(BLOCK_CACHE))
+        options.set_block_based_table_factory(table)
+        options.set_write_buffer_size(WRITE_BUFFER)
+        options.set_max_write_buffer_number(WRITE_BUFFERS)
+        self.db = Rdict(str(self.path / "rocksdb"), options)
+        return self
+
+    def close(self) -> None:
+        super().close()
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    @property
+    def _db(self) -> Rdict:
+        if self.db is None:
+            raise RuntimeError(f"the view store at {self.path} is not open")
+        return self.db
+
+    def commit(self) -> None:
+        if not self.pending:
+            return
+        batch = WriteBatch(raw_mode=True)
+        for key, value in self.pending.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._db.write(batch)
+        self.pending = {}  # a new dict: a reader holding the old one still finds every write
+
+    def _stored(self, key: bytes) -> bytes | None:
+        found: bytes | None = self._db.get(key)
+        return found
+
+    def _scan_stored(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key: bytes = it.key()
+            if not key.startswith(prefix):
+                return
+            yield key, it.value()
+            it.next()
