@@ -9,6 +9,8 @@ stay bytes: row images are forwarded as capture encoded them.
 
 from __future__ import annotations
 
+import faust
+
 from streams.app import app, cfg
 from streams.catalog import TableTopic, discover
 from streams.config import load_views
@@ -28,9 +30,19 @@ VIEWS, SHAPES = setup_views(cfg, load_views(), TABLES, schemas, writer)
 # Faust assigns the raw topic and the table topics but never delivers them (App.direct)
 changes = app.topic(cfg.changes_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                     value_serializer="raw", acks=False)  # fmt: skip
+
+
+class TableTopics(faust.Topic):
+    """The table topics as one subscription, named by all of them (``faust -A streams agents`` lists it)."""
+
+    def get_topic_name(self) -> str:
+        return ", ".join(self.topics)
+
+
 table_topics = (
-    app.topic(
-        *[t.topic for t in TABLES],
+    TableTopics(
+        app,
+        topics=[t.topic for t in TABLES],
         key_type=bytes,
         value_type=bytes,
         key_serializer="raw",

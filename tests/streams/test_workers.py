@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -150,6 +152,11 @@ def test_key_change_truncate_and_bad_requests(
     assert worker.get("/tables/order_items/1").status_code == 400  # two key columns
     listed = {t["name"]: t for t in worker.get("/tables/").json()["tables"]}
     assert set(listed) == set(shop.KEYS) and listed["order_items"]["key"] == ["order_id", "line_no"]
+    agents = subprocess.run([sys.executable, "-m", "faust", "-A", "streams", "agents"], env=worker.env,
+                            cwd=worker.log.parent, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert agents.returncode == 0, agents.stderr
+    assert "@raw" in agents.stdout and f"{capture.cfg.topic_prefix}.changes" in agents.stdout
+    assert "@table_rows" in agents.stdout and f"{capture.cfg.topic_prefix}.order_items" in agents.stdout
 
     with shop_db.cursor() as cur:
         cur.execute("TRUNCATE order_items")
