@@ -1,18 +1,18 @@
-"""``python -m bench [capture|fanout|tables|views|analytics] [--changes N] [--rows N] [--scale N]
-[--seconds S] [--rate R] [--messages N]`` (or ``./dev bench``)."""
+"""``python -m bench [capture|fanout|tables|views|shopview|analytics] [--changes N] [--rows N] [--scale N]
+[--seconds S] [--rate R] [--messages N] [--customers N] [--orders N]`` (or ``./dev bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import analytics, capture, fanout, tables, views
+from bench import analytics, capture, fanout, shopview, tables, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("which", nargs="?", default="all",
-                        choices=["all", "capture", "fanout", "tables", "views", "analytics"])  # fmt: skip
+                        choices=["all", "capture", "fanout", "tables", "views", "shopview", "analytics"])  # fmt: skip
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
     parser.add_argument("--scale", type=int, default=10, help="pgbench scale of the tables benchmark (x 100,000 rows)")
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         help="steady load of the views latency benchmark, transactions/s (default: half the sustained)",
     )
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the analytics benchmark's topic")
+    parser.add_argument("--customers", type=int, default=20_000, help="customers of the shopview benchmark's shop")
+    parser.add_argument("--orders", type=int, default=200_000, help="orders of the shopview benchmark's shop")
     args = parser.parse_args(argv)
     if args.which in ("all", "capture"):
         capture.main(changes=args.changes, rows=args.rows)
@@ -33,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         tables.main(scale=args.scale)
     if args.which in ("all", "views"):
         views.main(seconds=args.seconds, rate_steady=args.rate)
+    if args.which in ("all", "shopview"):
+        shopview.main(customers=args.customers, orders=args.orders, seconds=max(args.seconds, 120.0),
+                      rate=args.rate or 150.0)  # fmt: skip
     if args.which in ("all", "analytics"):
         analytics.main(messages=args.messages)
     return 0

@@ -154,7 +154,7 @@ def wait_published(cfg: stack.StackConfig, timeout: float = 300) -> None:
 
 
 @contextmanager
-def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[None]:
+def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[subprocess.Popen[bytes]]:
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     with conn.cursor() as cur:
@@ -169,7 +169,7 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[None]:
     capture.wait_confirmed(dsn, "bench_views", capture_proc)
     worker = spawn_worker(cfg, work, "views", PORT, config)
     try:
-        yield
+        yield worker
     finally:
         for proc in (worker, capture_proc):
             proc.terminate()

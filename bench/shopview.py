@@ -1,0 +1,142 @@
+"""The shop's view at a real size: 720k rows joined, mirrored into Redis, under the shop's load.
+
+On the bench stack the sample shop is seeded with ``--customers`` customers and ``--orders``
+orders (``headwater demo seed --customers 20000 --orders 200000``: about 720,000 rows), then
+``headwater capture`` and one ``faust -A streams worker`` keep the shop's ``orders_enriched``
+view (``headwater.shop.VIEWS_TOML``) with the Redis mirror on. Printed: the time until Redis
+holds every view row, the worker's peak RSS (target 1 GB) while the view is built and while the
+shop's workload (``demo load``) runs at ``--rate`` for ``--seconds``, the view documents' size
+in Redis (target under 1 KB) and Redis' memory, how long after the load ended the view topic,
+the endpoint (a sample) and Redis equalled the view's SQL in PostgreSQL, and that they did.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import tomllib
+from typing import Any
+
+import psycopg2
+import redis
+
+from bench import capture, views
+from bench.tables import rss_mb
+from headwater import shop
+from headwater.reconcile import compare_docs, endpoint_view_docs, latest_view_docs, redis_view_docs, view_docs_sql
+from tables.registry import Registry
+from tables.views import TableShape, parse_views
+
+VIEW = "orders_enriched"
+
+
+class Peak:
+    """The peak RSS of a process, sampled twice a second in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self.stop = pid, 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                self.peak = max(self.peak, rss_mb(self.pid))
+            except OSError:
+                return
+
+    def take(self) -> float:
+        """The peak so far, and start over."""
+        peak, self.peak = self.peak, 0.0
+        return peak
+
+
+def redis_rows(client: redis.Redis) -> int:
+    return max(int(client.dbsize()) - 1, 0)  # the view's rows and its one meta hash
+
+
+def wait_rows(client: redis.Redis, rows: int, timeout: float = 3600) -> float:
+    started = time.monotonic()
+    while redis_rows(client) < rows:
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"Redis holds {redis_rows(client)} of {rows} view rows after {timeout:.0f} s")
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def doc_sizes(client: redis.Redis, sample: int = 2000) -> tuple[float, int]:
+    """Mean and largest size in bytes of the ``doc`` of a sample of view rows."""
+    sizes = []
+    for n, name in enumerate(client.scan_iter(match=f"views:{VIEW}:*", count=1000)):
+        if n >= sample:
+            break
+        sizes.append(int(client.hstrlen(name, "doc")))
+    return sum(sizes) / max(len(sizes), 1), max(sizes, default=0)
+
+
+def problems(cfg: Any, dsn: str, sql: str) -> list[str]:
+    conn = psycopg2.connect(dsn)
+    try:
+        expected = view_docs_sql(conn, sql)
+    finally:
+        conn.close()
+    topic = latest_view_docs(cfg.bootstrap, f"views.views.{VIEW}", Registry(cfg.registry_url))
+    found = compare_docs(expected, topic, "topic")
+    found += compare_docs(expected, redis_view_docs(cfg.redis_url, "views", VIEW)[0], "redis")
+    sample = sorted(random.Random(5).sample(sorted(expected), min(500, len(expected))))
+    endpoint = endpoint_view_docs(f"http://127.0.0.1:{views.PORT}", VIEW, sample)
+    found += compare_docs({k: expected[k] for k in sample}, endpoint, "endpoint")
+    return found
+
+
+def converge(cfg: Any, dsn: str, sql: str, timeout: float = 600) -> tuple[float, list[str]]:
+    started = time.monotonic()
+    while True:
+        found = problems(cfg, dsn, sql)
+        if not found or time.monotonic() - started > timeout:
+            return time.monotonic() - started, found
+        time.sleep(2)
+
+
+def main(customers: int, orders: int, seconds: float, rate: float) -> None:
+    with capture.seeded_stack() as (cfg, dsn, work):
+        print(f"seeding the shop: {customers} customers, {orders} orders ...", flush=True)
+        conn = psycopg2.connect(dsn)
+        started = time.monotonic()
+        counts = shop.seed(conn, shop.Scale(customers=customers, orders=orders))
+        seeded = time.monotonic() - started
+        with conn.cursor() as cur:
+            cur.execute("SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM customers) + "
+                        "(SELECT count(*) FROM products) + (SELECT count(*) FROM orders) + "
+                        "(SELECT count(*) FROM order_items)")  # fmt: skip
+            order_rows, rows = cur.fetchone()  # type: ignore[misc]
+        conn.close()
+        shapes = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()}
+        sql = parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML)[0].sql(shapes)
+        client = redis.Redis.from_url(cfg.redis_url)
+        with views.pipeline(cfg, dsn, work) as worker:
+            peak = Peak(worker.pid)
+            built = wait_rows(client, order_rows)
+            build_peak = peak.take()
+            mean, largest = doc_sizes(client)
+            memory = int(client.info("memory")["used_memory"]) / 2**20
+            print(f"  view built: {built:.1f} s; peak RSS {build_peak:.0f} MB; loading the shop at {rate:g} tx/s "
+                  f"for {seconds:g} s ...", flush=True)  # fmt: skip
+            load = shop.Workload(psycopg2.connect(dsn), rng_seed=3)
+            load.run(rate=rate, duration=seconds)
+            load_peak = peak.take()
+            lag, found = converge(cfg, dsn, sql)
+            after_peak, resident = peak.take(), rss_mb(worker.pid)
+            peak.stop.set()
+    print(f"\nshop view {VIEW}: {rows} rows ({order_rows} orders; seeded in {seeded:.1f} s: {counts}), one worker")
+    print(f"  Redis holds every view row {built:.1f} s after capture confirmed the snapshot")
+    print(f"  worker RSS: peak {build_peak:.0f} MB building, {load_peak:.0f} MB under the load, "
+          f"{max(after_peak, resident):.0f} MB after (target <= 1 GB)")  # fmt: skip
+    print(f"  documents in Redis: mean {mean:.0f} B, largest {largest} B of a 2,000-row sample (target < 1 KB); "
+          f"Redis used_memory {memory:.0f} MB")  # fmt: skip
+    verdict = "equal" if not found else f"{len(found)} differences, first: {found[0]}"
+    print(f"  {rate:g} tx/s for {seconds:g} s, then the view topic, Redis and 500 endpoint rows against the view's "
+          f"SQL: {verdict} {lag:.1f} s after the load ended")  # fmt: skip
+
+
