@@ -146,6 +146,26 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
     assert len(read_topic(capture.cfg.bootstrap, topic)) == before
 
 
+def test_two_workers_killed_twelve_times_under_load_converge_within_a_minute(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    capture, first = start(shop_db, pg_database, capture_factory, worker_factory)
+    app_id = first.env["HEADWATER_STREAMS_APP_ID"]
+    workers = [first, worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()]
+    writer = ShopWriter(pg_database, rate=50).start()
+    rng = random.Random(12)
+    for n in range(12):  # kill -9 each in turn; each comes back on its own state (the views move between them)
+        time.sleep(rng.uniform(0.5, 3))
+        state_dir = workers[n % 2].env["HEADWATER_STREAMS_STATE_DIR"]
+        workers[n % 2].kill()
+        workers[n % 2] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
+                                        state_dir=state_dir).start()  # fmt: skip
+    assert writer.stop() > 100
+    views_reconciled(shop_db, capture, workers[0], local_stack.redis_url, timeout=60)
+    views_reconciled(shop_db, capture, workers[1], local_stack.redis_url, timeout=5)  # either endpoint answers
+
+
 def test_a_transaction_is_never_half_visible_at_a_published_cut(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     local_stack: StackConfig,
