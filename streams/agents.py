@@ -316,6 +316,8 @@ async def _shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
     await asyncio.to_thread(tables.stop)
     backlog.stopping.set()
     store.close()
+    if materializer is not None:
+        materializer.close()
     view_store.close()
 
 

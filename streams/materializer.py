@@ -10,7 +10,7 @@ carrying that commit LSN — and to the table the endpoint reads, without waitin
 Kafka acknowledged a point's rows (and every earlier point's), a *cut* per view goes
 to ``<prefix>.views.cuts``: the commit LSN and each view-topic partition's end, so a
 reader who reads the view topic to those ends sees every transaction up to the LSN
-whole and none after it. Cuts are published in order by a poller thread.
+whole and none after it. Cuts are published in order by ``streams.cuts``.
 
 After a crash the state is as of the last batch committed — or, on a worker that takes the
 views over without state of its own, empty, and the raw topic is replayed from its start.
@@ -31,30 +31,28 @@ import hashlib
 import json
 import logging
 import struct
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Producer
 
 from streams import profile
 from streams.catalog import KeyCodec, TableTopic
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
+from streams.cuts import Cuts, Frames
 from streams.fanout import STREAMED, Change, header_lsn
 from streams.joins import Joiner, canon, store_key, view_schema
 from streams.rows import pack, unpack
 from streams.viewstore import MemoryViewStore
-from streams.writer import Pending, TableWriter, produce
-from tables.errors import FatalError
+from streams.writer import TableWriter
 from tables.kafka import read_topic_from
 from tables.partition import partition_for
 from tables.registry import Registry
-from tables.views import CUT_PARSED, CUT_SCHEMA, LSN_FIELD, TableShape, ViewSpec
+from tables.views import CUT_SCHEMA, LSN_FIELD, TableShape, ViewSpec
 from tables.wire import HEADER_LSN, HEADER_VIEW, UndecodableMessage, avro_body, body, frame, lsn_text, read_framed
 
 log = logging.getLogger("headwater.streams")
@@ -76,7 +74,6 @@ class ViewTopic:
     key_frame: bytes  # the view's key subject; the body is the base table's key record
     codec: KeyCodec  # the base table's key
     parsed: Any = field(init=False, repr=False)
-    ends: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.parsed = fastavro.parse_schema(self.schema)
@@ -93,22 +90,6 @@ class ViewTopic:
 
     def key(self, row: dict[str, Any]) -> bytes:
         return self.key_frame + avro_body(self.codec.parsed, {c: row[c] for c in self.key_columns})
-
-
-class Delivered(Pending):
-    """A ``Pending`` that also remembers the end offset of every partition it wrote to."""
-
-    __slots__ = ("ends",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ends: dict[tuple[str, int], int] = {}
-
-    def delivered(self, error: KafkaError | None, msg: Any) -> None:
-        super().delivered(error, msg)
-        if error is None:
-            at = (msg.topic(), msg.partition())
-            self.ends[at] = max(self.ends.get(at, 0), msg.offset() + 1)
 
 
 def shapes_of(tables: Sequence[TableTopic], schemas: Registry) -> tuple[dict[str, TableShape], dict[str, Any]]:
@@ -154,15 +135,6 @@ def digest(value: bytes | None) -> bytes:
     return b"" if value is None else hashlib.blake2b(value, digest_size=16).digest()
 
 
-@dataclass
-class PendingCut:
-    """A consistent point whose rows are on their way to Kafka."""
-
-    lsn: int
-    offset: int  # raw offset of the point
-    delivered: Delivered
-
-
 class Materializer:
     """Keeps the views: join state, dirty rows, publication at consistent points, cuts."""
 
@@ -175,18 +147,15 @@ class Materializer:
         self.writer = writer  # for topics and reading back
         self.schemas = schemas
         # its own producer: its deliveries drive the cuts; a short linger, rows wait for nothing else
-        self.producer = Producer({**profile.producer_settings(cfg), "linger.ms": 1})
+        producer = Producer({**profile.producer_settings(cfg), "linger.ms": 1})
+        self.cuts = Cuts(producer, cfg.cuts_topic, {n: v.topic for n, v in views.items()}, self._cut_frames)
         self.joiner: Joiner | None = None
         self.sent: dict[str, Sent] = {}
         self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic))
         self.watermark = (-1, -1)
         self.quiet_until = -1  # replaying: publish nothing at points below this raw offset
         self.published_lsn = -1  # replaying: nor below the newest commit LSN the view topics hold
-        self.cut: int | None = None  # commit LSN of the last cut published
-        self.pending: deque[PendingCut] = deque()
-        self.failed: KafkaError | None = None
-        self.poller: threading.Thread | None = None
-        self.frames: tuple[bytes, bytes] | None = None  # cut value and key frames
+        self.frames: Frames | None = None  # cut value and key frames
         self.published = 0  # view rows written (changed) since start
         self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
         self.reported = time.monotonic()
@@ -221,9 +190,6 @@ class Materializer:
                  "again)", ", ".join(self.views), start, self.quiet_until, lsn_text(max(self.published_lsn, 0)),
                  dirty)  # fmt: skip
         self.store.commit()
-        if self.poller is None:
-            self.poller = threading.Thread(target=self._poll, name="headwater-view-cuts", daemon=True)
-            self.poller.start()
         return joiner
 
     def _from_the_start(self, new: set[str]) -> tuple[int, int, int]:
@@ -247,7 +213,7 @@ class Materializer:
                 lsn = header_lsn(record.headers)[0]
                 sent[view_key(view, record.key)] = (lsn, digest(record.value))
                 self.published_lsn = max(self.published_lsn, lsn)
-        view.ends = {p: max(view.ends.get(p, 0), ends.get(p, 0)) for p in range(self.cfg.partitions)}
+        self.cuts.reached(view.spec.name, {p: ends.get(p, 0) for p in range(self.cfg.partitions)})
         return sent
 
     def _mend(self, view: ViewTopic, key: bytes, body: bytes | None) -> None:
@@ -282,9 +248,6 @@ class Materializer:
     # ---- changes ------------------------------------------------------------------------
     def handle(self, batch: Sequence[Raw]) -> None:
         """Apply a batch of (raw offset, key, value); publish at its last consistent point; commit the state."""
-        if self.failed is not None:
-            raise FatalError(f"Kafka refused a view row: {self.failed}",
-                             hint="check the broker log and the view topics' settings")  # fmt: skip
         joiner = self.joiner or self.load()
         started = time.monotonic()
         changes = self._admit(batch)
@@ -331,16 +294,15 @@ class Materializer:
     def publish(self, offset: int, lsn: int) -> None:
         """Write the changed view rows as of ``lsn`` (not waiting); their cut follows once Kafka has them."""
         assert self.joiner is not None
-        delivered = Delivered()
         for name, view in self.views.items():
             for key in sorted(self.joiner.dirty[name]):
-                self._write(view, key, lsn, delivered)
+                self._write(view, key, lsn)
             self.joiner.dirty[name].clear()
-        self.pending.append(PendingCut(lsn, offset, delivered))
+        self.cuts.point(lsn)
         self.store[PROGRESS] = PROGRESS_FORMAT.pack(offset + 1, *self.watermark)
         self.stats["points"] += 1
 
-    def _write(self, view: ViewTopic, key: bytes, lsn: int, delivered: Delivered) -> None:
+    def _write(self, view: ViewTopic, key: bytes, lsn: int) -> None:
         """Write one dirty view row if it changed: to the view topic and to the endpoint's table."""
         changed, doc, body = self._changed(view, key)
         if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
@@ -356,9 +318,7 @@ class Materializer:
             key_bytes, value = view.key(doc), view.encode(doc, lsn)
             self.store[doc_key] = pack(lsn, 0, value)
         headers = [(HEADER_LSN, b"%d" % lsn), (HEADER_VIEW, view.spec.name.encode())]
-        delivered.outstanding += 1
-        produce(self.producer, view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers,
-                delivered.delivered)  # fmt: skip
+        self.cuts.write(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers)
         self.sent[view.spec.name][key] = (lsn, digest(value))
         self.published += 1
         self.stats["rows"] += 1
@@ -368,33 +328,13 @@ class Materializer:
         text = ",".join(str(v) for v in json.loads(key))
         return view.key_frame + body(view.codec.encode_text(text))
 
-    def _poll(self) -> None:
-        """Serve deliveries; publish each point's cuts once its rows (and all before) are acknowledged."""
-        while True:
-            self.producer.poll(0.005)
-            while self.pending and self.pending[0].delivered.outstanding <= 0:
-                point = self.pending.popleft()
-                if point.delivered.failed is not None:
-                    self.failed = point.delivered.failed
-                    log.error("Kafka refused a view row (%s): no more cuts are published", self.failed)
-                    return
-                for view in self.views.values():
-                    for (topic, partition), end in point.delivered.ends.items():
-                        if topic == view.topic:
-                            view.ends[partition] = max(view.ends.get(partition, 0), end)
-                    self._write_cut(view, point.lsn)
-                self.cut = point.lsn
-
-    def _write_cut(self, view: ViewTopic, lsn: int) -> None:
+    def _cut_frames(self) -> Frames:
+        """The cut schemas' frames (registered on the poller thread, when the first cut is due)."""
         if self.frames is None:
-            registrar = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
-            self.frames = (frame(registrar.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA)),
-                           frame(registrar.register(f"{self.cfg.cuts_topic}-key", {"type": "string"})))  # fmt: skip
-        ends = [{"partition": p, "offset": o} for p, o in sorted(view.ends.items())]
-        value = self.frames[0] + avro_body(CUT_PARSED, {"view": view.spec.name, "commit_lsn": lsn,
-                                                         "topic": view.topic, "ends": ends})  # fmt: skip
-        key = self.frames[1] + avro_body(KEY_STRING, view.spec.name)
-        produce(self.producer, self.cfg.cuts_topic, 0, key, value, [(HEADER_LSN, b"%d" % lsn)])
+            registry = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
+            self.frames = (frame(registry.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA)),
+                           frame(registry.register(f"{self.cfg.cuts_topic}-key", {"type": "string"})))  # fmt: skip
+        return self.frames
 
     # ---- reading ------------------------------------------------------------------------
     def report(self, offset: int, every: float = 10.0) -> None:
@@ -405,7 +345,7 @@ class Materializer:
         s, span = self.stats, now - self.reported
         log.info("views at raw offset %d: %.0f changes/s in %d batches, %d points published, %d rows written "
                  "(%.0f%% busy); last cut %s", offset, s["changes"] / span, s["batches"], s["points"], s["rows"],
-                 100 * s["busy_s"] / span, "none" if self.cut is None else lsn_text(self.cut))  # fmt: skip
+                 100 * s["busy_s"] / span, self._cut_text())  # fmt: skip
         self.stats = dict.fromkeys(self.stats, 0)
         self.reported = now
 
@@ -417,8 +357,17 @@ class Materializer:
         lsn, _, value = unpack(stored)
         return lsn, self.views[view].decode(value)
 
+    def _cut_text(self) -> str:
+        cut = self.cuts.last()
+        return "none" if cut is None else lsn_text(cut)
+
+    def close(self) -> None:
+        """Stop publishing cuts (the poller thread ends; the next run publishes what is left)."""
+        self.cuts.close()
+
     def describe(self) -> dict[str, Any]:
-        return {"cut_lsn": None if self.cut is None else lsn_text(self.cut), "rows_published": self.published,
+        cut = self.cuts.last()
+        return {"cut_lsn": None if cut is None else lsn_text(cut), "rows_published": self.published,
                 "views": [{"name": v.spec.name, "base": v.spec.base, "topic": v.topic, "key": v.key_columns,
                            "joins": [j.path for j in v.spec.joins]} for v in self.views.values()]}  # fmt: skip
 
