@@ -1,6 +1,6 @@
 """The workers' table state on disk: the latest row of every key of the table-topic partitions a worker holds.
 
-Promise: one RocksDB database (rocksdict) per worker, in ``<state_dir>/tables`` (owner-only),
+Promise: one RocksDB database (rocksdict) per worker, in ``<state_dir>/<app_id>-tables`` (owner-only),
 holding per table-topic partition its rows (key bytes as on the topic -> ``streams.rows.pack``-ed
 row), its row count and the offset it was read up to. ``apply`` writes one batch of records —
 rows, tombstones (the key is deleted), the new count and offset — in one atomic write, so after
@@ -8,7 +8,7 @@ any crash the rows and the offset agree, and a (re)started worker reads each par
 its own offset: the compacted table topic is the table's changelog (Kafka Streams' source-topic
 changelog optimization), no second copy is written. ``forget`` drops a partition (its topic
 was compacted past the stored offset, or it must be read again from the start). Memory is
-RocksDB's block cache and write buffers — fixed sizes below — whatever the number of rows.
+RocksDB's block cache and write buffers — fixed sizes (``streams.rocks``) — whatever the number of rows.
 No I/O until ``open``.
 """
 
@@ -18,13 +18,11 @@ import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
+from rocksdict import Rdict, WriteBatch
 
+from streams.rocks import open_db
 from streams.rows import pack
 
-BLOCK_CACHE = 32 << 20  # bytes of decompressed blocks kept for reads
-WRITE_BUFFER = 16 << 20  # per memtable; at most WRITE_BUFFERS of them
-WRITE_BUFFERS = 3
 _COUNT = struct.Struct(">q")
 Record = tuple[int, bytes, bytes | None, int, int]  # (offset, key, value or None, commit_lsn, position)
 
@@ -41,16 +39,7 @@ class TableStore:
         self.db: Rdict | None = None
 
     def open(self) -> TableStore:
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.path.chmod(0o700)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        table = BlockBasedOptions()
-        table.set_block_cache(Cache(BLOCK_CACHE))
-        options.set_block_based_table_factory(table)
-        options.set_write_buffer_size(WRITE_BUFFER)
-        options.set_max_write_buffer_number(WRITE_BUFFERS)
-        self.db = Rdict(str(self.path / "rocksdb"), options)
+        self.db = open_db(self.path)
         return self
 
     def close(self) -> None:

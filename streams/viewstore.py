@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
+from rocksdict import Rdict, WriteBatch
 
-BLOCK_CACHE = 32 << 20  # bytes of decompressed blocks kept for reads
-WRITE_BUFFER = 16 << 20  # per memtable; at most WRITE_BUFFERS of them
-WRITE_BUFFERS = 3
+from streams.rocks import open_db
+
 _GONE = None  # an uncommitted delete
 _ABSENT = b"\x00absent"  # sentinel: not among the uncommitted writes
 
@@ -102,16 +101,7 @@ class ViewStore(MemoryViewStore):
     def open(self) -> ViewStore:
         if self.db is not None:
             return self
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.path.chmod(0o700)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        table = BlockBasedOptions()
-        table.set_block_cache(Cache(BLOCK_CACHE))
-        options.set_block_based_table_factory(table)
-        options.set_write_buffer_size(WRITE_BUFFER)
-        options.set_max_write_buffer_number(WRITE_BUFFERS)
-        self.db = Rdict(str(self.path / "rocksdb"), options)
+        self.db = open_db(self.path)
         return self
 
     def close(self) -> None:

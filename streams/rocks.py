@@ -1,0 +1,38 @@
+"""Opening the workers' RocksDB databases (rocksdict) with bounded memory, owner-only on disk.
+
+Promise: ``open_db(path)`` opens (creating if missing) a database under ``path`` — a directory
+made readable by its owner only — in raw (bytes) mode. Every database of a worker shares one
+block cache (``BLOCK_CACHE``); each has at most ``WRITE_BUFFERS`` memtables of ``WRITE_BUFFER``
+bytes. So a worker's RocksDB memory is bounded by those sizes whatever the number of rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict
+
+BLOCK_CACHE = 32 << 20  # bytes of decompressed blocks kept for reads, shared by a worker's databases
+WRITE_BUFFER = 16 << 20  # per memtable
+WRITE_BUFFERS = 2  # memtables per database: one filling, one being flushed
+_cache: Cache | None = None
+
+
+def shared_cache() -> Cache:
+    global _cache
+    if _cache is None:
+        _cache = Cache(BLOCK_CACHE)
+    return _cache
+
+
+def open_db(path: Path) -> Rdict:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    table = BlockBasedOptions()
+    table.set_block_cache(shared_cache())
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_size(WRITE_BUFFER)
+    options.set_max_write_buffer_number(WRITE_BUFFERS)
+    return Rdict(str(path / "rocksdb"), options)
