@@ -4,10 +4,12 @@ Promise: ``open_db(path)`` opens (creating if missing) a database under ``path``
 made readable by its owner only — in raw (bytes) mode. Every database of a worker shares one
 block cache (``BLOCK_CACHE``); each has at most ``WRITE_BUFFERS`` memtables of ``WRITE_BUFFER``
 bytes. So a worker's RocksDB memory is bounded by those sizes whatever the number of rows.
+``Database`` is what both stores share: open on demand, close once, scan by key prefix.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict
@@ -36,3 +38,40 @@ def open_db(path: Path) -> Rdict:
     options.set_write_buffer_size(WRITE_BUFFER)
     options.set_max_write_buffer_number(WRITE_BUFFERS)
     return Rdict(str(path / "rocksdb"), options)
+
+
+class Database:
+    """A worker's RocksDB database: opened on demand, closed once, scanned by key prefix."""
+
+    what = "store"  # how errors name it
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db: Rdict | None = None
+
+    def open(self) -> Database:
+        if self.db is None:
+            self.db = open_db(self.path)
+        return self
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    @property
+    def _db(self) -> Rdict:
+        if self.db is None:
+            raise RuntimeError(f"the {self.what} at {self.path} is not open")
+        return self.db
+
+    def _scan_stored(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every stored (key, value) whose key starts with ``prefix``, in key order."""
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key: bytes = it.key()
+            if not key.startswith(prefix):
+                return
+            yield key, it.value()
+            it.next()

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
-from rocksdict import Rdict, WriteBatch
+from rocksdict import WriteBatch
 
-from streams.rocks import open_db
+from streams.rocks import Database
 from streams.rows import pack
 
 _COUNT = struct.Struct(">q")
@@ -31,27 +30,10 @@ def _prefix(kind: bytes, topic: str, partition: int) -> bytes:
     return kind + topic.encode() + b"\x00" + partition.to_bytes(4, "big")
 
 
-class TableStore:
+class TableStore(Database):
     """Rows, counts and read offsets of table-topic partitions, in one RocksDB database."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.db: Rdict | None = None
-
-    def open(self) -> TableStore:
-        self.db = open_db(self.path)
-        return self
-
-    def close(self) -> None:
-        if self.db is not None:
-            self.db.close()
-            self.db = None
-
-    @property
-    def _db(self) -> Rdict:
-        if self.db is None:
-            raise RuntimeError(f"the table store at {self.path} is not open")
-        return self.db
+    what = "table store"
 
     def offset(self, topic: str, partition: int) -> int:
         """The next offset to read of this partition (0: nothing read yet)."""
@@ -92,14 +74,8 @@ class TableStore:
     def keys(self, topic: str, partition: int) -> Iterator[bytes]:
         """Every key the partition holds, in byte order."""
         prefix = _prefix(b"r", topic, partition)
-        it = self._db.iter()
-        it.seek(prefix)
-        while it.valid():
-            key: bytes = it.key()
-            if not key.startswith(prefix):
-                return
+        for key, _ in self._scan_stored(prefix):
             yield key[len(prefix) :]
-            it.next()
 
     def forget(self, topic: str, partition: int) -> None:
         """Drop the partition's rows, count and offset (it is read again from the start)."""

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocksdict import Rdict, WriteBatch
+from rocksdict import WriteBatch
 
-from streams.rocks import open_db
+from streams.rocks import Database
 
 _GONE = None  # an uncommitted delete
 _ABSENT = b"\x00absent"  # sentinel: not among the uncommitted writes
@@ -90,31 +90,22 @@ class MemoryViewStore:
         return iter(sorted((k, v) for k, v in self.data.items() if k.startswith(prefix)))
 
 
-class ViewStore(MemoryViewStore):
+class ViewStore(Database, MemoryViewStore):
     """The view store in one RocksDB database; ``commit`` is one atomic write batch."""
 
+    what = "view store"
+
     def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-        self.db: Rdict | None = None
+        MemoryViewStore.__init__(self)
+        Database.__init__(self, path)
 
     def open(self) -> ViewStore:
-        if self.db is not None:
-            return self
-        self.db = open_db(self.path)
+        Database.open(self)
         return self
 
     def close(self) -> None:
-        super().close()
-        if self.db is not None:
-            self.db.close()
-            self.db = None
-
-    @property
-    def _db(self) -> Rdict:
-        if self.db is None:
-            raise RuntimeError(f"the view store at {self.path} is not open")
-        return self.db
+        MemoryViewStore.close(self)
+        Database.close(self)
 
     def commit(self) -> None:
         if not self.pending:
@@ -131,13 +122,3 @@ class ViewStore(MemoryViewStore):
     def _stored(self, key: bytes) -> bytes | None:
         found: bytes | None = self._db.get(key)
         return found
-
-    def _scan_stored(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
-        it.seek(prefix)
-        while it.valid():
-            key: bytes = it.key()
-            if not key.startswith(prefix):
-                return
-            yield key, it.value()
-            it.next()
