@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tables.errors import RetryableError
 
 log = logging.getLogger("tables.kafka")
+READER_FETCH_WAIT_MS = 10
 STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
 
 
@@ -54,8 +55,12 @@ def create_topics(admin: AdminClient, topics: list[NewTopic]) -> None:
 
 
 def reader(settings: Mapping[str, Any]) -> Consumer:
-    """A consumer that reports partition EOF and commits nothing (a group of its own)."""
+    """A consumer that reports partition EOF and commits nothing (a group of its own). Fetches wait
+    at most ``READER_FETCH_WAIT_MS`` unless ``settings`` say otherwise: the local broker holds a fetch
+    for its whole wait and returns a few batches, so librdkafka's 500 ms read a busy raw topic at
+    ~550 messages/s — slower than capture wrote it, and the end was never reached."""
     return Consumer({
+        "fetch.wait.max.ms": READER_FETCH_WAIT_MS,
         **settings, "group.id": f"headwater-reader-{time.monotonic_ns()}", "enable.auto.commit": False,
         "enable.partition.eof": True, "auto.offset.reset": "earliest",
     })  # fmt: skip
@@ -68,7 +73,7 @@ def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeou
     consumer.assign(assignments)
     waiting = {(a.topic, a.partition) for a in assignments}
     deadline = time.monotonic() + timeout
-    watch = StallWatch()
+    watch = StallWatch(until_eof=True)
     while waiting:
         if time.monotonic() > deadline:
             raise RetryableError(f"no end of {sorted(waiting)} within {timeout:.0f} s")
@@ -92,11 +97,14 @@ class Stalled(RetryableError):
 
 class StallWatch:
     """Notices a reader stuck below a partition's known end: after ``STALL`` s without a message it
-    ``nudge``s the reader; after another ``STALL`` s it raises ``Stalled`` (a new consumer reads on)."""
+    ``nudge``s the reader; after another ``STALL`` s it raises ``Stalled`` (a new consumer reads on).
+    ``until_eof``: the reader waits for partition EOF, so any silence that long is a stall, whatever
+    the (cached, possibly stale) high watermark says."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, until_eof: bool = False) -> None:
         self.last = time.monotonic()
         self.nudged = False
+        self.until_eof = until_eof
 
     def seen(self) -> None:
         self.last, self.nudged = time.monotonic(), False
@@ -106,18 +114,19 @@ class StallWatch:
             return
         if self.nudged:
             raise Stalled(f"reading {sorted(parts)} stalled below the known end")
-        self.nudged = nudge(consumer, parts)
+        self.nudged = nudge(consumer, parts, force=self.until_eof) or self.until_eof
         self.last = time.monotonic()
 
 
-def nudge(consumer: Consumer, parts: set[tuple[str, int]]) -> bool:
-    """Seek each of ``parts`` to where it stands: librdkafka fetches it afresh. On the local broker
-    a reader sometimes stops short of the end it knows (position below the high watermark, nothing
-    delivered, while a new reader at that offset reads on); a seek gets it going again."""
+def nudge(consumer: Consumer, parts: set[tuple[str, int]], *, force: bool = False) -> bool:
+    """Seek each of ``parts`` that is behind its known end (each with a position, when ``force``) to
+    where it stands: librdkafka fetches it afresh. On the local broker a reader sometimes stops short
+    of the end it knows (position below the high watermark, nothing delivered, while a new reader at
+    that offset reads on); a seek gets it going again. True if any was sought."""
     behind = False
     for tp in consumer.position([TopicPartition(t, p) for t, p in sorted(parts)]):
         _, high = consumer.get_watermark_offsets(tp, cached=True)
-        if 0 <= tp.offset < high:
+        if 0 <= tp.offset < high or (force and tp.offset >= 0):
             consumer.seek(tp)
             behind = True
     return behind
