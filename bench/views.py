@@ -173,7 +173,11 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[subproces
     finally:
         for proc in (worker, capture_proc):
             proc.terminate()
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # never left running
+                proc.kill()
+                proc.wait(timeout=60)
         for line in (work / "worker.log").read_text(errors="replace").splitlines():
             if "views at raw offset" in line or "fan-out at raw offset" in line:
                 print("  worker:", line.split("] ")[-1])

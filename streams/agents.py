@@ -206,7 +206,7 @@ class Owner:
         if materializer is not None:
             if mirror is not None and not mirror.is_alive():
                 mirror.start()
-            self.feeds.append(self._feed("views", materializer.resume, materializer.handle, lambda: None, loop))
+            self.feeds.append(self._feed("views", materializer.resume, materializer.handle, materializer.idle, loop))
         for feed in self.feeds:
             feed.start()
 

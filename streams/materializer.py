@@ -1,8 +1,8 @@
 """The views' runtime: raw changes in commit order in, view rows and published cuts out.
 
 Promise: ``Materializer.handle`` applies a batch of raw changes to the join state (a
-``streams.viewstore`` on disk, committed once per batch), in order, dropping changes capture sent
-twice (the ``(commit_lsn, position)`` watermark of streamed changes). At the last
+``streams.viewstore`` on disk, committed at least once per batch), in order, dropping changes
+capture sent twice (the ``(commit_lsn, position)`` watermark of streamed changes). At the last
 *consistent point* of the batch — the end of a transaction or of the snapshot — it
 builds every dirty view row and writes those that changed (against what was sent
 before) to the view topics — compacted, Avro, keyed by the base row's key, every row
@@ -11,6 +11,11 @@ Kafka acknowledged a point's rows (and every earlier point's), a *cut* per view 
 to ``<prefix>.views.cuts``: the commit LSN and each view-topic partition's end, so a
 reader who reads the view topic to those ends sees every transaction up to the LSN
 whole and none after it. Cuts are published in order by ``streams.cuts``.
+Publishing takes at most half of the time: a point that comes sooner after the last
+publication than that one took is skipped — its dirty rows wait for a later point (or for the
+feed to go idle at one) and are written once, with that point's LSN. So a change that
+dirties most of a view (a product's price, under every order holding it) makes the view
+publish less often, not fall behind the raw topic.
 
 After a crash the state is as of the last batch committed — or, on a worker that takes the
 views over without state of its own, empty, and the raw topic is replayed from its start.
@@ -59,6 +64,7 @@ log = logging.getLogger("headwater.streams")
 HIGH = b"@high"  # no state write comes from a raw offset above this one
 PROGRESS = b"@progress"  # replay starts here: (raw offset, watermark) after the last published cut
 PROGRESS_FORMAT = struct.Struct(">qqi")
+COMMIT_EVERY = 10_000  # view rows written between commits of the endpoint's copies
 TABLES_KEY = b"@tables"  # the tables whose rows the state keeps (a view on a new table replays from the start)
 KEY_STRING = fastavro.parse_schema("string")
 
@@ -156,6 +162,8 @@ class Materializer:
         self.quiet_until = -1  # replaying: publish nothing at points below this raw offset
         self.published_lsn = -1  # replaying: nor below the newest commit LSN the view topics hold
         self.frames: Frames | None = None  # cut value and key frames
+        self.next_publish = 0.0  # monotonic time from which the next point may be published
+        self.at_point: tuple[int, int] | None = None  # (raw offset, commit LSN) the state is consistent at
         self.published = 0  # view rows written (changed) since start
         self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
         self.reported = time.monotonic()
@@ -258,15 +266,31 @@ class Materializer:
         last = points[-1] if points else -1
         for _, change in changes[: last + 1]:
             joiner.apply(change)
-        if last >= 0:
+        self.store.commit()  # scans and the store's memory stay small while the point is published
+        if last >= 0 and self._due():
             self.publish(changes[last][0], changes[last][1].commit_lsn)
         for _, change in changes[last + 1 :]:
             joiner.apply(change)
         self.store.commit()
+        ends = last == len(changes) - 1  # the state is at a consistent point: idle() may publish it
+        self.at_point = (changes[-1][0], changes[-1][1].commit_lsn) if ends else None
         self.stats["changes"] += len(changes)
         self.stats["batches"] += 1
         self.stats["busy_s"] += time.monotonic() - started
         self.report(batch[-1][0])
+
+    def _due(self) -> bool:
+        """Whether a point may be published now: publishing takes at most half the time (the dirty rows
+        of the points skipped meanwhile are published at a later one, each once)."""
+        return time.monotonic() >= self.next_publish
+
+    def idle(self) -> None:
+        """Nothing new to read: publish what waits, if the state is at a consistent point and it is time."""
+        if self.at_point is not None and self.joiner is not None and self._due():
+            if any(self.joiner.dirty.values()):
+                self.publish(*self.at_point)
+                self.store.commit()
+            self.at_point = None
 
     def _may_publish(self, offset: int, change: Change) -> bool:
         """Past what a crashed run may have half applied (``@high``) and what it published (newest LSN)."""
@@ -294,13 +318,18 @@ class Materializer:
     def publish(self, offset: int, lsn: int) -> None:
         """Write the changed view rows as of ``lsn`` (not waiting); their cut follows once Kafka has them."""
         assert self.joiner is not None
+        started = time.monotonic()
         for name, view in self.views.items():
-            for key in sorted(self.joiner.dirty[name]):
+            for n, key in enumerate(sorted(self.joiner.dirty[name]), 1):
                 self._write(view, key, lsn)
+                if n % COMMIT_EVERY == 0:  # a snapshot's end publishes every row: its copies go in parts
+                    self.store.commit()
             self.joiner.dirty[name].clear()
         self.cuts.point(lsn)
         self.store[PROGRESS] = PROGRESS_FORMAT.pack(offset + 1, *self.watermark)
         self.stats["points"] += 1
+        ended = time.monotonic()
+        self.next_publish = ended + (ended - started)
 
     def _write(self, view: ViewTopic, key: bytes, lsn: int) -> None:
         """Write one dirty view row if it changed: to the view topic and to the endpoint's table."""

@@ -2,12 +2,12 @@
 
 Promise: a ``ViewStore`` is a bytes-to-bytes map with prefix scans whose writes are held in
 memory until ``commit`` writes them all in one atomic RocksDB write — so after any crash the
-state is exactly as of the last commit (the materializer commits once per batch of raw changes,
-with its progress marks in the same write). Reads see the uncommitted writes. ``open`` makes
-the database (rocksdict) in a directory only its owner can read (``<state_dir>/<app_id>-views``);
-its memory is RocksDB's block cache and write buffers — fixed sizes — plus the writes of one
-batch, whatever the number of rows. ``MemoryViewStore`` is the same over a dict (tests, and
-``[streams] view_store = "memory"``). No I/O until ``open``.
+state is exactly as of the last commit (the materializer commits at the batches' consistent
+points and ends; its progress marks move only with them). Reads and scans see the uncommitted
+writes (kept sorted, so a scan is a range of them). ``open`` makes the database (rocksdict) in a
+directory only its owner can read (``<state_dir>/<app_id>-views``); its memory is RocksDB's
+block cache and write buffers — fixed sizes — plus the writes not yet committed, whatever the
+number of rows. ``MemoryViewStore`` is the same over a dict (the join engine's tests). No I/O until ``open``.
 
 The state is local to a worker (no changelog): a worker that takes the views over without
 state of its own rebuilds it from the raw topic (see ``streams.materializer``); one that had it
@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rocksdict import WriteBatch
+from sortedcontainers import SortedDict
 
 from streams.rocks import Database
 
@@ -33,7 +34,7 @@ class MemoryViewStore:
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
-        self.pending: dict[bytes, bytes | None] = {}
+        self.pending: SortedDict = SortedDict()  # key -> value, None for a delete; sorted: scans are ranges
 
     def open(self) -> MemoryViewStore:
         return self
@@ -67,7 +68,7 @@ class MemoryViewStore:
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) whose key starts with ``prefix``, uncommitted writes included, in key order."""
-        pending = {k: v for k, v in self.pending.items() if k.startswith(prefix)}
+        pending = {k: self.pending[k] for k in self._pending_under(prefix)}
         if not pending:
             yield from self._scan_stored(prefix)
             return
@@ -75,13 +76,22 @@ class MemoryViewStore:
         merged.update((k, v) for k, v in pending.items() if v is not None)
         yield from sorted(merged.items())
 
+    def _pending_under(self, prefix: bytes) -> list[bytes]:
+        """The uncommitted keys starting with ``prefix`` (a range of the sorted map, not a pass over it)."""
+        out = []
+        for key in self.pending.irange(minimum=prefix):
+            if not key.startswith(prefix):
+                break
+            out.append(key)
+        return out
+
     def commit(self) -> None:
         for key, value in self.pending.items():
             if value is None:
                 self.data.pop(key, None)
             else:
                 self.data[key] = value
-        self.pending = {}
+        self.pending = SortedDict()
 
     def _stored(self, key: bytes) -> bytes | None:
         return self.data.get(key)
@@ -117,7 +127,7 @@ class ViewStore(Database, MemoryViewStore):
             else:
                 batch.put(key, value)
         self._db.write(batch)
-        self.pending = {}  # a new dict: a reader holding the old one still finds every write
+        self.pending = SortedDict()  # a new map: a reader holding the old one still finds every write
 
     def _stored(self, key: bytes) -> bytes | None:
         found: bytes | None = self._db.get(key)
