@@ -82,6 +82,9 @@ class Joiner:
         for spec in views:
             self.roots[spec.name] = self._tree(spec)
         self.kept = {t: {c for n in nodes for c in n.columns} for t, nodes in self.nodes.items()}
+        # the columns by which a table's rows sit in a parent's list (read by _up without decoding)
+        self.linked = {t: sorted({n.join.column for n in nodes if n.join is not None and n.join.many})
+                       for t, nodes in self.nodes.items()}  # fmt: skip
         self.cache: OrderedDict[tuple[str, bytes], Row | None] = OrderedDict()
         self.cached = cached
         self.dirty: dict[str, set[bytes]] = {name: set() for name in self.views}
@@ -167,10 +170,12 @@ class Joiner:
         old = self.row(table, key)
         affected = self._affected(table, key, old)
         self._index(table, key, old, row)
-        if image is None:
+        if image is None or row is None:
             self.store.pop(store_key(b"r", table, key), None)
+            self.store.pop(store_key(b"u", table, key), None)
         else:
             self.store[store_key(b"r", table, key)] = image
+            self.store[store_key(b"u", table, key)] = canon([row.get(c) for c in self.linked[table]])
         self._cache((table, key), row)
         affected |= self._affected(table, key, row)
         for view, root in affected:
@@ -194,6 +199,8 @@ class Joiner:
         return out
 
     def _up(self, node: Node, key: bytes, row: Row | None) -> Iterator[bytes]:
+        """The base keys of the view rows that show ``row`` at ``node`` (``row`` needs only the
+        columns that link it to its parent: a full row, or ``_links``)."""
         parent, join = node.parent, node.join
         if parent is None or join is None:
             yield key
@@ -204,9 +211,19 @@ class Joiner:
         else:  # every parent row whose join column holds this row's key
             parents = self.matching(parent.table, join.column, key)
         for parent_key in parents:
-            parent_row = self.row(parent.table, parent_key)
-            if parent.parent is None or parent_row is not None:
-                yield from self._up(parent, parent_key, parent_row)
+            if parent.parent is None:
+                yield parent_key  # the base row: its key is the view row's
+                continue
+            links = self._links(parent.table, parent_key)
+            if links is not None:
+                yield from self._up(parent, parent_key, links)
+
+    def _links(self, table: str, key: bytes) -> Row | None:
+        """The columns that link a row to its parents (``u`` entries: no Avro decoding), None if no row."""
+        found = self.store.get(store_key(b"u", table, key))
+        if found is None:
+            return None
+        return dict(zip(self.linked[table], json.loads(found), strict=True))
 
     # ---- documents ----------------------------------------------------------------------
     def document(self, view: str, key: bytes) -> Row | None:
