@@ -81,7 +81,7 @@ def problems(cfg: Any, dsn: str, sql: str) -> list[str]:
         expected = view_docs_sql(conn, sql)
     finally:
         conn.close()
-    topic = latest_view_docs(cfg.bootstrap, f"views.views.{VIEW}", Registry(cfg.registry_url))
+    topic = latest_view_docs(cfg.bootstrap, f"views.views.{VIEW}", Registry(cfg.registry_url), timeout=600)
     found = compare_docs(expected, topic, "topic")
     found += compare_docs(expected, redis_view_docs(cfg.redis_url, "views", VIEW)[0], "redis")
     sample = sorted(random.Random(5).sample(sorted(expected), min(500, len(expected))))

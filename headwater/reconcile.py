@@ -106,10 +106,10 @@ def assert_table_matches(
     return count
 
 
-def _latest(bootstrap: str, topic: str) -> dict[bytes, bytes]:
+def _latest(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[bytes, bytes]:
     """A compacted topic's latest value per key; a tombstone removes the key."""
     latest: dict[bytes, bytes | None] = {}
-    for record in read_topic(bootstrap, topic):  # a key lives in one partition: offset order is its order
+    for record in read_topic(bootstrap, topic, timeout=timeout):  # a key lives in one partition: offset order is its order
         if record.key is not None:
             latest[record.key] = record.value
     return {key: value for key, value in latest.items() if value is not None}
@@ -214,9 +214,9 @@ def _doc(decoded: dict[str, Any]) -> Any:
     return to_json(decoded)
 
 
-def latest_view_docs(bootstrap: str, topic: str, decode: Registry) -> Docs:
+def latest_view_docs(bootstrap: str, topic: str, decode: Registry, timeout: float = 30.0) -> Docs:
     """A view topic's latest row per key (tombstones drop it), as JSON."""
-    latest = _latest(bootstrap, topic)
+    latest = _latest(bootstrap, topic, timeout)
     return {tuple(str(to_json(v)) for v in decode(key).values()): _doc(decode(value)) for key, value in latest.items()}
 
 
