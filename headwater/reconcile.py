@@ -109,7 +109,7 @@ def assert_table_matches(
 def _latest(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[bytes, bytes]:
     """A compacted topic's latest value per key; a tombstone removes the key."""
     latest: dict[bytes, bytes | None] = {}
-    for record in read_topic(bootstrap, topic, timeout=timeout):  # a key lives in one partition: offset order is its order
+    for record in read_topic(bootstrap, topic, timeout=timeout):  # a key lives in one partition: in offset order
         if record.key is not None:
             latest[record.key] = record.value
     return {key: value for key, value in latest.items() if value is not None}
