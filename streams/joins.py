@@ -5,7 +5,10 @@ an index on every join column, in a store (``streams.viewstore``: RocksDB in the
 in tests) — only a bounded cache of decoded rows is held in memory, whatever the tables' size.
 ``apply`` takes one raw change (snapshot read, insert, update — a key change deletes the old
 key — delete, truncate) and marks every view row it can affect *dirty*, in the old state and
-in the new (a foreign key that moves dirties both parents). Re-applying a change, or a run of
+in the new (a foreign key that moves dirties both parents); the rows that show a looked-up row
+(every order holding a product) are found by ``expand``, once, when the views are published —
+whoever holds the product then shows its change, and whoever stopped holding it is dirty by its
+own change. Re-applying a change, or a run of
 changes on top of a state committed part way through them, leaves the same rows and indexes
 (rows are set to the change's image, index entries follow the rows). ``document`` builds a view
 row from the current rows: the columns the spec keeps (``ViewSpec.kept``), lookups as a record
@@ -88,6 +91,7 @@ class Joiner:
         self.cache: OrderedDict[tuple[str, bytes], Row | None] = OrderedDict()
         self.cached = cached
         self.dirty: dict[str, set[bytes]] = {name: set() for name in self.views}
+        self.deferred: set[tuple[Node, bytes]] = set()  # looked-up rows that changed, not yet followed up
 
     # ---- structure ----------------------------------------------------------------------
     def _tree(self, spec: ViewSpec) -> Node:
@@ -205,11 +209,14 @@ class Joiner:
         if parent is None or join is None:
             yield key
             return
-        if join.many:  # this row sits in the list of the parent whose key its column holds
-            value = None if row is None else row.get(join.column)
-            parents = [] if value is None else [canon([value])]
-        else:  # every parent row whose join column holds this row's key
-            parents = self.matching(parent.table, join.column, key)
+        if not join.many:  # every parent row whose join column holds this row's key: found when published
+            self.deferred.add((node, key))
+            return
+        value = None if row is None else row.get(join.column)  # the parent whose key its column holds
+        parents = [] if value is None else [canon([value])]
+        yield from self._above(parent, parents)
+
+    def _above(self, parent: Node, parents: Sequence[bytes]) -> Iterator[bytes]:
         for parent_key in parents:
             if parent.parent is None:
                 yield parent_key  # the base row: its key is the view row's
@@ -224,6 +231,21 @@ class Joiner:
         if found is None:
             return None
         return dict(zip(self.linked[table], json.loads(found), strict=True))
+
+    def expand(self) -> None:
+        """Mark dirty the view rows that show a looked-up row that changed (a product: every order
+        holding it), found in the current state: once per row however often it changed since."""
+        while self.deferred:  # a lookup under a lookup defers again: followed in the next round
+            deferred, self.deferred = self.deferred, set()
+            for node, key in deferred:
+                parent, join = node.parent, node.join
+                assert parent is not None and join is not None
+                for root in self._above(parent, self.matching(parent.table, join.column, key)):
+                    self.dirty[node.view].add(root)
+
+    def waiting(self) -> bool:
+        """Whether any view row is (or may be) dirty."""
+        return bool(self.deferred) or any(self.dirty.values())
 
     # ---- documents ----------------------------------------------------------------------
     def document(self, view: str, key: bytes) -> Row | None:

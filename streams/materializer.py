@@ -287,7 +287,7 @@ class Materializer:
     def idle(self) -> None:
         """Nothing new to read: publish what waits, if the state is at a consistent point and it is time."""
         if self.at_point is not None and self.joiner is not None and self._due():
-            if any(self.joiner.dirty.values()):
+            if self.joiner.waiting():
                 self.publish(*self.at_point)
                 self.store.commit()
             self.at_point = None
@@ -319,6 +319,7 @@ class Materializer:
         """Write the changed view rows as of ``lsn`` (not waiting); their cut follows once Kafka has them."""
         assert self.joiner is not None
         started = time.monotonic()
+        self.joiner.expand()
         for name, view in self.views.items():
             for n, key in enumerate(sorted(self.joiner.dirty[name]), 1):
                 self._write(view, key, lsn)

@@ -14,6 +14,7 @@ import pytest
 from streams.fanout import Change
 from streams.joins import Joiner, canon, view_schema
 from streams.viewstore import MemoryViewStore
+from tables.views import TableShape
 from tests.tables.test_views import GOOD, SHOP, specs
 
 pytestmark = pytest.mark.unit
@@ -43,6 +44,7 @@ def shop(j: Joiner) -> None:
 
 
 def dirty(j: Joiner) -> set[bytes]:
+    j.expand()
     found = set(j.dirty["orders_enriched"])
     j.dirty["orders_enriched"].clear()
     return found
@@ -222,3 +224,29 @@ def test_view_schema_nests_records_defines_named_types_once_and_round_trips() ->
     items = next(f for f in narrow["fields"] if f["name"] == "items")["type"]["items"]
     product = next(f for f in items["fields"] if f["name"] == "product")
     assert [f["name"] for f in product["type"][1]["fields"]] == ["id"]
+
+
+def test_a_change_two_lookups_away_dirties_the_rows_that_show_it() -> None:
+    shapes = {**SHOP, "public.regions": TableShape("public.regions", ("id", "name"), ("id",))}
+    shapes["public.customers"] = TableShape("public.customers", ("id", "email", "name", "region"), ("id",))
+    (spec,) = specs(
+        GOOD.replace(
+            '    "customer: customers on customer_id",',
+            '    "customer: customers on customer_id",\n    "customer.area: regions on region",',
+        )
+    )
+    spec.check(shapes)
+    j = Joiner([spec], shapes, MemoryViewStore(), json.loads)
+    region = Change(
+        "INSERT", "public", "regions", "regions", 1, 0, b'{"id": "north"}', None, b'{"id": "north", "name": "North"}', 1
+    )
+    j.apply(region)
+    shop(j)
+    dirty(j)
+    j.apply(
+        Change(
+            "UPDATE", "public", "regions", "regions", 2, 0, region.key, None, b'{"id": "north", "name": "Far North"}', 1
+        )
+    )
+    assert dirty(j) == {canon([100])}
+    assert j.document("orders_enriched", canon([100]))["customer"]["area"]["name"] == "Far North"  # type: ignore[index]
