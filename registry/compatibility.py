@@ -5,6 +5,13 @@ Promise: pure functions. ``parse`` rejects what is not a valid Avro schema;
 with ``reader`` (empty when it can), following the Avro specification's resolution
 rules (type promotion, field defaults, aliases, enum symbols, unions, named types);
 ``check`` applies a Confluent compatibility level to a candidate and its history.
+
+Kept hand-written rather than Apache Avro's ``avro.compatibility`` (1.12.2), measured on
+2026-11-23: it gave the same verdicts on every registry test (30 reader/writer pairs, 12
+level checks), but ran about 2.5x slower (175 vs 69 µs per check of a 20-field record),
+reports unpaired sets of locations and messages instead of a field path and what to fix,
+and rejects a namespace-relative record alias the specification allows. Like Confluent's
+registry (Avro Java), neither checks a decimal's scale and precision.
 """
 
 from __future__ import annotations
