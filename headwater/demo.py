@@ -209,7 +209,7 @@ def show_views(streams: StreamsConfig, env: dict[str, str], capture: CaptureConf
     """Wait until each view's topic, endpoint and Redis equal the view's SQL in PostgreSQL; show a row."""
     from streams.catalog import discover
     from streams.config import load_views
-    from streams.materializer import shapes_of
+    from streams.viewtopic import shapes_of
 
     schemas = Registry(streams.registry_url)
     shapes, _ = shapes_of(discover(streams, schemas), schemas)

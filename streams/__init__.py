@@ -1,9 +1,9 @@
-"""Streams: the Faust app (``faust -A streams worker``): fan-out, tables, query endpoint.
+"""Streams: the engine (fan-out, tables, views) and its Faust host (``faust -A streams worker``).
 
-Promise: importing ``streams`` does nothing; asking for ``streams.app`` builds the app
-from ``[streams]`` and loads its topics, tables, agents and web views (which discover
-the captured tables through the registry). The pure parts (``streams.fanout``,
-``streams.rows``, ``streams.config``) import without any service.
+Promise: importing ``streams`` or any of its modules does nothing; asking for ``streams.app``
+builds the app from ``[streams]`` and the config file's views (``streams.host.build``: tables
+discovered through the registry, topics made, agents and endpoint pages added). The engine's
+parts (``streams.engine`` and what it wires) import and run without Faust.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from tables.errors import HeadwaterError
 
 def __getattr__(name: str) -> Any:
     if name == "app":
+        from streams.config import load_streams_config
+        from streams.host import build
+
         try:
-            from streams import agents, views  # noqa: F401 - registers agents, tables and pages
+            app = build(load_streams_config())
         except HeadwaterError as exc:  # a bad setting or spec, a service away: say so, not a traceback
             print(f"headwater streams: {exc}", file=sys.stderr)
             raise SystemExit(getattr(exc, "exit_code", 1)) from None
-        from streams.app import app
-
-        globals()["app"] = app  # the App, not the submodule of the same name the import just bound
+        globals()["app"] = app
         return app
     raise AttributeError(name)

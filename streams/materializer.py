@@ -28,37 +28,39 @@ commit LSN the view topics hold (their records can outlive the state writes of t
 batch), so no half-replayed state is ever published and a row's LSN never goes back.
 A row that did not change is not written again: a replay adds nothing
 to the view topics' latest state.
+
+The jobs are split: ``streams.viewtopic`` makes the views' topics and schemas,
+``streams.publisher`` knows what the view topics hold and writes the rows that changed,
+``streams.cuts`` publishes cuts in order on its own thread (stopped by ``close``); this module
+applies batches, chooses the points to publish, and recovers. Only the views' feed thread calls
+``resume``, ``handle`` and ``idle``; the endpoint reads ``row`` and ``describe``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
 from confluent_kafka import Producer
 
-from streams import profile
-from streams.catalog import KeyCodec, TableTopic
+from streams import clients
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.cuts import Cuts, Frames
-from streams.fanout import STREAMED, Change, header_lsn
-from streams.joins import Joiner, canon, store_key, view_schema
-from streams.rows import pack, unpack
+from streams.fanout import STREAMED, Change
+from streams.joins import Joiner
+from streams.publisher import Publisher
 from streams.viewstore import MemoryViewStore
+from streams.viewtopic import ViewTopic
 from streams.writer import TableWriter
-from tables.kafka import read_topic_from
-from tables.partition import partition_for
 from tables.registry import Registry
-from tables.views import CUT_SCHEMA, LSN_FIELD, TableShape, ViewSpec
-from tables.wire import HEADER_LSN, HEADER_VIEW, UndecodableMessage, avro_body, body, frame, lsn_text, read_framed
+from tables.views import CUT_SCHEMA, TableShape
+from tables.wire import UndecodableMessage, frame, lsn_text
 
 log = logging.getLogger("headwater.streams")
 HIGH = b"@high"  # no state write comes from a raw offset above this one
@@ -67,78 +69,6 @@ PROGRESS_FORMAT = struct.Struct(">qqi")
 COMMIT_EVERY = 10_000  # view rows written between commits of the endpoint's copies
 TABLES_KEY = b"@tables"  # the tables whose rows the state keeps (a view on a new table replays from the start)
 KEY_STRING = fastavro.parse_schema("string")
-
-
-@dataclass
-class ViewTopic:
-    """A view's topic, schemas (registered) and how far Kafka acknowledged it."""
-
-    spec: ViewSpec
-    topic: str
-    schema: dict[str, Any]
-    value_frame: bytes
-    key_frame: bytes  # the view's key subject; the body is the base table's key record
-    codec: KeyCodec  # the base table's key
-    parsed: Any = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.parsed = fastavro.parse_schema(self.schema)
-
-    @property
-    def key_columns(self) -> list[str]:
-        return self.codec.columns
-
-    def encode(self, doc: dict[str, Any], lsn: int) -> bytes:
-        return self.value_frame + avro_body(self.parsed, {**doc, LSN_FIELD: lsn})
-
-    def decode(self, value: bytes) -> dict[str, Any]:
-        return dict(read_framed(value, self.parsed))
-
-    def key(self, row: dict[str, Any]) -> bytes:
-        return self.key_frame + avro_body(self.codec.parsed, {c: row[c] for c in self.key_columns})
-
-
-def shapes_of(tables: Sequence[TableTopic], schemas: Registry) -> tuple[dict[str, TableShape], dict[str, Any]]:
-    """The captured tables' columns and key (for validation) and their latest value schemas."""
-    shapes, values = {}, {}
-    for t in tables:
-        latest = schemas.latest(f"{t.topic}-value")
-        if latest is None:
-            continue
-        values[t.qualified] = latest[1]
-        columns = tuple(f["name"] for f in latest[1]["fields"])
-        shapes[t.qualified] = TableShape(t.qualified, columns, tuple(t.key.columns))
-    return shapes, values
-
-
-def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[TableTopic], schemas: Registry,
-                writer: TableWriter) -> tuple[dict[str, ViewTopic], dict[str, TableShape]]:  # fmt: skip
-    """Validate the specs, register the views' schemas and make their topics (and the cuts topic)."""
-    shapes, values = shapes_of(tables, schemas)
-    for spec in specs:
-        spec.check(shapes)
-    registrar = Registry(cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
-    by_table = {t.qualified: t for t in tables}
-    out = {}
-    for spec in specs:
-        topic = cfg.view_topic(spec.name)
-        schema = view_schema(spec, values, {q: s.key for q, s in shapes.items()})
-        base_key = by_table[spec.base].key
-        out[spec.name] = ViewTopic(
-            spec, topic, schema, frame(registrar.register(f"{topic}-value", schema, table=f"view {spec.name}")),
-            frame(registrar.register(f"{topic}-key", base_key.schema)), base_key,
-        )  # fmt: skip
-    if out:
-        writer.ensure_topics([v.topic for v in out.values()])
-        writer.ensure_topics([cfg.cuts_topic], partitions=1)
-    return out, shapes
-
-
-Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the value written; b"" = tombstone)
-
-
-def digest(value: bytes | None) -> bytes:
-    return b"" if value is None else hashlib.blake2b(value, digest_size=16).digest()
 
 
 class Materializer:
@@ -153,18 +83,16 @@ class Materializer:
         self.writer = writer  # for topics and reading back
         self.schemas = schemas
         # its own producer: its deliveries drive the cuts; a short linger, rows wait for nothing else
-        producer = Producer({**profile.producer_settings(cfg), "linger.ms": 1})
+        producer = Producer({**clients.producer_settings(cfg), "linger.ms": 1})
         self.cuts = Cuts(producer, cfg.cuts_topic, {n: v.topic for n, v in views.items()}, self._cut_frames)
+        self.publisher = Publisher(cfg, views, store, self.cuts)
         self.joiner: Joiner | None = None
-        self.sent: dict[str, Sent] = {}
         self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic))
         self.watermark = (-1, -1)
         self.quiet_until = -1  # replaying: publish nothing at points below this raw offset
-        self.published_lsn = -1  # replaying: nor below the newest commit LSN the view topics hold
         self.frames: Frames | None = None  # cut value and key frames
         self.next_publish = 0.0  # monotonic time from which the next point may be published
         self.at_point: tuple[int, int] | None = None  # (raw offset, commit LSN) the state is consistent at
-        self.published = 0  # view rows written (changed) since start
         self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
         self.reported = time.monotonic()
 
@@ -185,18 +113,18 @@ class Materializer:
         self.cursor.reset(start)
         self.watermark = (lsn, position)
         for name, view in self.views.items():
-            self.sent[name] = self._read_back(view)
+            sent = self.publisher.read_back(view)
             joiner.dirty[name] = set()
-            for key in {*joiner.base_keys(name), *self.sent[name]}:
-                changed, _, body = self._changed(view, key)
+            for key in {*joiner.base_keys(name), *sent}:
+                changed, _, encoded = self.publisher.changed(joiner.document, view, key)
                 if changed:
                     joiner.dirty[name].add(key)
                 else:
-                    self._mend(view, key, body)
+                    self.publisher.mend(view, key, encoded)
         dirty = sum(len(d) for d in joiner.dirty.values())
         log.info("views %s resume at raw offset %d (quiet until offset %d and commit LSN %s, %d rows to publish "
-                 "again)", ", ".join(self.views), start, self.quiet_until, lsn_text(max(self.published_lsn, 0)),
-                 dirty)  # fmt: skip
+                 "again)", ", ".join(self.views), start, self.quiet_until,
+                 lsn_text(max(self.publisher.published_lsn, 0)), dirty)  # fmt: skip
         self.store.commit()
         return joiner
 
@@ -210,43 +138,6 @@ class Materializer:
                       "change again; re-snapshot with a new capture slot to rebuild them", self.cfg.changes_topic,
                       low, ", ".join(sorted(new)))  # fmt: skip
         return low, -1, -1
-
-    def _read_back(self, view: ViewTopic) -> Sent:
-        """What the view topic holds: its latest record per key, and each partition's end."""
-        sent: Sent = {}
-        ends: dict[int, int] = {}
-        for record in read_topic_from(profile.reader_settings(self.cfg), view.topic, timeout=600):
-            ends[record.partition] = record.offset + 1
-            if record.key is not None:
-                lsn = header_lsn(record.headers)[0]
-                sent[view_key(view, record.key)] = (lsn, digest(record.value))
-                self.published_lsn = max(self.published_lsn, lsn)
-        self.cuts.reached(view.spec.name, {p: ends.get(p, 0) for p in range(self.cfg.partitions)})
-        return sent
-
-    def _mend(self, view: ViewTopic, key: bytes, body: bytes | None) -> None:
-        """The endpoint's copy of a row the view topic holds as built (a kill may have lost only the copy).
-
-        The copy is a Faust table write, the topic record a librdkafka one: after a kill -9
-        either may be missing, and replay can rebuild a row equal to the topic's record.
-        ``body`` is that record's value (``_changed`` encoded it), None for a tombstone.
-        """
-        doc_key = store_key(b"v", view.spec.name, key)
-        if body is None:
-            self.store.pop(doc_key, None)
-            return
-        value = pack(self.sent[view.spec.name][key][0], 0, body)
-        if self.store.get(doc_key) != value:
-            self.store[doc_key] = value
-
-    def _changed(self, view: ViewTopic, key: bytes) -> tuple[bool, dict[str, Any] | None, bytes | None]:
-        """Whether the view row's document now differs from what was last sent, the document, and
-        its encoding at the LSN last sent (None without a document)."""
-        assert self.joiner is not None
-        doc = self.joiner.document(view.spec.name, key)
-        lsn, held = self.sent[view.spec.name].get(key, (0, b""))
-        body = None if doc is None else view.encode(doc, lsn)
-        return digest(body) != held, doc, body
 
     def resume(self) -> int:
         """Rebuild the join state as recovered (after a rebalance): the raw offset to read next."""
@@ -294,7 +185,7 @@ class Materializer:
 
     def _may_publish(self, offset: int, change: Change) -> bool:
         """Past what a crashed run may have half applied (``@high``) and what it published (newest LSN)."""
-        return offset >= self.quiet_until and change.commit_lsn >= self.published_lsn
+        return offset >= self.quiet_until and change.commit_lsn >= self.publisher.published_lsn
 
     def _admit(self, batch: Sequence[Raw]) -> list[tuple[int, Change]]:
         """The batch's new, decodable, not-yet-seen changes (the fan-out dead-letters the rest)."""
@@ -322,7 +213,7 @@ class Materializer:
         self.joiner.expand()
         for name, view in self.views.items():
             for n, key in enumerate(sorted(self.joiner.dirty[name]), 1):
-                self._write(view, key, lsn)
+                self.stats["rows"] += self.publisher.write(self.joiner.document, view, key, lsn)
                 if n % COMMIT_EVERY == 0:  # a snapshot's end publishes every row: its copies go in parts
                     self.store.commit()
             self.joiner.dirty[name].clear()
@@ -331,32 +222,6 @@ class Materializer:
         self.stats["points"] += 1
         ended = time.monotonic()
         self.next_publish = ended + (ended - started)
-
-    def _write(self, view: ViewTopic, key: bytes, lsn: int) -> None:
-        """Write one dirty view row if it changed: to the view topic and to the endpoint's table."""
-        changed, doc, body = self._changed(view, key)
-        if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
-            self._mend(view, key, body)
-            return
-        doc_key = store_key(b"v", view.spec.name, key)
-        if doc is None:
-            stored = self.store.get(doc_key)
-            key_bytes = view.key(view.decode(unpack(stored)[2])) if stored else self._key_bytes(view, key)
-            value = None
-            self.store.pop(doc_key, None)
-        else:
-            key_bytes, value = view.key(doc), view.encode(doc, lsn)
-            self.store[doc_key] = pack(lsn, 0, value)
-        headers = [(HEADER_LSN, b"%d" % lsn), (HEADER_VIEW, view.spec.name.encode())]
-        self.cuts.write(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers)
-        self.sent[view.spec.name][key] = (lsn, digest(value))
-        self.published += 1
-        self.stats["rows"] += 1
-
-    def _key_bytes(self, view: ViewTopic, key: bytes) -> bytes:
-        """Key bytes of a view row from its store key (the key columns' values, parsed by their Avro types)."""
-        text = ",".join(str(v) for v in json.loads(key))
-        return view.key_frame + body(view.codec.encode_text(text))
 
     def _cut_frames(self) -> Frames:
         """The cut schemas' frames (registered on the poller thread, when the first cut is due)."""
@@ -381,11 +246,7 @@ class Materializer:
 
     def row(self, view: str, key: bytes) -> tuple[int, dict[str, Any]] | None:
         """(commit LSN, document) of a view row as last published, or None."""
-        stored = self.store.get(store_key(b"v", view, key))
-        if stored is None:
-            return None
-        lsn, _, value = unpack(stored)
-        return lsn, self.views[view].decode(value)
+        return self.publisher.row(view, key)
 
     def _cut_text(self) -> str:
         cut = self.cuts.last()
@@ -397,12 +258,6 @@ class Materializer:
 
     def describe(self) -> dict[str, Any]:
         cut = self.cuts.last()
-        return {"cut_lsn": None if cut is None else lsn_text(cut), "rows_published": self.published,
+        return {"cut_lsn": None if cut is None else lsn_text(cut), "rows_published": self.publisher.published,
                 "views": [{"name": v.spec.name, "base": v.spec.base, "topic": v.topic, "key": v.key_columns,
                            "joins": [j.path for j in v.spec.joins]} for v in self.views.values()]}  # fmt: skip
-
-
-def view_key(view: ViewTopic, key_bytes: bytes) -> bytes:
-    """The store key of a view row from the base table's framed key bytes."""
-    record = read_framed(key_bytes, view.codec.parsed)
-    return canon([record[c] for c in view.key_columns])

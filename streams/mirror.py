@@ -25,11 +25,11 @@ from typing import Any
 import redis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from streams import profile
+from streams import clients
 from streams.config import StreamsConfig
 from streams.fanout import header_lsn
-from streams.materializer import ViewTopic
 from streams.rows import to_json
+from streams.viewtopic import ViewTopic
 from tables.kafka import reader, record
 from tables.registry import Registry, shown
 from tables.topics import view_key
@@ -82,7 +82,7 @@ class RedisMirror(threading.Thread):
         self.warned = 0.0
 
     def run(self) -> None:
-        consumer = reader(profile.reader_settings(self.cfg))
+        consumer = reader(clients.reader_settings(self.cfg))
         try:
             while not self.stopping.is_set():
                 try:

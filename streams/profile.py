@@ -1,23 +1,22 @@
-"""Broker profiles: every broker-specific client setting of the stream workers, in one place.
+"""The Faust app's broker profile: the host's side of every broker-specific setting.
 
-Promise: ``faust_settings(cfg)`` and ``producer_settings(cfg)`` are the whole of what the
-workers ask of their Kafka clients. The ``tansu`` profile adds what the local broker
-needs and nothing else: changelog end offsets found by fetching (table recovery reads
-up to them, and Tansu's ListOffsets answers a multi-record batch's base offset + 1), short
-group timeouts (a join takes 30 s with Faust's defaults) and short fetch waits: Tansu
-holds a fetch for its whole ``max wait`` even when records arrive meanwhile, and Faust
-hard-codes 1500 ms — every hop would add up to 1.5 s (``app_class`` gives the Faust app
-a consumer that waits 10 ms; ``reader_settings`` does the same for librdkafka readers).
-Against real Kafka (``kafka``) none of it applies. SASL/TLS settings in librdkafka names map onto Faust's credentials.
-On both profiles the app's consumer never delivers the topics named in ``App.direct``
-(the raw change topic): Faust assigns them, their owner reads them itself (``streams.feed``);
-and no worker client asks the broker to auto-create a topic (``app_class``).
+Promise: ``faust_settings(cfg)`` and ``app_class(cfg)`` are the whole of what the host asks of
+Faust's Kafka clients (the engine's librdkafka clients are ``streams.clients``). The ``tansu``
+profile adds what the local broker needs and nothing else: changelog end offsets found by
+fetching (Tansu's ListOffsets answers a multi-record batch's base offset + 1), short group
+timeouts (a join takes 30 s with Faust's defaults) and short fetch waits: Tansu holds a fetch
+for its whole ``max wait`` even when records arrive meanwhile, and Faust hard-codes 1500 ms —
+every hop would add up to 1.5 s (``app_class`` gives the app a consumer that waits 10 ms).
+Against real Kafka (``kafka``) none of it applies. SASL/TLS settings in librdkafka names map
+onto Faust's credentials. On both profiles the app's consumer never delivers the topics named
+in ``App.direct`` (the raw topic and the table topics): Faust assigns them, the engine reads
+them itself (``streams.feed``, ``streams.tablefeed``); and no worker client asks the broker to
+auto-create a topic (``app_class``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
@@ -28,6 +27,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP, Message
 
+from streams.clients import TANSU_FETCH_WAIT_MS
 from streams.config import StreamsConfig
 from tables.errors import FatalError
 from tables.kafka import fetched_ends, reader
@@ -37,18 +37,6 @@ TANSU_FAUST: dict[str, Any] = {
     "broker_rebalance_timeout": 6.0,
     "broker_heartbeat_interval": 1.0,
 }
-
-TABLE_PRODUCER: dict[str, Any] = {
-    "enable.idempotence": True,  # librdkafka's idempotence works on Tansu (aiokafka's does not)
-    "acks": "all",
-    "linger.ms": 5,
-    "batch.num.messages": 10000,
-    "partitioner": "murmur2_random",  # Java-compatible; the fan-out names partitions itself anyway
-    "message.timeout.ms": 0,  # never give a record up: a broker outage stalls, it does not lose
-}
-
-
-TANSU_FETCH_WAIT_MS = 10
 
 
 class _DirectConsumer(faust_kafka.Consumer):
@@ -152,26 +140,6 @@ def app_class(cfg: StreamsConfig) -> type[App]:
     default partition count from a worker's subscription."""
     aiokafka_client.MetadataRequest = _NoAutoCreate
     return TansuApp if cfg.tansu else App
-
-
-# each reader's prefetch queue (librdkafka's default is 64 MB per consumer, and a worker runs several):
-# a batch of 10,000 table rows is 1-3 MB, so 16 MB keeps the readers busy and the worker's memory small
-READER_QUEUE_KB = 16384
-
-
-def reader_settings(cfg: StreamsConfig) -> dict[str, Any]:
-    """librdkafka settings for the workers' own readers (feeds, tails, ends, the Redis mirror)."""
-    tansu = {"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {}
-    return {"queued.max.messages.kbytes": READER_QUEUE_KB, **kafka_client(cfg), **tansu}
-
-
-def kafka_client(cfg: StreamsConfig) -> dict[str, Any]:
-    """librdkafka settings shared by the workers' producer, admin and readers."""
-    return {"bootstrap.servers": cfg.bootstrap, **cfg.kafka, "logger": logging.getLogger("headwater.kafka")}
-
-
-def producer_settings(cfg: StreamsConfig) -> dict[str, Any]:
-    return {**kafka_client(cfg), **TABLE_PRODUCER}
 
 
 def faust_credentials(settings: dict[str, str]) -> faust.types.auth.CredentialsT | None:

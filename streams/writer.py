@@ -23,7 +23,7 @@ import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams import profile
+from streams import clients
 from streams.config import StreamsConfig
 from streams.errors import TopicLayoutError
 from streams.fanout import Output, Position, header_position
@@ -82,9 +82,9 @@ class TableWriter:
 
     def __init__(self, cfg: StreamsConfig) -> None:
         self.cfg = cfg
-        self.producer = Producer(profile.producer_settings(cfg))
+        self.producer = Producer(clients.producer_settings(cfg))
         self.ledger: deque[Pending] = deque()
-        self.admin = AdminClient(profile.kafka_client(cfg))
+        self.admin = AdminClient(clients.kafka_client(cfg))
         self.known: dict[str, int] = {}  # topic -> partitions, checked or created
         self.checkpoint_frame: bytes | None = None
 
@@ -170,7 +170,7 @@ class TableWriter:
             consumer.close()
 
     def _consumer(self) -> Consumer:
-        return reader(profile.reader_settings(self.cfg))
+        return reader(clients.reader_settings(self.cfg))
 
     def _read(self, assignments: list[TopicPartition], timeout: float = 60.0) -> Iterator[Record]:
         consumer = self._consumer()

@@ -131,3 +131,28 @@ def test_the_rules_refuse_what_they_should() -> None:
     assert not allowed("tables.views", "headwater.stack")  # up from the ground floor
     assert not allowed("capture.agent", "headwater.cli")  # up to the roof
     assert allowed("headwater.demo", "streams.config") and allowed("capture.agent", "tables.wire")
+
+
+HOST = ("faust", "mode", "aiokafka", "aiohttp", "yarl")  # the Faust app's world
+HOSTS = frozenset({"streams", "streams.host", "streams.profile", "streams.endpoint"})  # the adapter (streams.app)
+
+
+def third_party(path: Path) -> set[str]:
+    """The top-level names of every package ``path`` imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if package(m) == "streams"))
+def test_only_the_host_knows_faust(module: str) -> None:
+    """The engine runs without a Faust app: Faust-specific code sits in the host's modules."""
+    path = ROOT.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    used = sorted(third_party(path) & set(HOST))
+    assert module in HOSTS or not used, f"{module} imports {used}: Faust-specific code belongs in {sorted(HOSTS)}"
+    assert not (module not in HOSTS and GRAPH[module] & HOSTS), f"{module} imports the host"

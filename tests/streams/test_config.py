@@ -9,7 +9,7 @@ import faust
 import pytest
 
 from capture.encoder import AvroWriter
-from streams import profile
+from streams import clients, profile
 from streams.catalog import KeyCodec
 from streams.config import StreamsConfig, load_streams_config
 from streams.errors import KeyError400
@@ -46,7 +46,7 @@ def test_sasl_settings_pass_through_and_stay_masked() -> None:
     assert "TopSecret9" not in repr(cfg)
     credentials = profile.faust_credentials(dict(cfg.kafka))
     assert isinstance(credentials, faust.SASLCredentials) and credentials.username == "me"
-    assert profile.producer_settings(cfg)["sasl.password"] == "TopSecret9"
+    assert clients.producer_settings(cfg)["sasl.password"] == "TopSecret9"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,176 @@
+"""The query endpoint (Faust web, 127.0.0.1 unless told otherwise): ``install(app, engine)`` adds its pages.
+
+Promise: ``GET /tables/`` lists the served tables with, per table, the partitions this
+worker holds and how far each was read (rows, offset, end, ETA); ``GET /tables/<table>/<key>``
+answers the latest row for a key as typed JSON (``streams.rows.to_json``) with the commit LSN
+that wrote it, from whichever worker holds the key's partition (the request is routed
+there). 404 for an unknown table, and for a key only once its partition has read everything
+its topic had at the last fetch; until then — loading after a start, catching up behind the
+fan-out — 503 with ``Retry-After`` and the progress, never 404. 400 for a key that does not
+fit the key columns, 503 with ``Retry-After`` while a rebalance is under way.
+Composite keys are the key columns in order, comma-separated (``/tables/order_items/7,2``).
+``GET /views/`` lists the views with the cut they are published to; ``GET
+/views/<view>/<key>`` answers a view row (by its base row's key) the same way, with the
+commit LSN it reflects. The pages read the engine; routing is the Faust app's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+import aiohttp
+from yarl import URL
+
+from streams.catalog import TableTopic
+from streams.engine import Engine
+from streams.errors import KeyError400
+from streams.rows import to_json, unpack
+from streams.tablefeed import Progress
+from streams.viewtopic import view_key
+from tables.partition import partition_for
+from tables.views import LSN_FIELD
+from tables.wire import UndecodableMessage, lsn_text
+
+RETRY = {"Retry-After": "2"}
+
+
+def shown(p: Progress) -> dict[str, Any]:
+    eta = p.eta()
+    return {"rows": p.rows, "offset": p.offset, "end": p.end, "loaded": p.current, "resumed_at": p.loaded_from[1],
+            "eta_seconds": None if p.current or eta is None else round(eta, 1)}  # fmt: skip
+
+
+def describe(engine: Engine, t: TableTopic) -> dict[str, Any]:
+    partitions = engine.cfg.partitions
+    held = {p: engine.tables.progress((t.topic, p)) for p in range(partitions)}
+    here = {p: shown(progress) for p, progress in held.items() if progress is not None}
+    return {"name": t.short, "table": t.qualified, "topic": t.topic, "key": t.key.columns,
+            "partitions": partitions, "partitions_here": sorted(here),
+            "loaded": engine.backlog.done.is_set() and all(h["loaded"] for h in here.values()),
+            "rows_here": sum(h["rows"] for h in here.values()),
+            "progress": here}  # fmt: skip
+
+
+class Router:
+    """Sends a request to the worker that holds a partition (Faust's assignor metadata says which)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def owner(self, topic: str, partition: int) -> Any:
+        """The URL of the worker assigned ``(topic, partition)`` (KeyError: none known yet)."""
+        for url, topics in self.app.router.external_topics_metadata().items():
+            if partition in topics.get(topic, ()):
+                return URL(url)
+        raise KeyError((topic, partition))
+
+    async def routed(self, owner_of: Callable[[], Any], web: Any, request: Any, owner: str) -> Any:
+        """The owner's answer (``owner_of()`` gives its URL), a 503, or None when this worker is the owner.
+
+        The owner's answer is relayed with its status and ``Retry-After`` (Faust's own router drops headers).
+        """
+        app = self.app
+        if app.rebalancing or app.in_recovery:
+            return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
+        try:
+            dest = owner_of()
+        except KeyError:
+            return web.json({"error": f"the owner of {owner} is not known yet"}, status=503, headers=RETRY)
+        if (dest.host, dest.port) == (app.conf.canonical_url.host, app.conf.canonical_url.port):
+            return None
+        try:
+            async with app.http_client.get(request.url.with_host(dest.host).with_port(dest.port)) as answer:
+                kept = {"Retry-After": answer.headers["Retry-After"]} if "Retry-After" in answer.headers else None
+                return web.text(await answer.text(), content_type=answer.content_type, status=answer.status,
+                                headers=kept)  # fmt: skip
+        except aiohttp.ClientError as exc:
+            return web.json({"error": f"the owner of {owner} ({dest}) does not answer: {exc}"}, status=503,
+                            headers=RETRY)  # fmt: skip
+
+
+def table_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, key: str) -> Any:
+    """This worker's answer for a key of a partition it holds: the row, 404, or 503 while loading."""
+    partition = partition_for(key_bytes, engine.cfg.partitions)
+    progress = engine.tables.progress((table.topic, partition))
+    if progress is None:
+        return web.json({"error": f"partition {partition} of {table.topic} is not read here yet"}, status=503,
+                        headers=RETRY)  # fmt: skip
+    found = engine.store.get(table.topic, partition, key_bytes)
+    if found is None and not progress.current:
+        return web.json({"error": f"{table.qualified} is still loading: partition {partition} is not read to its end",
+                         **shown(progress)}, status=503, headers=RETRY)  # fmt: skip
+    backlog = engine.backlog
+    if found is None and not backlog.done.is_set():
+        return web.json({"error": f"{table.qualified} is still loading: the fan-out is at raw offset {backlog.at} of"
+                         f" {backlog.target}", **shown(progress)}, status=503, headers=RETRY)  # fmt: skip
+    if found is None:
+        return web.json({"error": f"no row of {table.qualified} with key {key}"}, status=404)
+    lsn, position, value = unpack(found)
+    try:
+        row = engine.schemas.decode(value)
+    except UndecodableMessage as exc:
+        return web.json({"error": f"stored row cannot be decoded: {exc}"}, status=500)
+    return web.json({"table": table.qualified, "key": to_json(engine.schemas.decode(key_bytes)),
+                     "commit_lsn": lsn_text(lsn), "position": position, "row": to_json(row)})  # fmt: skip
+
+
+def view_row(engine: Engine, web: Any, name: str, key_bytes: bytes, key: str) -> Any:
+    """This worker's answer for a view row it keeps: the row or 404."""
+    assert engine.views is not None
+    view = engine.catalog.views[name]
+    found = engine.views.row(name, view_key(view, key_bytes))
+    if found is None:
+        return web.json({"error": f"no row of view {name} with key {key}"}, status=404)
+    lsn, doc = found
+    doc.pop(LSN_FIELD, None)
+    return web.json({"view": name, "key": to_json(engine.schemas.decode(key_bytes)), "commit_lsn": lsn_text(lsn),
+                     "row": to_json(doc)})  # fmt: skip
+
+
+def install(app: Any, engine: Engine) -> None:
+    """Add the endpoint's pages to the app."""
+    catalog, router = engine.catalog, Router(app)
+
+    @app.page("/tables/")
+    async def list_tables(web: Any, request: Any) -> Any:
+        return web.json({"tables": [describe(engine, t) for t in catalog.tables]})
+
+    @app.page("/tables/{name}/{key}")
+    async def get_row(web: Any, request: Any, name: str, key: str) -> Any:
+        table = catalog.find(unquote(name))
+        if table is None:
+            return web.json({"error": f"unknown table {name!r}", "tables": [t.short for t in catalog.tables]},
+                            status=404)  # fmt: skip
+        try:
+            key_bytes = table.key.encode_text(unquote(key))
+        except KeyError400 as exc:
+            return web.json({"error": str(exc), "key": table.key.columns}, status=400)
+        partition = partition_for(key_bytes, engine.cfg.partitions)
+        elsewhere = await router.routed(lambda: router.owner(table.topic, partition), web, request, "this key")
+        return elsewhere if elsewhere is not None else table_row(engine, web, table, key_bytes, unquote(key))
+
+    @app.page("/fanout/")
+    async def fanout_stats(web: Any, request: Any) -> Any:
+        """This worker's fan-out counters (empty on workers not running the fan-out)."""
+        fan = engine.fanout.fanout
+        counters = vars(fan.counters) if fan else {}
+        return web.json({"raw_topic": engine.cfg.changes_topic, "dead_letter_topic": engine.cfg.dlq_topic, **counters})
+
+    @app.page("/views/")
+    async def list_views(web: Any, request: Any) -> Any:
+        return web.json(engine.views.describe() if engine.views else {"views": []})
+
+    @app.page("/views/{name}/{key}")
+    async def get_view_row(web: Any, request: Any, name: str, key: str) -> Any:
+        view = catalog.views.get(unquote(name))
+        base = catalog.find(view.spec.base) if view else None
+        if view is None or base is None or engine.views is None:
+            return web.json({"error": f"unknown view {name!r}", "views": sorted(catalog.views)}, status=404)
+        try:
+            key_bytes = base.key.encode_text(unquote(key))
+        except KeyError400 as exc:
+            return web.json({"error": str(exc), "key": view.key_columns}, status=400)
+        elsewhere = await router.routed(lambda: router.owner(engine.cfg.changes_topic, 0), web, request, "the views")
+        return elsewhere if elsewhere is not None else view_row(engine, web, view.spec.name, key_bytes, unquote(key))

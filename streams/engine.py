@@ -1,0 +1,193 @@
+"""The streams engine: the fan-out, the table feed and the views, wired from collaborators, with no host.
+
+Promise: ``open_catalog`` is the engine's only I/O before it starts: it discovers the captured
+tables through the registry, validates the view specs against them (registering the views'
+schemas) and makes every topic — compacted, with ``[streams] partitions`` partitions — before
+anything reads one. ``Engine`` is given its settings, registry, writer, catalog and stores; the
+host (``streams.host``, a Faust app) tells it which partitions this worker is assigned
+(``assigned``), when they are taken away (``revoked``) and when to stop (``close``, which stops
+every thread the engine started). The owner of the raw partition runs two feeds on it
+(``streams.feed``): the fan-out (``streams.fanrun``) and the views (``streams.materializer``,
+mirrored into Redis by ``streams.mirror``); the table-topic partitions assigned are read into the
+table store by one ``streams.tablefeed.TableFeed``, restarted at every rebalance. A feed's fatal
+error goes to ``on_fatal`` (the host stops the worker). Nothing here imports Faust.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from streams.catalog import TableTopic, discover
+from streams.clients import reader_settings
+from streams.config import StreamsConfig
+from streams.cursor import Raw
+from streams.fanrun import FanOutRun
+from streams.feed import Feed
+from streams.materializer import Materializer
+from streams.mirror import RedisMirror
+from streams.store import TableStore
+from streams.tablefeed import Backlog, Part, Progress, TableFeed
+from streams.viewstore import ViewStore
+from streams.viewtopic import ViewTopic, setup_views
+from streams.writer import TableWriter
+from tables.errors import FatalError
+from tables.kafka import bounds, reader
+from tables.registry import Registry
+from tables.views import TableShape, ViewSpec
+
+log = logging.getLogger("headwater.streams")
+Fatal = Callable[[str, FatalError], None]  # (which part stopped, why): called from the part's thread
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The captured tables the workers serve and the views they keep."""
+
+    tables: Sequence[TableTopic]
+    views: dict[str, ViewTopic]
+    shapes: dict[str, TableShape]
+
+    @property
+    def topics(self) -> frozenset[str]:
+        return frozenset(t.topic for t in self.tables)
+
+    def find(self, name: str) -> TableTopic | None:
+        """A table by URL name: ``customers`` (public), ``schema.table`` or its topic."""
+        return next((t for t in self.tables if name in (t.short, t.qualified, t.topic)), None)
+
+
+def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry, writer: TableWriter) -> Catalog:
+    """Discover the tables, check and register the views, make every topic (see the module promise)."""
+    tables = discover(cfg, schemas)
+    writer.ensure_topics([t.topic for t in tables])
+    writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
+    views, shapes = setup_views(cfg, specs, tables, schemas, writer)
+    return Catalog(tables, views, shapes)
+
+
+class Owner:
+    """The raw topic's feeds, running while this worker owns the raw partition (``streams.feed``)."""
+
+    def __init__(self, cfg: StreamsConfig, run: FanOutRun, views: Materializer | None, mirror: RedisMirror | None,
+                 on_fatal: Fatal) -> None:  # fmt: skip
+        self.cfg, self.run, self.views, self.mirror, self.on_fatal = cfg, run, views, mirror, on_fatal
+        self.feeds: list[Feed] = []
+
+    def start(self) -> None:
+        if self.feeds:
+            return
+        self.feeds.append(self._feed("fan-out", self.run.resume, self.run.handle, self.run.tick))
+        if self.views is not None:
+            if self.mirror is not None and not self.mirror.is_alive():
+                self.mirror.start()
+            self.feeds.append(self._feed("views", self.views.resume, self.views.handle, self.views.idle))
+        for feed in self.feeds:
+            feed.start()
+
+    def stop(self) -> None:
+        """Stop reading; state is reloaded by whoever owns the partition next (maybe this worker)."""
+        for feed in self.feeds:
+            feed.stop()
+        self.feeds.clear()
+        self.run.fanout = None
+        if self.views is not None:
+            self.views.joiner = None
+
+    def _feed(self, name: str, start: Callable[[], int], handle: Callable[[list[Raw]], None],
+              idle: Callable[[], None]) -> Feed:  # fmt: skip
+        return Feed(name, self.cfg.changes_topic, reader_settings(self.cfg), start=start, handle=handle, idle=idle,
+                    on_fatal=lambda exc: self.on_fatal(name, exc), batch_size=self.cfg.batch_size,
+                    wait=self.cfg.batch_wait)  # fmt: skip
+
+
+class Tables:
+    """The table feed of the table-topic partitions this worker is assigned (``streams.tablefeed``)."""
+
+    def __init__(self, cfg: StreamsConfig, store: TableStore, topics: Collection[str], on_fatal: Fatal) -> None:
+        self.cfg, self.store, self.topics, self.on_fatal = cfg, store, frozenset(topics), on_fatal
+        self.feed: TableFeed | None = None
+
+    def start(self, assigned: Collection[Part]) -> None:
+        parts = sorted(part for part in assigned if part[0] in self.topics)
+        if self.feed is not None and self.feed.is_alive() and sorted(self.feed.progress) == parts:
+            return
+        self.stop()
+        if not parts:
+            return
+        if self.store.db is None:
+            self.store.open()
+        self.feed = TableFeed(self.store, reader_settings(self.cfg), parts, batch_size=self.cfg.batch_size,
+                              wait=self.cfg.batch_wait, on_fatal=lambda exc: self.on_fatal("tables", exc))  # fmt: skip
+        self.feed.start()
+
+    def stop(self) -> None:
+        if self.feed is not None:
+            self.feed.stop()
+            self.feed = None
+
+    def progress(self, part: Part) -> Progress | None:
+        """The partition's progress if this worker reads it now (None: not assigned here)."""
+        return None if self.feed is None else self.feed.progress.get(part)
+
+
+class Engine:
+    """Everything a worker runs, given its collaborators; the host drives it by assignment."""
+
+    def __init__(self, cfg: StreamsConfig, schemas: Registry, writer: TableWriter, catalog: Catalog,
+                 store: TableStore, view_store: ViewStore, on_fatal: Fatal) -> None:  # fmt: skip
+        self.cfg, self.schemas, self.writer, self.catalog = cfg, schemas, writer, catalog
+        self.store, self.view_store = store, view_store
+        self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics)
+        views = catalog.views
+        self.views = Materializer(cfg, views, catalog.shapes, view_store, writer, schemas) if views else None
+        self.mirror = RedisMirror(cfg, views, schemas) if views and cfg.redis_url != "none" else None
+        self.owner = Owner(cfg, self.fanout, self.views, self.mirror, on_fatal)
+        self.tables = Tables(cfg, store, catalog.topics, on_fatal)
+        self.backlog = Backlog(self.raw_end, self.fanned)
+
+    @property
+    def raw(self) -> Part:
+        return (self.cfg.changes_topic, 0)
+
+    def assigned(self, parts: Collection[Part]) -> None:
+        """This worker now holds ``parts`` (topic, partition): read the tables among them, and the raw topic."""
+        if not self.backlog.is_alive() and not self.backlog.done.is_set():
+            self.backlog.start()
+        self.tables.start(parts)
+        if self.raw in parts:
+            self.owner.start()
+
+    def revoked(self) -> None:
+        """Another worker may hold the partitions next: stop reading (blocks until the feeds stopped)."""
+        self.owner.stop()
+        self.tables.stop()
+
+    def close(self) -> None:
+        """Stop every thread the engine started and close the stores."""
+        self.revoked()
+        self.backlog.stopping.set()
+        if self.backlog.is_alive():
+            self.backlog.join(timeout=10)
+        if self.mirror is not None:
+            self.mirror.stopping.set()
+            if self.mirror.is_alive():
+                self.mirror.join(timeout=10)
+        if self.views is not None:
+            self.views.close()
+        self.store.close()
+        self.view_store.close()
+
+    def raw_end(self) -> int:
+        """The raw topic's true end (fetched: the local broker's ListOffsets can answer short)."""
+        consumer = reader(reader_settings(self.cfg))
+        try:
+            return bounds(consumer, self.cfg.changes_topic, 0)[1]
+        finally:
+            consumer.close()
+
+    def fanned(self) -> int:
+        """The raw offset the fan-out's checkpoint says it wrote everything below."""
+        saved = self.writer.checkpoint()
+        return saved[0] if saved else 0

@@ -1,0 +1,169 @@
+"""The fan-out's runtime: batches of raw changes in, table-topic records out, a checkpoint behind them.
+
+Promise: ``FanOutRun.handle`` routes a batch of the raw topic (``streams.fanout``) and writes it
+without waiting; the fan-out's own checkpoint (``<prefix>.changes.fanout``) moves only to where
+Kafka acknowledged every record, and a (re)started fan-out resumes from it — so a crash replays
+what was unacknowledged, which the fan-out recognises (partition tails, watermark) and does not
+write twice. A message that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset
+and the reason, is counted and logged, and the stream goes on. Its collaborators (settings,
+registry, writer) are passed in: it runs without a host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Sequence
+
+from streams.config import StreamsConfig
+from streams.cursor import Cursor, Raw
+from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
+from streams.writer import Pending, TableWriter
+from tables.registry import Registry
+from tables.wire import (
+    HEADER_ERROR,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+    UndecodableMessage,
+    avro_body,
+    schema_id,
+)
+
+log = logging.getLogger("headwater.streams")
+OPS = frozenset({*STREAMED, "READ", "SNAPSHOT_END"})
+
+
+class FanOutRun:
+    """The fan-out's state between batches; reloaded from Kafka after a rebalance.
+
+    Batches are written without waiting; a checkpoint is written for the newest batch
+    Kafka acknowledged with all before it, and a (re)started fan-out reads from it. Only
+    the fan-out's feed thread calls ``resume``, ``handle`` and ``tick``.
+    """
+
+    def __init__(self, cfg: StreamsConfig, schemas: Registry, writer: TableWriter, served: Collection[str]) -> None:
+        self.cfg, self.schemas, self.writer, self.served = cfg, schemas, writer, frozenset(served)
+        self.fanout: FanOut | None = None
+        self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
+        self.saved = -1  # raw offset of the last checkpoint written
+        self.warned: set[str] = set()
+        self.batches = 0
+        self.busy = 0.0  # seconds spent handling batches since the last report
+        self.reported = (time.monotonic(), 0)
+
+    def load(self) -> FanOut:
+        saved = self.writer.checkpoint()
+        start, watermark = saved if saved else (0, (-1, -1))
+        self.cursor.reset(start)
+        self.saved = start
+        topics = [*sorted(self.served), self.cfg.dlq_topic]
+        self.fanout = FanOut(self.cfg.partitions, watermark, self.writer.tails(topics), KeyOfRow(self.schemas))
+        log.info("fan-out resumes: raw offsets below %d done, watermark %s", start, watermark)
+        return self.fanout
+
+    def resume(self) -> int:
+        """Reload tails and checkpoint (another worker may have written meanwhile): the raw offset to read next."""
+        self.load()
+        return self.cursor.next
+
+    def handle(self, batch: Sequence[Raw]) -> None:
+        """Route and write a batch of raw changes (offset, key, value) in offset order."""
+        started = time.monotonic()
+        self._handle(batch)
+        self.checkpoint()
+        self.busy += time.monotonic() - started
+        self.batches += 1
+        self.report(batch[-1][0])
+
+    def tick(self) -> None:
+        """Checkpoint what Kafka acknowledged since the last batch (called while no batch comes)."""
+        if self.fanout is not None:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        done = self.writer.settle()
+        if done is not None and done.end > self.saved:
+            self.writer.save_checkpoint(done.end, done.watermark)
+            self.saved = done.end
+
+    def report(self, offset: int, every: float = 10.0) -> None:
+        """A progress line every ``every`` seconds: rate, batches, time busy, counters."""
+        then, changes = self.reported
+        now = time.monotonic()
+        if now - then < every or self.fanout is None:
+            return
+        c = self.fanout.counters
+        log.info("fan-out at raw offset %d: %.0f changes/s, %d batches (%.0f%% busy); %s", offset,
+                 (c.changes - changes) / (now - then), self.batches, 100 * self.busy / (now - then),
+                 ", ".join(f"{k} {v}" for k, v in vars(c).items()))  # fmt: skip
+        self.reported, self.batches, self.busy = (now, c.changes), 0, 0.0
+
+    def _handle(self, batch: Sequence[Raw]) -> None:
+        fan = self.fanout or self.load()
+        pending = self.writer.open_batch()
+        for offset, key, value in self.cursor.admit(batch):
+            try:
+                change = decode(self.schemas, value)
+            except UndecodableMessage as exc:
+                self.dead_letter(fan, offset, key, value, str(exc), pending)
+                continue
+            routed = fan.route(change, offset)
+            if isinstance(routed, Truncate):
+                self.truncate(fan, routed, pending)
+            elif routed:
+                self.ensure(routed[0].topic)
+                self.writer.write(routed, pending)
+        if fan.unkeyed - self.warned:
+            log.warning("tables without key are not fanned out: %s", ", ".join(sorted(fan.unkeyed - self.warned)))
+            self.warned |= fan.unkeyed
+        pending.end, pending.watermark = self.cursor.next, fan.watermark
+
+    def ensure(self, topic: str) -> None:
+        if topic not in self.writer.known:
+            self.writer.ensure_topics([topic])
+            if topic not in self.served:
+                log.warning("new table topic %s: restart the workers to serve it over the endpoint", topic)
+
+    def truncate(self, fan: FanOut, truncate: Truncate, pending: Pending) -> None:
+        self.ensure(truncate.topic)
+        self.writer.flush()  # everything before the truncate is on the topic
+        keys = live_keys(self.writer.scan(truncate.topic), truncate.offset)
+        self.writer.write(truncate_outputs(fan, truncate, keys), pending)
+
+    def dead_letter(
+        self, fan: FanOut, offset: int, key: bytes | None, value: bytes | None, reason: str, pending: Pending
+    ) -> None:
+        fan.counters.dead_letters += 1
+        raw, dlq = self.cfg.changes_topic, self.cfg.dlq_topic
+        log.error("raw message at %s offset %d cannot be decoded (%s): sent to %s", raw, offset, reason, dlq)
+        if fan.fresh(dlq, 0, (offset, 0)):
+            meta = [(HEADER_SOURCE_TOPIC, raw.encode()), (HEADER_SOURCE_PARTITION, b"0"),
+                    (HEADER_SOURCE_OFFSET, b"%d" % offset), (HEADER_ERROR, reason.encode()[:1000])]  # fmt: skip
+            self.writer.produce(dlq, 0, key, value, headers("DEAD", offset, 0, 0, 0)[1:2] + meta, pending)
+
+
+class KeyOfRow:
+    """The old key of an update under REPLICA IDENTITY FULL: key columns of the old row."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.schemas = registry
+
+    def __call__(self, old_row: bytes, new_key: bytes) -> bytes:
+        row = self.schemas.decode(old_row)
+        key_schema = self.schemas.parsed(schema_id(new_key))
+        return new_key[:5] + avro_body(key_schema, {f["name"]: row[f["name"]] for f in key_schema["fields"]})
+
+
+def decode(schemas: Registry, value: bytes | None) -> Change:
+    """A raw message's change record (UndecodableMessage: not one this fan-out can route)."""
+    if value is None:
+        raise UndecodableMessage("empty value")
+    record = schemas.decode(value)
+    try:
+        change = Change.from_record(record)
+    except (KeyError, TypeError) as exc:
+        raise UndecodableMessage(f"not a change record: missing {exc}") from exc
+    if change.op not in OPS:
+        raise UndecodableMessage(f"unknown operation {change.op!r}")
+    return change

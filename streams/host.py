@@ -1,0 +1,102 @@
+"""The engine's Faust host: ``build(cfg)`` makes the app ``faust -A streams worker`` runs.
+
+Promise: this module, ``streams.profile`` and ``streams.endpoint`` are the only Faust-specific
+code (``tests/test_layers.py`` keeps it so). ``build`` does all the start-up I/O — the app,
+the catalog (``streams.engine.open_catalog``: tables discovered, views checked, topics made),
+the stores — and nothing happens at import. Faust's consumer group assigns the partitions:
+the ``raw`` agent subscribes to the raw topic and ``table_rows`` to the table topics so that
+they are assigned, but the app never delivers them (``App.direct``): the engine reads them
+itself. After each rebalance the engine is told what this worker holds; on a revocation and
+at shutdown its readers stop before Faust goes on; a fatal error in the engine crashes the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import faust
+
+from streams import endpoint, profile
+from streams.config import StreamsConfig, load_views
+from streams.engine import Catalog, Engine, open_catalog
+from streams.store import TableStore
+from streams.viewstore import ViewStore
+from streams.writer import TableWriter
+from tables.errors import FatalError
+from tables.registry import Registry, shown
+from tables.views import ViewSpec
+
+log = logging.getLogger("headwater.streams")
+
+
+class TableTopics(faust.Topic):
+    """The table topics as one subscription, named by all of them (``faust -A streams agents`` lists it)."""
+
+    def get_topic_name(self) -> str:
+        return ", ".join(self.topics)
+
+
+def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.App:
+    """The worker's app, its engine started by assignment (view specs: the config file's by default)."""
+    app = profile.app_class(cfg)(cfg.app_id, **profile.faust_settings(cfg))
+    log.info("streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
+             shown(cfg.registry_url))  # fmt: skip
+    schemas, writer = Registry(cfg.registry_url), TableWriter(cfg)
+    catalog = open_catalog(cfg, load_views() if specs is None else specs, schemas, writer)
+    app.direct = frozenset({cfg.changes_topic, *catalog.topics})
+    loop: list[asyncio.AbstractEventLoop] = []
+
+    def fatal(part: str, exc: FatalError) -> None:
+        log.error("%s stopped: %s%s", part, exc, f" ({exc.hint})" if exc.hint else "")
+        asyncio.run_coroutine_threadsafe(app.crash(exc), loop[0])
+
+    state = cfg.state_dir
+    engine = Engine(cfg, schemas, writer, catalog, TableStore(state / f"{cfg.app_id}-tables"),
+                    ViewStore(state / f"{cfg.app_id}-views"), fatal)  # fmt: skip
+    subscribe(app, cfg, catalog)
+    connect(app, engine, loop)
+    endpoint.install(app, engine)
+    return app
+
+
+def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
+    """The agents that hold the raw and table partitions' assignments; Faust delivers them nothing."""
+    changes = app.topic(cfg.changes_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
+                        value_serializer="raw", acks=False)  # fmt: skip
+
+    async def raw(stream: Any) -> None:
+        async for event in stream.events():
+            log.error("Faust delivered raw offset %d: the fan-out reads the raw topic itself", event.message.offset)
+
+    app.agent(changes, name="raw")(raw)
+    if not catalog.tables:
+        return
+    table_topics = TableTopics(app, topics=sorted(catalog.topics), key_type=bytes, value_type=bytes,
+                               key_serializer="raw", value_serializer="raw", partitions=cfg.partitions)  # fmt: skip
+
+    async def table_rows(stream: Any) -> None:
+        async for event in stream.events():
+            log.error("Faust delivered %s offset %d: the table feed reads the table topics itself",
+                      event.message.topic, event.message.offset)  # fmt: skip
+
+    app.agent(table_topics, name="table_rows")(table_rows)
+
+
+def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLoop]) -> None:
+    """Rebalances, revocations and shutdown drive the engine."""
+
+    async def rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
+        loop[:] = [asyncio.get_running_loop()]
+        engine.assigned({(tp.topic, tp.partition) for tp in app.consumer.assignment()})
+
+    async def revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        await asyncio.to_thread(engine.revoked)
+
+    async def shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
+        await asyncio.to_thread(engine.close)
+
+    app.on_rebalance_complete.connect(rebalanced)  # type: ignore[arg-type]  # mode types the handler too narrowly
+    app.on_partitions_revoked.connect(revoked)  # type: ignore[arg-type]
+    app.on_before_shutdown.connect(shutdown)  # type: ignore[arg-type]

@@ -1,0 +1,118 @@
+"""Publishing view rows: what the view topics hold, and writing only the rows that changed.
+
+Promise: a ``Publisher`` knows, per view, the latest record its topic holds for each row — the
+commit LSN and a digest of the value — read back from the topic at start (``read_back``) and
+kept by every write. ``write`` builds a dirty row's document now and sends it only if it differs
+from that record: to the view topic (through ``streams.cuts``, whose deliveries drive the cuts)
+and to the endpoint's copy in the view store; a row that did not change gets its endpoint copy
+mended instead (a kill may have lost only the copy). So a replay adds nothing to the view topics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from streams.clients import reader_settings
+from streams.config import StreamsConfig
+from streams.cuts import Cuts
+from streams.fanout import header_lsn
+from streams.joins import store_key
+from streams.rows import pack, unpack
+from streams.viewstore import MemoryViewStore
+from streams.viewtopic import ViewTopic, view_key
+from tables.kafka import read_topic_from
+from tables.partition import partition_for
+from tables.wire import HEADER_LSN, HEADER_VIEW, body
+
+Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the value written; b"" = tombstone)
+Doc = dict[str, Any] | None
+Document = Callable[[str, bytes], Doc]  # (view, row key) -> the row's document now, or None
+
+
+def digest(value: bytes | None) -> bytes:
+    return b"" if value is None else hashlib.blake2b(value, digest_size=16).digest()
+
+
+class Publisher:
+    """The view topics' latest records per row, and the writes that keep them (one thread uses it)."""
+
+    def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], store: MemoryViewStore, cuts: Cuts) -> None:
+        self.cfg, self.views, self.store, self.cuts = cfg, views, store, cuts
+        self.sent: dict[str, Sent] = {}
+        self.published_lsn = -1  # the newest commit LSN the view topics hold
+        self.published = 0  # view rows written (changed) since start
+
+    def read_back(self, view: ViewTopic) -> Sent:
+        """What the view topic holds: its latest record per key; each partition's end goes to the cuts."""
+        sent: Sent = {}
+        ends: dict[int, int] = {}
+        for record in read_topic_from(reader_settings(self.cfg), view.topic, timeout=600):
+            ends[record.partition] = record.offset + 1
+            if record.key is not None:
+                lsn = header_lsn(record.headers)[0]
+                sent[view_key(view, record.key)] = (lsn, digest(record.value))
+                self.published_lsn = max(self.published_lsn, lsn)
+        self.cuts.reached(view.spec.name, {p: ends.get(p, 0) for p in range(self.cfg.partitions)})
+        self.sent[view.spec.name] = sent
+        return sent
+
+    def changed(self, document: Document, view: ViewTopic, key: bytes) -> tuple[bool, Doc, bytes | None]:
+        """Whether the view row's document now differs from what was last sent, the document, and
+        its encoding at the LSN last sent (None without a document)."""
+        doc = document(view.spec.name, key)
+        lsn, held = self.sent[view.spec.name].get(key, (0, b""))
+        encoded = None if doc is None else view.encode(doc, lsn)
+        return digest(encoded) != held, doc, encoded
+
+    def mend(self, view: ViewTopic, key: bytes, encoded: bytes | None) -> None:
+        """The endpoint's copy of a row the view topic holds as built (a kill may have lost only the copy).
+
+        The copy is a store write, the topic record a librdkafka one: after a kill -9 either may
+        be missing, and replay can rebuild a row equal to the topic's record. ``encoded`` is that
+        record's value (``changed`` encoded it), None for a tombstone.
+        """
+        doc_key = store_key(b"v", view.spec.name, key)
+        if encoded is None:
+            self.store.pop(doc_key, None)
+            return
+        value = pack(self.sent[view.spec.name][key][0], 0, encoded)
+        if self.store.get(doc_key) != value:
+            self.store[doc_key] = value
+
+    def write(self, document: Document, view: ViewTopic, key: bytes, lsn: int) -> bool:
+        """Write one dirty view row if it changed, to the view topic and the endpoint's copy: whether it did."""
+        changed, doc, encoded = self.changed(document, view, key)
+        if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
+            self.mend(view, key, encoded)
+            return False
+        doc_key = store_key(b"v", view.spec.name, key)
+        if doc is None:
+            stored = self.store.get(doc_key)
+            key_bytes = view.key(view.decode(unpack(stored)[2])) if stored else self.key_bytes(view, key)
+            value = None
+            self.store.pop(doc_key, None)
+        else:
+            key_bytes, value = view.key(doc), view.encode(doc, lsn)
+            self.store[doc_key] = pack(lsn, 0, value)
+        headers = [(HEADER_LSN, b"%d" % lsn), (HEADER_VIEW, view.spec.name.encode())]
+        self.cuts.write(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers)
+        self.sent[view.spec.name][key] = (lsn, digest(value))
+        self.published += 1
+        return True
+
+    @staticmethod
+    def key_bytes(view: ViewTopic, key: bytes) -> bytes:
+        """Key bytes of a view row from its store key (the key columns' values, parsed by their Avro types)."""
+        text = ",".join(str(v) for v in json.loads(key))
+        return view.key_frame + body(view.codec.encode_text(text))
+
+    def row(self, view: str, key: bytes) -> tuple[int, dict[str, Any]] | None:
+        """(commit LSN, document) of a view row as last published (the endpoint's copy), or None."""
+        stored = self.store.get(store_key(b"v", view, key))
+        if stored is None:
+            return None
+        lsn, _, value = unpack(stored)
+        return lsn, self.views[view].decode(value)

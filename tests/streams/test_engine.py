@@ -1,0 +1,134 @@
+"""The streams engine without its host: no Faust app, no I/O at import, the real stack behind it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headwater import shop
+from headwater.reconcile import compare, compare_docs, latest_view_docs, redis_view_docs, view_docs_sql
+from streams.config import StreamsConfig, load_streams_config
+from streams.engine import Engine, open_catalog
+from streams.rows import unpack
+from streams.store import TableStore
+from streams.viewstore import ViewStore
+from streams.writer import TableWriter
+from tables.config import StackConfig
+from tables.errors import FatalError
+from tables.registry import Registry
+from tables.views import parse_views
+from tables.wire import body
+from tests.plugins.capture import Capture, ShopWriter
+from tests.plugins.streams import REPO
+from tests.streams.test_views import SQL
+from tests.streams.test_workers import wait_for
+
+ENGINE = ["streams", "streams.engine", "streams.fanrun", "streams.fanout", "streams.joins", "streams.materializer",
+          "streams.cuts", "streams.cursor", "streams.feed", "streams.tablefeed", "streams.writer", "streams.mirror",
+          "streams.store", "streams.viewstore", "streams.catalog", "streams.clients"]  # fmt: skip
+NO_IO = """
+import socket, sys
+def refuse(*args, **kwargs):
+    raise AssertionError(f"I/O at import: {args}")
+socket.socket.connect = socket.socket.connect_ex = socket.create_connection = refuse
+import builtins
+builtins.open = refuse  # imports read their files with io.open_code, not open
+for name in sys.argv[1:]:
+    __import__(name)
+host = sorted(m for m in sys.modules if m.split(".")[0] in ("faust", "mode", "aiokafka", "aiohttp"))
+print("host modules:", host)
+"""
+
+
+@pytest.mark.unit
+def test_the_engine_imports_without_faust_and_without_io() -> None:
+    done = subprocess.run([sys.executable, "-c", NO_IO, *ENGINE], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "host modules: []", done.stdout
+
+
+def engine_config(local_stack: StackConfig, prefix: str, state: Path) -> StreamsConfig:
+    return load_streams_config({
+        "HEADWATER_STACK_DATA_DIR": str(local_stack.data_dir),
+        "HEADWATER_STACK_KAFKA_PORT": str(local_stack.kafka_port),
+        "HEADWATER_STACK_REGISTRY_PORT": str(local_stack.registry_port),
+        "HEADWATER_STACK_POSTGRES_PORT": str(local_stack.postgres_port),
+        "HEADWATER_STACK_REDIS_PORT": str(local_stack.redis_port),
+        "HEADWATER_STREAMS_TOPIC_PREFIX": prefix,
+        "HEADWATER_STREAMS_APP_ID": f"{prefix}-engine",
+        "HEADWATER_STREAMS_STATE_DIR": str(state),
+    })  # fmt: skip
+
+
+def store_rows(engine: Engine, table: str) -> dict[bytes, dict[str, Any]]:
+    """A table's rows as the engine's table store holds them (key body -> decoded row)."""
+    found = engine.catalog.find(table)
+    assert found is not None, table
+    rows = {}
+    for partition in range(engine.cfg.partitions):
+        for key in engine.store.keys(found.topic, partition):
+            packed = engine.store.get(found.topic, partition, key)
+            assert packed is not None
+            rows[body(key)] = engine.schemas.decode(unpack(packed)[2])
+    return rows
+
+
+def problems(conn: Any, engine: Engine) -> list[str]:
+    """PostgreSQL against the table store, the view topic and Redis."""
+    found = [p for table, key in shop.KEYS.items() for p in compare(conn, table, key, store_rows(engine, table))[1]]
+    expected = view_docs_sql(conn, SQL)
+    topic = engine.cfg.view_topic("orders_enriched")
+    found += compare_docs(expected, latest_view_docs(engine.cfg.bootstrap, topic, engine.schemas), "topic")
+    redis_docs = redis_view_docs(engine.cfg.redis_url, engine.cfg.topic_prefix, "orders_enriched")[0]
+    return found + compare_docs(expected, redis_docs, "redis")
+
+
+def settled(conn: Any, engine: Engine, timeout: float = 90) -> None:
+    last: list[str] = []
+
+    def check() -> bool:
+        nonlocal last
+        last = problems(conn, engine)
+        return not last
+
+    assert wait_for(check, timeout, every=1.0), "\n".join(last[:20])
+
+
+@pytest.mark.slow
+def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
+) -> None:  # fmt: skip
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    cfg = engine_config(local_stack, capture.cfg.topic_prefix, tmp_path / "state")
+    schemas, writer = Registry(cfg.registry_url), TableWriter(cfg)
+    catalog = open_catalog(cfg, parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML), schemas, writer)
+    fatal: list[tuple[str, FatalError]] = []
+    engine = Engine(cfg, schemas, writer, catalog, TableStore(tmp_path / "tables"), ViewStore(tmp_path / "views"),
+                    lambda part, exc: fatal.append((part, exc)))  # fmt: skip
+    before = set(threading.enumerate())
+    parts = {(t.topic, p) for t in catalog.tables for p in range(cfg.partitions)}
+    try:
+        engine.assigned(parts | {engine.raw})
+        settled(shop_db, engine)
+        work = ShopWriter(pg_database, rate=200).start()
+        wait_for(lambda: work.work.committed >= 400, 60)
+        assert work.stop() >= 400
+        settled(shop_db, engine)
+        engine.revoked()  # another worker takes everything, then gives it back: the state resumes
+        engine.assigned(parts | {engine.raw})
+        ShopWriter(pg_database, rate=200).start().stop()
+        settled(shop_db, engine)
+    finally:
+        engine.close()
+    assert not fatal
+    left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert not left, f"threads the engine did not stop: {left}"
