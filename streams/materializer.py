@@ -116,11 +116,11 @@ class Materializer:
             sent = self.publisher.read_back(view)
             joiner.dirty[name] = set()
             for key in {*joiner.base_keys(name), *sent}:
-                changed, _, encoded = self.publisher.changed(joiner.document, view, key)
+                changed, _, content = self.publisher.changed(joiner.document, view, key)
                 if changed:
                     joiner.dirty[name].add(key)
                 else:
-                    self.publisher.mend(view, key, encoded)
+                    self.publisher.mend(view, key, content)
         dirty = sum(len(d) for d in joiner.dirty.values())
         log.info("views %s resume at raw offset %d (quiet until offset %d and commit LSN %s, %d rows to publish "
                  "again)", ", ".join(self.views), start, self.quiet_until,

@@ -1,8 +1,8 @@
 """Publishing view rows: what the view topics hold, and writing only the rows that changed.
 
 Promise: a ``Publisher`` knows, per view, the latest record its topic holds for each row — the
-commit LSN and a digest of the value — read back from the topic at start (``read_back``) and
-kept by every write. ``write`` builds a dirty row's document now and sends it only if it differs
+commit LSN and a digest of its content (the value without the LSN) — read back from the topic at
+start (``read_back``) and kept by every write. ``write`` builds a dirty row's document now and sends it only if it differs
 from that record: to the view topic (through ``streams.cuts``, whose deliveries drive the cuts)
 and to the endpoint's copy in the view store; a row that did not change gets its endpoint copy
 mended instead (a kill may have lost only the copy). So a replay adds nothing to the view topics.
@@ -27,7 +27,7 @@ from tables.kafka import read_topic_from
 from tables.partition import partition_for
 from tables.wire import HEADER_LSN, HEADER_VIEW, body
 
-Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the value written; b"" = tombstone)
+Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the content written; b"" = tombstone)
 Doc = dict[str, Any] | None
 Document = Callable[[str, bytes], Doc]  # (view, row key) -> the row's document now, or None
 
@@ -53,7 +53,9 @@ class Publisher:
             ends[record.partition] = record.offset + 1
             if record.key is not None:
                 lsn = header_lsn(record.headers)[0]
-                sent[view_key(view, record.key)] = (lsn, digest(record.value))
+                value = record.value
+                content = None if value is None else view.content_of(value, lsn)
+                sent[view_key(view, record.key)] = (lsn, digest(value if content is None else content))
                 self.published_lsn = max(self.published_lsn, lsn)
         self.cuts.reached(view.spec.name, {p: ends.get(p, 0) for p in range(self.cfg.partitions)})
         self.sent[view.spec.name] = sent
@@ -61,45 +63,45 @@ class Publisher:
 
     def changed(self, document: Document, view: ViewTopic, key: bytes) -> tuple[bool, Doc, bytes | None]:
         """Whether the view row's document now differs from what was last sent, the document, and
-        its encoding at the LSN last sent (None without a document)."""
+        its content (``ViewTopic.content``; None without a document)."""
         doc = document(view.spec.name, key)
-        lsn, held = self.sent[view.spec.name].get(key, (0, b""))
-        encoded = None if doc is None else view.encode(doc, lsn)
-        return digest(encoded) != held, doc, encoded
+        content = None if doc is None else view.content(doc)
+        return digest(content) != self.sent[view.spec.name].get(key, (0, b""))[1], doc, content
 
-    def mend(self, view: ViewTopic, key: bytes, encoded: bytes | None) -> None:
+    def mend(self, view: ViewTopic, key: bytes, content: bytes | None) -> None:
         """The endpoint's copy of a row the view topic holds as built (a kill may have lost only the copy).
 
         The copy is a store write, the topic record a librdkafka one: after a kill -9 either may
-        be missing, and replay can rebuild a row equal to the topic's record. ``encoded`` is that
-        record's value (``changed`` encoded it), None for a tombstone.
+        be missing, and replay can rebuild a row equal to the topic's record. ``content`` is that
+        record's content (``changed`` encoded it), None for a tombstone.
         """
         doc_key = store_key(b"v", view.spec.name, key)
-        if encoded is None:
+        if content is None:
             self.store.pop(doc_key, None)
             return
-        value = pack(self.sent[view.spec.name][key][0], 0, encoded)
+        lsn = self.sent[view.spec.name][key][0]
+        value = pack(lsn, 0, view.at(content, lsn))
         if self.store.get(doc_key) != value:
             self.store[doc_key] = value
 
     def write(self, document: Document, view: ViewTopic, key: bytes, lsn: int) -> bool:
         """Write one dirty view row if it changed, to the view topic and the endpoint's copy: whether it did."""
-        changed, doc, encoded = self.changed(document, view, key)
+        changed, doc, content = self.changed(document, view, key)
         if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
-            self.mend(view, key, encoded)
+            self.mend(view, key, content)
             return False
         doc_key = store_key(b"v", view.spec.name, key)
-        if doc is None:
+        if doc is None or content is None:
             stored = self.store.get(doc_key)
             key_bytes = view.key(view.decode(unpack(stored)[2])) if stored else self.key_bytes(view, key)
             value = None
             self.store.pop(doc_key, None)
         else:
-            key_bytes, value = view.key(doc), view.encode(doc, lsn)
+            key_bytes, value = view.key(doc), view.at(content, lsn)
             self.store[doc_key] = pack(lsn, 0, value)
         headers = [(HEADER_LSN, b"%d" % lsn), (HEADER_VIEW, view.spec.name.encode())]
         self.cuts.write(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers)
-        self.sent[view.spec.name][key] = (lsn, digest(value))
+        self.sent[view.spec.name][key] = (lsn, digest(content))
         self.published += 1
         return True
 

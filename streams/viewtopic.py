@@ -23,6 +23,8 @@ from tables.registry import Registry
 from tables.views import LSN_FIELD, TableShape, ViewSpec
 from tables.wire import avro_body, frame, read_framed
 
+LONG = fastavro.parse_schema("long")
+
 
 @dataclass
 class ViewTopic:
@@ -38,6 +40,9 @@ class ViewTopic:
 
     def __post_init__(self) -> None:
         self.parsed = fastavro.parse_schema(self.schema)
+        last = self.schema["fields"][-1]
+        if (last["name"], last["type"]) != (LSN_FIELD, "long"):  # content() and at() rely on it
+            raise RuntimeError(f"view {self.spec.name}: {LSN_FIELD} must be the schema's last field, a long")
 
     @property
     def key_columns(self) -> list[str]:
@@ -45,6 +50,22 @@ class ViewTopic:
 
     def encode(self, doc: dict[str, Any], lsn: int) -> bytes:
         return self.value_frame + avro_body(self.parsed, {**doc, LSN_FIELD: lsn})
+
+    def content(self, doc: dict[str, Any]) -> bytes:
+        """A document's value without its commit LSN (the last field; zig-zag 0 is one byte): what two
+        versions of a row are compared by. Encoding is most of a publication's time: done once a row."""
+        return self.encode(doc, 0)[:-1]
+
+    @staticmethod
+    def at(content: bytes, lsn: int) -> bytes:
+        """The value of a view row: its content followed by the commit LSN it reflects."""
+        return content + avro_body(LONG, lsn)
+
+    @staticmethod
+    def content_of(value: bytes, lsn: int) -> bytes | None:
+        """A value's content, given the commit LSN it carries (None: it does not end with that LSN)."""
+        tail = avro_body(LONG, lsn)
+        return value[: -len(tail)] if value.endswith(tail) else None
 
     def decode(self, value: bytes) -> dict[str, Any]:
         return dict(read_framed(value, self.parsed))
