@@ -1,17 +1,18 @@
 """The Redis mirror of the views: each view row as JSON with the commit LSN it reflects.
 
-Promise: a view row lives at ``<prefix>:<view>:<key>`` (key columns as text, comma
-separated, as in URLs): a hash with ``doc`` (the row as JSON, ``streams.rows.to_json``),
-and ``lsn`` (the commit LSN it reflects, an integer). A view's own hash
-``<prefix>:<view>`` holds ``cut_lsn``/``cut`` (the published cut Redis shows) and
-``offsets`` (how far the view topic is applied). The mirror follows the cuts topic and,
-for each new cut, applies the view topic's records up to the cut's ends in one Lua
-script: the rows, the offsets and the cut change together, so Redis always shows the
-view exactly at ``cut``. A write never replaces a row's newer LSN with an older one,
-offsets only move forward (no record is applied twice), a tombstone deletes the row.
-Redis away: the view topics keep flowing; the mirror retries every second and
-catches up from its offsets when Redis is back (a Redis that lost its data is filled
-again from the view topics).
+Promise: a view row lives at ``<prefix>:<view>:<key>`` (key columns as text, comma separated, as
+in URLs): a hash with ``doc`` (the row as JSON, ``streams.rows.to_json``), and ``lsn`` (the
+commit LSN it reflects, an integer). A view's own hash ``<prefix>:<view>`` holds
+``cut_lsn``/``cut`` (the published cut Redis shows) and ``offsets`` (how far the view topic is
+applied). The mirror follows the cuts topic and, for each new cut, gathers the view topic's
+records up to the cut's ends in a staging hash of its own (in chunks, as they are read: the
+worker holds at most ``BUFFERED`` records of a view, and reading pauses until a cut lets them
+go) and applies them in one Lua script: the rows, the offsets and the cut change together, so
+Redis always shows the view exactly at ``cut``. A write never replaces a row's newer LSN with an
+older one, offsets only move forward (no record is applied twice), a tombstone deletes the row.
+Redis away: the view topics keep flowing; the mirror retries every second and catches up from
+its offsets when Redis is back (a Redis that lost its data is filled again from the view
+topics).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -32,29 +34,39 @@ from streams.rows import to_json
 from streams.viewtopic import ViewTopic
 from tables.kafka import reader, record
 from tables.registry import Registry, shown
-from tables.topics import view_key
+from tables.topics import view_key, view_staging_key
 from tables.views import LSN_FIELD, decode_cut
 from tables.wire import lsn_text
 
 log = logging.getLogger("headwater.streams")
 
 APPLY = """
-local meta = KEYS[1]
-if (redis.call('HGET', meta, 'offsets') or '{}') ~= ARGV[1] then return 0 end
-for i = 5, #ARGV, 3 do
-  local key, lsn, doc = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+local meta, staged = KEYS[1], KEYS[2]
+if (redis.call('HGET', meta, 'offsets') or '{}') ~= ARGV[1] then
+  redis.call('DEL', staged)
+  return 0
+end
+local rows = redis.call('HGETALL', staged)
+for i = 1, #rows, 2 do
+  local key, value = rows[i], rows[i + 1]
+  local space = string.find(value, ' ', 1, true)
+  local lsn, doc = string.sub(value, 1, space - 1), string.sub(value, space + 1)
   local held = tonumber(redis.call('HGET', key, 'lsn') or '-1')
-  if lsn >= held then
+  if tonumber(lsn) >= held then
     if doc == '' then
       redis.call('DEL', key)
     else
-      redis.call('HSET', key, 'doc', doc, 'lsn', ARGV[i + 1])
+      redis.call('HSET', key, 'doc', doc, 'lsn', lsn)
     end
   end
 end
+redis.call('DEL', staged)
 redis.call('HSET', meta, 'offsets', ARGV[2], 'cut_lsn', ARGV[3], 'cut', ARGV[4])
 return 1
 """
+BUFFERED = 20_000  # view records held in memory per view; reading pauses above it until a cut lets them go
+CHUNK = 2_000  # rows staged in Redis per write
+STAGED_TTL = 3600  # seconds a crashed mirror's staging hash outlives it
 
 
 def row_key(prefix: str, view: str, key: dict[str, Any], columns: list[str]) -> str:
@@ -76,6 +88,10 @@ class RedisMirror(threading.Thread):
         self.read: dict[str, dict[int, int]] = {}  # view -> partition -> next offset the consumer gives
         self.buffer: dict[str, list[tuple[int, int, bytes, int, bytes | None]]] = {}
         self.assigned = False
+        self.paused: set[str] = set()  # views whose partitions wait for a cut (their buffer is full)
+        self.pauses = 0
+        self.buffered, self.chunk = BUFFERED, CHUNK
+        self.mirror = uuid.uuid4().hex[:12]  # names this mirror's staging hashes
         self.stopping = threading.Event()
         self.client = redis.Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.apply = self.client.register_script(APPLY)
@@ -125,9 +141,24 @@ class RedisMirror(threading.Thread):
             offsets = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
             self.read[name] = {p: offsets.get(p, 0) for p in range(self.cfg.partitions)}
             self.buffer[name] = []
+            self.client.delete(self._staging(name))  # what a run of this mirror cut short had staged
             todo += [TopicPartition(view.topic, p, o) for p, o in self.read[name].items()]
         consumer.assign(todo)
+        self.paused.clear()
         self.assigned = True
+
+    def _staging(self, name: str) -> str:
+        return view_staging_key(self.prefix, name, self.mirror)
+
+    def _pace(self, consumer: Consumer) -> None:
+        """Pause a view's partitions while its buffer is full; resume them once a cut let records go."""
+        for name, view in self.views.items():
+            full = len(self.buffer[name]) >= self.buffered
+            if full != (name in self.paused):
+                parts = [TopicPartition(view.topic, p) for p in range(self.cfg.partitions)]
+                (consumer.pause if full else consumer.resume)(parts)
+                self.paused ^= {name}
+                self.pauses += full
 
     def _consume(self, consumer: Consumer) -> None:
         for msg in consumer.consume(1000, timeout=0.02):
@@ -151,6 +182,7 @@ class RedisMirror(threading.Thread):
                 held = self.cuts.get(cut["view"])
                 if held is None or cut["commit_lsn"] >= held["commit_lsn"]:
                     self.cuts[cut["view"]] = cut
+        self._pace(consumer)
 
     def sync(self, name: str) -> None:
         """Apply ``name`` up to its newest cut once the consumer read that far."""
@@ -161,30 +193,45 @@ class RedisMirror(threading.Thread):
         held = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
         if all(held.get(p, 0) >= o for p, o in ends.items()) and cut.get("applied"):
             return
+        self._stage(name, ends)
         if any(self.read[name].get(p, 0) < o for p, o in ends.items()):
             return  # not read that far yet
-        ready = [r for r in self.buffer[name] if r[1] < ends.get(r[0], 0)]
-        self.buffer[name] = [r for r in self.buffer[name] if r[1] >= ends.get(r[0], 0)]
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
-        args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"]), *self._rows(name, ready)]
-        if not self.apply(keys=[view_key(self.prefix, name)], args=args):
+        args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"])]
+        if not self.apply(keys=[view_key(self.prefix, name), self._staging(name)], args=args):
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
             return
         self.held[name] = offsets
         cut["applied"] = True
 
-    def _rows(self, name: str, ready: list[tuple[int, int, bytes, int, bytes | None]]) -> list[Any]:
-        """(redis key, lsn, JSON or '') for the newest record per key among ``ready``."""
+    def _stage(self, name: str, ends: dict[int, int]) -> None:
+        """Move the buffered records below a cut's ends into this mirror's staging hash, in chunks: the
+        worker's memory holds at most ``BUFFERED`` (+ one read of 1,000) records of a view, however
+        many rows a cut changes."""
+        buffer = self.buffer[name]
+        ready = [r for r in buffer if r[1] < ends.get(r[0], 0)]
+        if not ready:
+            return
+        self.buffer[name] = [r for r in buffer if r[1] >= ends.get(r[0], 0)]
+        staging = self._staging(name)
+        for start in range(0, len(ready), self.chunk):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(staging, mapping=self._rows(name, ready[start : start + self.chunk]))
+            pipe.expire(staging, STAGED_TTL)
+            pipe.execute()
+
+    def _rows(self, name: str, ready: list[tuple[int, int, bytes, int, bytes | None]]) -> dict[Any, str]:
+        """Redis key -> "<lsn> <JSON>" ("<lsn> " for a tombstone), the newest record per key among ``ready``."""
         view = self.views[name]
         latest = {key: (lsn, value) for _, _, key, lsn, value in ready}  # in offset order per key
-        out: list[Any] = []
+        out: dict[Any, str] = {}
         for key, (lsn, value) in latest.items():
             row = row_key(self.prefix, name, self.decoder.decode(key), view.key_columns)
             if value is None:
-                out += [row, lsn, ""]
+                out[row] = f"{lsn} "
                 continue
             doc = self.decoder.decode(value)
             doc.pop(LSN_FIELD, None)
-            out += [row, lsn, json.dumps(to_json(doc), separators=(",", ":"))]
+            out[row] = f"{lsn} " + json.dumps(to_json(doc), separators=(",", ":"))
         return out

@@ -2,10 +2,11 @@
 
 Promise: a ``Publisher`` knows, per view, the latest record its topic holds for each row — the
 commit LSN and a digest of its content (the value without the LSN) — read back from the topic at
-start (``read_back``) and kept by every write. ``write`` builds a dirty row's document now and sends it only if it differs
-from that record: to the view topic (through ``streams.cuts``, whose deliveries drive the cuts)
-and to the endpoint's copy in the view store; a row that did not change gets its endpoint copy
-mended instead (a kill may have lost only the copy). So a replay adds nothing to the view topics.
+start (``read_back``) and kept by every write. ``write`` builds a dirty row's document now and
+sends it only if it differs from that record: to the view topic (through ``streams.cuts``, whose
+deliveries drive the cuts) and to the endpoint's copy in the view store; a row that did not
+change gets its endpoint copy mended instead (a kill may have lost only the copy). So a replay
+adds nothing to the view topics.
 """
 
 from __future__ import annotations

@@ -80,6 +80,12 @@ def view_key(prefix: str, view: str) -> str:
     return f"{redis_prefix(prefix)}:{view}"
 
 
+def view_staging_key(prefix: str, view: str, mirror: str) -> str:
+    """The Redis hash where one mirror gathers a cut's rows before applying them at once (no row key
+    matches it: rows are ``<view_key>:<key text>``)."""
+    return f"{view_key(prefix, view)}#staged:{mirror}"
+
+
 def table_topic_of_subject(prefix: str, subject: str) -> str | None:
     """The topic a ``<topic>-value`` subject registers, when it can be a table's topic under ``prefix``
     (not the raw, dead-letter, checkpoint, cuts or a view topic); else None."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from headwater import shop
 from headwater.reconcile import compare, compare_docs, latest_view_docs, redis_view_docs, view_docs_sql
@@ -114,11 +115,14 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
     fatal: list[tuple[str, FatalError]] = []
     engine = Engine(cfg, schemas, writer, catalog, TableStore(tmp_path / "tables"), ViewStore(tmp_path / "views"),
                     lambda part, exc: fatal.append((part, exc)))  # fmt: skip
+    assert engine.mirror is not None
+    engine.mirror.buffered, engine.mirror.chunk = 40, 7  # a cut's rows go through Redis in many small parts
     before = set(threading.enumerate())
     parts = {(t.topic, p) for t in catalog.tables for p in range(cfg.partitions)}
     try:
         engine.assigned(parts | {engine.raw})
         settled(shop_db, engine)
+        assert engine.mirror.pauses > 0  # the snapshot's view rows outgrew the mirror's buffer
         work = ShopWriter(pg_database, rate=200).start()
         wait_for(lambda: work.work.committed >= 400, 60)
         assert work.stop() >= 400
@@ -132,3 +136,6 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
     assert not fatal
     left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
     assert not left, f"threads the engine did not stop: {left}"
+    client = redis.Redis.from_url(cfg.redis_url)
+    assert not list(client.scan_iter(match=f"{cfg.topic_prefix}:*#staged:*")), "staging hashes left behind"
+    client.close()
