@@ -4,11 +4,12 @@ Promise: a view row lives at ``<prefix>:<view>:<key>`` (key columns as text, com
 in URLs): a hash with ``doc`` (the row as JSON, ``streams.rows.to_json``), and ``lsn`` (the
 commit LSN it reflects, an integer). A view's own hash ``<prefix>:<view>`` holds
 ``cut_lsn``/``cut`` (the published cut Redis shows) and ``offsets`` (how far the view topic is
-applied). The mirror follows the cuts topic and, for each new cut, gathers the view topic's
-records up to the cut's ends in a staging hash of its own (in chunks, as they are read: the
-worker holds at most ``BUFFERED`` records of a view, and reading pauses until a cut lets them
-go) and applies them in one Lua script: the rows, the offsets and the cut change together, so
-Redis always shows the view exactly at ``cut``. A write never replaces a row's newer LSN with an
+applied). The mirror follows the cuts topic and the view topics; each read of view records is
+appended at once to a staging list of its own in Redis (``tables.topics.view_staging_key``), so
+the worker holds no more than one read (1,000 records) however many rows a cut changes. For each
+new cut one Lua script applies the staged records below the cut's ends and keeps the rest for
+the next: the rows, the offsets and the cut change together, so Redis always shows the view
+exactly at ``cut``. A write never replaces a row's newer LSN with an
 older one, offsets only move forward (no record is applied twice), a tombstone deletes the row.
 Redis away: the view topics keep flowing; the mirror retries every second and catches up from
 its offsets when Redis is back (a Redis that lost its data is filled again from the view
@@ -17,6 +18,7 @@ topics).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -46,27 +48,33 @@ if (redis.call('HGET', meta, 'offsets') or '{}') ~= ARGV[1] then
   redis.call('DEL', staged)
   return 0
 end
-local rows = redis.call('HGETALL', staged)
-for i = 1, #rows, 2 do
-  local key, value = rows[i], rows[i + 1]
-  local space = string.find(value, ' ', 1, true)
-  local lsn, doc = string.sub(value, 1, space - 1), string.sub(value, space + 1)
-  local held = tonumber(redis.call('HGET', key, 'lsn') or '-1')
-  if tonumber(lsn) >= held then
-    if doc == '' then
-      redis.call('DEL', key)
-    else
-      redis.call('HSET', key, 'doc', doc, 'lsn', lsn)
+local ends = {}
+for i = 5, #ARGV, 2 do ends[tonumber(ARGV[i])] = tonumber(ARGV[i + 1]) end
+local later = {}
+for _, entry in ipairs(redis.call('LRANGE', staged, 0, -1)) do
+  local p, o, lsn, n, at = string.match(entry, '^(%d+) (%d+) (%d+) (%d+) ()')
+  if tonumber(o) < (ends[tonumber(p)] or 0) then
+    local key, doc = string.sub(entry, at, at + tonumber(n) - 1), string.sub(entry, at + tonumber(n))
+    if tonumber(lsn) >= tonumber(redis.call('HGET', key, 'lsn') or '-1') then
+      if doc == '' then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'doc', doc, 'lsn', lsn)
+      end
     end
+  else
+    later[#later + 1] = entry
   end
 end
 redis.call('DEL', staged)
+for i = 1, #later, 1000 do
+  redis.call('RPUSH', staged, unpack(later, i, math.min(i + 999, #later)))
+end
 redis.call('HSET', meta, 'offsets', ARGV[2], 'cut_lsn', ARGV[3], 'cut', ARGV[4])
 return 1
 """
-BUFFERED = 20_000  # view records held in memory per view; reading pauses above it until a cut lets them go
-CHUNK = 2_000  # rows staged in Redis per write
-STAGED_TTL = 3600  # seconds a crashed mirror's staging hash outlives it
+STAGED_TTL = 3600  # seconds a mirror's staging list outlives its last write (a crashed mirror's goes away)
+Record = tuple[int, int, bytes, int, bytes | None]  # partition, offset, key, commit LSN, value
 
 
 def row_key(prefix: str, view: str, key: dict[str, Any], columns: list[str]) -> str:
@@ -86,12 +94,9 @@ class RedisMirror(threading.Thread):
         self.cuts: dict[str, dict[str, Any]] = {}
         self.held: dict[str, str] = {}  # view -> the offsets JSON Redis holds (compared in the script)
         self.read: dict[str, dict[int, int]] = {}  # view -> partition -> next offset the consumer gives
-        self.buffer: dict[str, list[tuple[int, int, bytes, int, bytes | None]]] = {}
+        self.staged = 0  # view records staged in Redis since start
         self.assigned = False
-        self.paused: set[str] = set()  # views whose partitions wait for a cut (their buffer is full)
-        self.pauses = 0
-        self.buffered, self.chunk = BUFFERED, CHUNK
-        self.mirror = uuid.uuid4().hex[:12]  # names this mirror's staging hashes
+        self.mirror = uuid.uuid4().hex[:12]  # names this mirror's staging lists
         self.stopping = threading.Event()
         self.client = redis.Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.apply = self.client.register_script(APPLY)
@@ -118,6 +123,7 @@ class RedisMirror(threading.Thread):
                     self.stopping.wait(1.0)
         finally:
             consumer.close()
+            self._drop_staged()
 
     def _warn(self, message: str) -> None:
         if time.monotonic() - self.warned > 30:
@@ -129,7 +135,14 @@ class RedisMirror(threading.Thread):
         if self.assigned:
             consumer.unassign()
         self.assigned = False
-        self.buffer.clear()
+
+    def _drop_staged(self) -> None:
+        """Remove this mirror's staging lists (best effort: they expire anyway)."""
+        with contextlib.suppress(redis.RedisError):
+            self.client.delete(*(self._staging(name) for name in self.views))
+
+    def _staging(self, name: str) -> str:
+        return view_staging_key(self.prefix, name, self.mirror)
 
     def _assign(self, consumer: Consumer) -> None:
         """Read the cuts topic from its last records and each view topic from the offsets Redis holds."""
@@ -140,27 +153,13 @@ class RedisMirror(threading.Thread):
             self.held[name] = held.decode() if isinstance(held, bytes) else "{}"
             offsets = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
             self.read[name] = {p: offsets.get(p, 0) for p in range(self.cfg.partitions)}
-            self.buffer[name] = []
-            self.client.delete(self._staging(name))  # what a run of this mirror cut short had staged
+            self.client.delete(self._staging(name))  # what this mirror staged before it stopped reading
             todo += [TopicPartition(view.topic, p, o) for p, o in self.read[name].items()]
         consumer.assign(todo)
-        self.paused.clear()
         self.assigned = True
 
-    def _staging(self, name: str) -> str:
-        return view_staging_key(self.prefix, name, self.mirror)
-
-    def _pace(self, consumer: Consumer) -> None:
-        """Pause a view's partitions while its buffer is full; resume them once a cut let records go."""
-        for name, view in self.views.items():
-            full = len(self.buffer[name]) >= self.buffered
-            if full != (name in self.paused):
-                parts = [TopicPartition(view.topic, p) for p in range(self.cfg.partitions)]
-                (consumer.pause if full else consumer.resume)(parts)
-                self.paused ^= {name}
-                self.pauses += full
-
     def _consume(self, consumer: Consumer) -> None:
+        read: dict[str, list[Record]] = {}
         for msg in consumer.consume(1000, timeout=0.02):
             topic, partition, offset = msg.topic() or "", int(msg.partition() or 0), int(msg.offset() or 0)
             error = msg.error()
@@ -175,14 +174,24 @@ class RedisMirror(threading.Thread):
                 key = msg.key()
                 if key is not None:
                     lsn = header_lsn(record(msg).headers)[0]
-                    self.buffer[name].append((partition, offset, key, lsn, msg.value()))
+                    read.setdefault(name, []).append((partition, offset, key, lsn, msg.value()))
                 self.read[name][partition] = offset + 1
             elif msg.value() is not None:
                 cut = decode_cut(msg.value())  # type: ignore[arg-type]
                 held = self.cuts.get(cut["view"])
                 if held is None or cut["commit_lsn"] >= held["commit_lsn"]:
                     self.cuts[cut["view"]] = cut
-        self._pace(consumer)
+        for name, records in read.items():
+            self._stage(name, records)
+
+    def _stage(self, name: str, records: list[Record]) -> None:
+        """Append a read's records to this mirror's staging list of the view, in offset order."""
+        staging = self._staging(name)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(staging, *self._entries(name, records))
+        pipe.expire(staging, STAGED_TTL)
+        pipe.execute()
+        self.staged += len(records)
 
     def sync(self, name: str) -> None:
         """Apply ``name`` up to its newest cut once the consumer read that far."""
@@ -193,11 +202,11 @@ class RedisMirror(threading.Thread):
         held = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
         if all(held.get(p, 0) >= o for p, o in ends.items()) and cut.get("applied"):
             return
-        self._stage(name, ends)
         if any(self.read[name].get(p, 0) < o for p, o in ends.items()):
             return  # not read that far yet
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
         args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"])]
+        args += [n for p, o in sorted(ends.items()) for n in (p, o)]
         if not self.apply(keys=[view_key(self.prefix, name), self._staging(name)], args=args):
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
@@ -205,33 +214,16 @@ class RedisMirror(threading.Thread):
         self.held[name] = offsets
         cut["applied"] = True
 
-    def _stage(self, name: str, ends: dict[int, int]) -> None:
-        """Move the buffered records below a cut's ends into this mirror's staging hash, in chunks: the
-        worker's memory holds at most ``BUFFERED`` (+ one read of 1,000) records of a view, however
-        many rows a cut changes."""
-        buffer = self.buffer[name]
-        ready = [r for r in buffer if r[1] < ends.get(r[0], 0)]
-        if not ready:
-            return
-        self.buffer[name] = [r for r in buffer if r[1] >= ends.get(r[0], 0)]
-        staging = self._staging(name)
-        for start in range(0, len(ready), self.chunk):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hset(staging, mapping=self._rows(name, ready[start : start + self.chunk]))
-            pipe.expire(staging, STAGED_TTL)
-            pipe.execute()
-
-    def _rows(self, name: str, ready: list[tuple[int, int, bytes, int, bytes | None]]) -> dict[Any, str]:
-        """Redis key -> "<lsn> <JSON>" ("<lsn> " for a tombstone), the newest record per key among ``ready``."""
+    def _entries(self, name: str, records: list[Record]) -> list[bytes]:
+        """Staging entries: ``<partition> <offset> <lsn> <key length> <Redis key><JSON or nothing>``."""
         view = self.views[name]
-        latest = {key: (lsn, value) for _, _, key, lsn, value in ready}  # in offset order per key
-        out: dict[Any, str] = {}
-        for key, (lsn, value) in latest.items():
-            row = row_key(self.prefix, name, self.decoder.decode(key), view.key_columns)
-            if value is None:
-                out[row] = f"{lsn} "
-                continue
-            doc = self.decoder.decode(value)
-            doc.pop(LSN_FIELD, None)
-            out[row] = f"{lsn} " + json.dumps(to_json(doc), separators=(",", ":"))
+        out = []
+        for partition, offset, key, lsn, value in records:
+            row = row_key(self.prefix, name, self.decoder.decode(key), view.key_columns).encode()
+            doc = b""
+            if value is not None:
+                decoded = self.decoder.decode(value)
+                decoded.pop(LSN_FIELD, None)
+                doc = json.dumps(to_json(decoded), separators=(",", ":")).encode()
+            out.append(b"%d %d %d %d %s%s" % (partition, offset, lsn, len(row), row, doc))
         return out

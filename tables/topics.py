@@ -81,8 +81,8 @@ def view_key(prefix: str, view: str) -> str:
 
 
 def view_staging_key(prefix: str, view: str, mirror: str) -> str:
-    """The Redis hash where one mirror gathers a cut's rows before applying them at once (no row key
-    matches it: rows are ``<view_key>:<key text>``)."""
+    """The Redis list where one mirror stages the view records it read until a cut applies them (no
+    row key matches it: rows are ``<view_key>:<key text>``)."""
     return f"{view_key(prefix, view)}#staged:{mirror}"
 
 
