@@ -139,6 +139,11 @@ def main(customers: int, orders: int, seconds: float, rate: float) -> None:
             load_peak = peak.take()
             lag, found = converge(cfg, dsn, sql)
             after_peak, resident = peak.take(), rss_mb(worker.pid)
+            print(
+                f"  Redis and the endpoint {'equal the SQL' if not found else 'differ'} {lag:.1f} s after the load "
+                f"ended; worker RSS peak {load_peak:.0f} MB under the load; reading the view topic ...",
+                flush=True,
+            )
             reading, on_topic = topic_problems(cfg, dsn, sql)
             peak.stop.set()
     print(f"\nshop view {VIEW}: {rows} rows ({order_rows} orders; seeded in {seeded:.1f} s: {counts}), one worker")
