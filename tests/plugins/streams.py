@@ -83,6 +83,20 @@ class Worker:
                 raise AssertionError(f"the worker did not stop within 60 s of signal {sig}:\n{self.tail()}") from None
 
 
+def streams_env(local_stack: StackConfig, prefix: str, app_id: str, state_dir: Path) -> dict[str, str]:
+    """The environment that points a worker (or an engine's settings) at the session's stack."""
+    return {
+        "HEADWATER_STACK_DATA_DIR": str(local_stack.data_dir),
+        "HEADWATER_STACK_KAFKA_PORT": str(local_stack.kafka_port),
+        "HEADWATER_STACK_REGISTRY_PORT": str(local_stack.registry_port),
+        "HEADWATER_STACK_POSTGRES_PORT": str(local_stack.postgres_port),
+        "HEADWATER_STACK_REDIS_PORT": str(local_stack.redis_port),
+        "HEADWATER_STREAMS_TOPIC_PREFIX": prefix,
+        "HEADWATER_STREAMS_APP_ID": app_id,
+        "HEADWATER_STREAMS_STATE_DIR": str(state_dir),
+    }
+
+
 @pytest.fixture
 def worker_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     made: list[Worker] = []
@@ -91,14 +105,7 @@ def worker_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) -
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")},
             "PYTHONPATH": str(REPO),
-            "HEADWATER_STACK_DATA_DIR": str(local_stack.data_dir),
-            "HEADWATER_STACK_KAFKA_PORT": str(local_stack.kafka_port),
-            "HEADWATER_STACK_REGISTRY_PORT": str(local_stack.registry_port),
-            "HEADWATER_STACK_POSTGRES_PORT": str(local_stack.postgres_port),
-            "HEADWATER_STACK_REDIS_PORT": str(local_stack.redis_port),
-            "HEADWATER_STREAMS_TOPIC_PREFIX": prefix,
-            "HEADWATER_STREAMS_APP_ID": app_id or f"{unique_name}-app",
-            "HEADWATER_STREAMS_STATE_DIR": str(tmp_path / f"streams{len(made)}"),
+            **streams_env(local_stack, prefix, app_id or f"{unique_name}-app", tmp_path / f"streams{len(made)}"),
         }
         env.update({f"HEADWATER_STREAMS_{k.upper()}": str(v) for k, v in settings.items()})
         if views:  # view specs live in the config file

@@ -27,7 +27,7 @@ from tables.registry import Registry
 from tables.views import parse_views
 from tables.wire import body
 from tests.plugins.capture import Capture, ShopWriter
-from tests.plugins.streams import REPO
+from tests.plugins.streams import REPO, streams_env
 from tests.streams.test_views import SQL
 from tests.streams.test_workers import wait_for
 
@@ -57,16 +57,7 @@ def test_the_engine_imports_without_faust_and_without_io() -> None:
 
 
 def engine_config(local_stack: StackConfig, prefix: str, state: Path) -> StreamsConfig:
-    return load_streams_config({
-        "HEADWATER_STACK_DATA_DIR": str(local_stack.data_dir),
-        "HEADWATER_STACK_KAFKA_PORT": str(local_stack.kafka_port),
-        "HEADWATER_STACK_REGISTRY_PORT": str(local_stack.registry_port),
-        "HEADWATER_STACK_POSTGRES_PORT": str(local_stack.postgres_port),
-        "HEADWATER_STACK_REDIS_PORT": str(local_stack.redis_port),
-        "HEADWATER_STREAMS_TOPIC_PREFIX": prefix,
-        "HEADWATER_STREAMS_APP_ID": f"{prefix}-engine",
-        "HEADWATER_STREAMS_STATE_DIR": str(state),
-    })  # fmt: skip
+    return load_streams_config(streams_env(local_stack, prefix, f"{prefix}-engine", state))
 
 
 def store_rows(engine: Engine, table: str) -> dict[bytes, dict[str, Any]]:
