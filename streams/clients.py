@@ -25,15 +25,28 @@ TABLE_PRODUCER: dict[str, Any] = {
 
 TANSU_FETCH_WAIT_MS = 10
 
-# each reader's prefetch queue (librdkafka's default is 64 MB per consumer, and a worker runs several):
-# a batch of 10,000 table rows is 1-3 MB, so 16 MB keeps the readers busy and the worker's memory small
-READER_QUEUE_KB = 16384
+# What each reader may hold fetched ahead of its handler. librdkafka checks its queue's limits only
+# before a fetch, and one fetch brings up to fetch.max.bytes of *compressed* batches (Tansu ignores
+# max.partition.fetch.bytes): with the defaults (50 MB per fetch, 100,000 messages per partition) a
+# worker starting behind a 1M-row raw topic (lz4) held ~190 MB of fetched changes (heaptrack: message
+# ops and decompressed batches; 15 MB of Python objects). A 1 MB fetch holds a reader draining
+# 1M messages at 164 MB of RSS instead of 403-426 MB, as fast (26 s); a full queue is looked at again
+# after 20 ms, not librdkafka's 1 s, so a fast handler never waits for a fetch.
+READER_MEMORY: dict[str, Any] = {
+    "queued.max.messages.kbytes": 8192,
+    "queued.min.messages": 20000,
+    "max.partition.fetch.bytes": 256 << 10,
+    "fetch.max.bytes": 1 << 20,
+    "fetch.queue.backoff.ms": 20,
+}
 
 
 def reader_settings(cfg: StreamsConfig) -> dict[str, Any]:
     """librdkafka settings for the workers' own readers (feeds, tails, ends, the Redis mirror)."""
     tansu = {"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {}
-    return {"queued.max.messages.kbytes": READER_QUEUE_KB, **kafka_client(cfg), **tansu}
+    client = kafka_client(cfg)
+    largest = int(client.get("message.max.bytes", 1_000_000))  # librdkafka: fetch.max.bytes >= message.max.bytes
+    return {**READER_MEMORY, "fetch.max.bytes": max(1 << 20, largest), **client, **tansu}
 
 
 def kafka_client(cfg: StreamsConfig) -> dict[str, Any]:
