@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import signal
 import sys
@@ -25,6 +24,7 @@ import psycopg2
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics, load_analytics_config
 from capture.config import CaptureConfig, load_capture, load_capture_config
 from headwater import __version__, shop, stack
+from tables import logs
 from tables.config import (
     Loaded,
     PipelineConfig,
@@ -188,14 +188,13 @@ def capture_config(args: argparse.Namespace) -> CaptureConfig:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     from capture import agent
+    from capture.metrics import CaptureMetrics
 
     cfg = capture_config(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    agent.run(cfg, stop)
+    agent.run(cfg, stop, CaptureMetrics(cfg, __version__))
     return 0
 
 
@@ -337,7 +336,18 @@ POSITIVE = _number(float, least=sys.float_info.min, what="a number greater than 
 
 def _with_config_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
+    parser.add_argument("--log-level", choices=logs.LEVELS, type=str.lower,
+                        help=f"log level (default: ${logs.LEVEL_ENV}, else info for capture, warning otherwise)")
+    parser.add_argument("--log-format", choices=logs.FORMATS, type=str.lower,
+                        help=f"text, or json: one object per line (default: ${logs.FORMAT_ENV}, else text)")
     return parser
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """One format for every command (``tables.logs``); only capture logs at INFO unless told otherwise."""
+    default = "info" if args.command == "capture" else "warning"
+    options = logs.log_options(args.log_level, args.log_format, default=default)
+    logs.setup("capture" if args.command == "capture" else "headwater", options)
 
 
 def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -434,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        setup_logging(args)
         return int(args.func(args))
     except HeadwaterError as exc:
         print(f"headwater: error: {exc}", file=sys.stderr)
