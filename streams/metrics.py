@@ -74,18 +74,19 @@ class StreamsMetrics:
                                 ["page", "status"], registry=r)  # fmt: skip
         self.redis_errors = Counter("headwater_streams_redis_errors", "times the Redis mirror found Redis away",
                                     registry=r)  # fmt: skip
-        self._fanned = (0, 0, 0, 0, 0, 0)
+        self._fanned: tuple[Any, tuple[int, ...]] = (None, ())  # (the fan-out's counters, their values added)
 
     def fanned(self, counters: Any) -> None:
         """Add the fan-out's counters (``streams.fanout.Counters``) since the last batch."""
         now = (counters.changes, counters.written, counters.duplicates, counters.replayed, counters.skipped,
                counters.dead_letters)  # fmt: skip
-        if now < self._fanned:  # a new FanOut after a rebalance counts from 0
-            self._fanned = (0, 0, 0, 0, 0, 0)
-        for counter, new, old in zip(self._families(), now, self._fanned, strict=True):
+        source, added = self._fanned
+        if source is not counters:  # a new FanOut (after a rebalance) counts from 0
+            added = (0,) * len(now)
+        for counter, new, old in zip(self._families(), now, added, strict=True):
             if new > old:
                 counter.inc(new - old)
-        self._fanned = now
+        self._fanned = (counters, now)
 
     def _families(self) -> tuple[Counter, ...]:
         return self.changes, self.records, self.duplicates, self.replayed, self.skipped, self.dead_letters

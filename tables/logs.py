@@ -207,11 +207,11 @@ class KafkaLogGate(logging.Filter):
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.DEBUG)
 
-    def seen(self, detail: str) -> None:
-        """A connection failure (from a log line or an error callback)."""
+    def seen(self, detail: str, now: float | None = None) -> None:
+        """A connection failure (from a log line or an error callback), at ``now`` (monotonic)."""
         with self.lock:
             self.count += 1
-            self.at = time.monotonic()
+            self.at = time.monotonic() if now is None else now
             self.detail = detail
 
     def last(self) -> tuple[int, float, str]:
