@@ -9,7 +9,6 @@ file past a byte limit so a huge transaction does not grow memory without bound.
 
 from __future__ import annotations
 
-import operator
 import pickle
 import tempfile
 from collections import Counter
@@ -23,8 +22,7 @@ from capture.producer import ChangeProducer
 from tables.catalog import TableSchema
 
 UNIX_FROM_PG_MICROS = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01, in µs
-BY_TABLE = operator.itemgetter(1, 2, 0)  # a RowChange's (schema, table, op): what the metrics count by
-Tally = Counter[tuple[str, str, str]]
+Tally = Counter[tuple[str, str, str]]  # changes by (schema, table, op): what the metrics count
 
 
 class RowChange(NamedTuple):
@@ -50,7 +48,7 @@ class ChangeSink:
         self._position = 0
         self._stride = 1
         self.events = 0
-        self.tally: Tally = Counter()  # changes by (schema, table, op) since capture.metrics last took them
+        self.tally: Tally = Counter()  # snapshot READs and retractions since capture.metrics last took them
         self.transactions = 0
 
     @property
@@ -127,10 +125,7 @@ class ChangeSink:
         count = len(changes)
         self.producer.send_all(self.writer.records(changes, transaction, self.writer.size(count)))
         self.events += count
-        self.transactions += 1
-        self.tally.update(map(BY_TABLE, changes.items))  # counted in C, once per transaction
-        if changes.spilled:
-            self.tally.update(changes.tally)
+        self.transactions += 1  # its changes are counted by the writer (``take_counts``)
         self.producer.mark(end_lsn)
 
 
@@ -144,13 +139,11 @@ class TxBuffer:
         self.bytes = 0
         self.count = 0
         self.spill: IO[bytes] | None = None
-        self.tally: Tally = Counter()  # the spilled changes by (schema, table, op)
 
     def add(self, change: RowChange) -> None:
         self.count += 1
         if self.spill is not None:
             pickle.dump(change, self.spill, protocol=pickle.HIGHEST_PROTOCOL)
-            self.tally[BY_TABLE(change)] += 1
             return
         self.items.append(change)
         self.bytes += 64 + len(change.after or b"") + len(change.key or b"") + len(change.before or b"")
@@ -159,7 +152,6 @@ class TxBuffer:
             self.spill = tempfile.TemporaryFile(dir=self.spill_dir, prefix="tx-")  # noqa: SIM115 - closed by clear()
             for item in self.items:
                 pickle.dump(item, self.spill, protocol=pickle.HIGHEST_PROTOCOL)
-            self.tally.update(map(BY_TABLE, self.items))
             self.items = []
 
     def __len__(self) -> int:
@@ -177,7 +169,6 @@ class TxBuffer:
         if self.spill is not None:
             self.spill.close()
             self.spill = None
-            self.tally.clear()
         self.items = []
         self.bytes = 0
         self.count = 0

@@ -164,10 +164,13 @@ class CaptureMetrics:
 
     # ---- per transaction and per status interval ----------------------------------------
     def count(self, sink: ChangeSink) -> None:
-        """Take what the sink counted since the last call: changes by (schema, table, op), transactions."""
-        for (schema, table, op), n in sink.tally.items():
-            self.events.labels(f"{schema}.{table}", op).inc(n)
+        """Take what was counted since the last call: changes by (schema, table, op) (the writer's and the
+        sink's: snapshot reads, retractions), transactions."""
+        counts = sink.writer.take_counts()
+        counts.update(sink.tally)
         sink.tally.clear()
+        for (schema, table, op), n in counts.items():
+            self.events.labels(f"{schema}.{table}", op).inc(n)
         if sink.transactions:
             self.transactions.inc(sink.transactions)
             sink.transactions = 0
