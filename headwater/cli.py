@@ -141,6 +141,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo.wait_caught_up(capture, pid)
     print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {shown(capture.registry_url)})")
     demo.show_changes(capture)
+    capture_url = f"http://{capture.metrics_host}:{capture.metrics_port}"
+    if capture.metrics_port:
+        print("\n== capture's metrics (Prometheus), health and readiness")
+        demo.show_metrics(capture_url, demo.CAPTURE_SHOWN)
     print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
     env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local), **stack_env}
     from streams.config import load_streams_config
@@ -154,16 +158,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\n== analytics: PySpark reads the view at its newest cut (headwater analytics shop-report)")
     analytics_cfg = load_analytics_config(args.config, os.environ, local=local)
     demo.show_analytics(analytics_cfg, local.dsn())
+    print("\n== the worker's metrics (Prometheus), health and readiness")
+    demo.show_metrics(url, demo.STREAMS_SHOWN)
     print("\n== headwater status")
     cmd_status(args)
+    metrics_at = f"metrics {capture_url}/metrics" if capture.metrics_port else "no metrics port"
     print(
         "\n== what is running\n"
         f"  PostgreSQL  {local.display_dsn()}  (wal_level=logical)\n"
         f"  Kafka       {local.bootstrap}\n"
         f"  registry    {local.registry_url}\n"
         f"  Redis       {local.redis_url}\n"
-        f"  capture     pid {pid}\n"
-        f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/\n"
+        f"  capture     pid {pid}, {metrics_at}\n"
+        f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/, metrics {url}/metrics\n"
         f"  analytics   headwater analytics shop-report | tables  (PySpark {analytics_cfg.master},"
         f" Parquet in {analytics_cfg.output}/)\n"
         "Stop everything with: headwater stack down"
