@@ -24,18 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Info,
-    PlatformCollector,
-    ProcessCollector,
-    make_wsgi_app,
-)
 
 from capture.changes import UNIX_FROM_PG_MICROS, ChangeSink
 from capture.config import CaptureConfig
@@ -43,40 +33,44 @@ from tables.errors import FatalError
 from tables.logs import Episode, facts
 from tables.wire import lsn_text
 
+if TYPE_CHECKING:  # prometheus_client reads /proc when imported: imported when metrics are made, not at import
+    from prometheus_client import Counter, Gauge
+
 log = logging.getLogger("headwater.capture")
 BROKER_WARN_AFTER = 5.0  # seconds Kafka must be unreachable before it is logged (and /ready says so)
 STALL_AFTER = 2.0  # seconds messages may wait with no acknowledgement before Kafka counts as not answering
 
 
 # attribute, type, name, help, labels: every metric capture exposes (names are a contract: here only)
-FAMILIES: tuple[tuple[str, type[Counter] | type[Gauge], str, str, tuple[str, ...]], ...] = (
-    ("confirmed_lsn", Gauge, "headwater_capture_confirmed_lsn",
+FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
+    ("confirmed_lsn", "gauge", "headwater_capture_confirmed_lsn",
      "LSN the slot was last confirmed up to (every commit below it is in Kafka)", ()),
-    ("server_lsn", Gauge, "headwater_capture_server_lsn", "the server's WAL position as last reported", ()),
-    ("retained", Gauge, "headwater_capture_slot_retained_bytes",
+    ("server_lsn", "gauge", "headwater_capture_server_lsn", "the server's WAL position as last reported", ()),
+    ("retained", "gauge", "headwater_capture_slot_retained_bytes",
      "WAL the server keeps for the slot (current position minus the slot's restart_lsn)", ()),
-    ("slot_lag", Gauge, "headwater_capture_slot_lag_bytes", "current WAL position minus the slot's confirmed LSN", ()),
-    ("behind", Gauge, "headwater_capture_behind_source_seconds",
+    ("slot_lag", "gauge", "headwater_capture_slot_lag_bytes",
+     "current WAL position minus the slot's confirmed LSN", ()),
+    ("behind", "gauge", "headwater_capture_behind_source_seconds",
      "when the last captured transaction arrived, how long after its commit (Debezium's MilliSecondsBehindSource)",
      ()),
-    ("last_commit", Gauge, "headwater_capture_last_commit_timestamp_seconds",
+    ("last_commit", "gauge", "headwater_capture_last_commit_timestamp_seconds",
      "commit time of the last captured transaction (Unix time)", ()),
-    ("events", Counter, "headwater_capture_events", "changes written to the raw topic", ("table", "op")),
-    ("transactions", Counter, "headwater_capture_transactions", "source transactions written", ()),
-    ("queue", Gauge, "headwater_capture_producer_queue_messages",
+    ("events", "counter", "headwater_capture_events", "changes written to the raw topic", ("table", "op")),
+    ("transactions", "counter", "headwater_capture_transactions", "source transactions written", ()),
+    ("queue", "gauge", "headwater_capture_producer_queue_messages",
      "messages in the producer's queue, not yet acknowledged by Kafka", ()),
-    ("queue_max", Gauge, "headwater_capture_producer_queue_max_messages",
+    ("queue_max", "gauge", "headwater_capture_producer_queue_max_messages",
      "the producer queue's capacity (queue.buffering.max.messages)", ()),
-    ("delivery_errors", Counter, "headwater_capture_delivery_errors",
+    ("delivery_errors", "counter", "headwater_capture_delivery_errors",
      "messages Kafka refused or that timed out (each ends the session; capture resumes from the slot)", ()),
-    ("heartbeats", Counter, "headwater_capture_heartbeats", "heartbeats written to keep the slot moving", ()),
-    ("reconnects", Counter, "headwater_capture_reconnects",
+    ("heartbeats", "counter", "headwater_capture_heartbeats", "heartbeats written to keep the slot moving", ()),
+    ("reconnects", "counter", "headwater_capture_reconnects",
      "sessions started again after a transient failure (PostgreSQL or Kafka)", ()),
-    ("streaming", Gauge, "headwater_capture_streaming", "1 while capture streams from the slot", ()),
-    ("broker_up", Gauge, "headwater_capture_broker_reachable", "0 while Kafka does not answer", ()),
-    ("rows_read", Gauge, "headwater_capture_snapshot_rows_read",
+    ("streaming", "gauge", "headwater_capture_streaming", "1 while capture streams from the slot", ()),
+    ("broker_up", "gauge", "headwater_capture_broker_reachable", "0 while Kafka does not answer", ()),
+    ("rows_read", "gauge", "headwater_capture_snapshot_rows_read",
      "rows copied by the running or last snapshot, per table (kind: snapshot, backfill)", ("kind", "table")),
-    ("rows_expected", Gauge, "headwater_capture_snapshot_rows_expected",
+    ("rows_expected", "gauge", "headwater_capture_snapshot_rows_expected",
      "rows the snapshot expects to copy (PostgreSQL's estimate, or the rows copied if more)", ("kind", "table")),
 )  # fmt: skip
 
@@ -103,14 +97,17 @@ class CaptureMetrics:
     rows_expected: Gauge
 
     def __init__(self, cfg: CaptureConfig, version: str = "") -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Info, PlatformCollector, ProcessCollector
+
         self.cfg = cfg
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         Info("headwater_capture", "what this capture reads and writes", registry=r).info(
             {"slot": cfg.slot, "publication": cfg.publication, "topic": cfg.changes_topic, "version": version})
+        kinds = {"counter": Counter, "gauge": Gauge}
         for attribute, kind, name, doc, labels in FAMILIES:
-            setattr(self, attribute, kind(name, doc, labels, registry=r))
+            setattr(self, attribute, kinds[kind](name, doc, labels, registry=r))
         self.broker_up.set(1)
         self.phase = "starting"
         self.broker = Episode(after=BROKER_WARN_AFTER)
@@ -237,6 +234,8 @@ class Probe:
     """``/metrics``, ``/health`` and ``/ready`` over HTTP (see the module promise)."""
 
     def __init__(self, cfg: CaptureConfig, metrics: CaptureMetrics) -> None:
+        from prometheus_client import make_wsgi_app
+
         self.cfg, self.metrics = cfg, metrics
         self.prometheus = make_wsgi_app(metrics.registry)
         self.server: _Server | None = None

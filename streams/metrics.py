@@ -20,14 +20,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter, PlatformCollector, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING, Any
 
 from tables.logs import KAFKA_GATE, Episode, facts
 from tables.wire import lsn_text
+
+if TYPE_CHECKING:  # prometheus_client reads /proc when imported: imported when metrics are made, not at import
+    from prometheus_client import Counter
+    from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger("headwater.streams")
 KAFKA_WARN_AFTER = 5.0  # seconds of librdkafka connection failures before a WARNING
@@ -49,6 +49,8 @@ class StreamsMetrics:
     """The workers' metric families (see the module promise)."""
 
     def __init__(self, cut_warn_after: float = 300.0) -> None:
+        from prometheus_client import CollectorRegistry, Counter, PlatformCollector, ProcessCollector
+
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -170,8 +172,8 @@ class Watcher(threading.Thread):
                     log.exception("a periodic check failed")
 
 
-class _Collector(Collector):
-    """The gauges read from the engine when Prometheus scrapes."""
+class _Collector:
+    """The gauges read from the engine when Prometheus scrapes (a ``prometheus_client`` collector)."""
 
     def __init__(self, sources: Sources, cut: CutWatch) -> None:
         self.sources, self.cut = sources, cut
@@ -184,6 +186,8 @@ class _Collector(Collector):
             yield from extra()
 
     def _raw(self) -> Iterator[GaugeMetricFamily]:
+        from prometheus_client.core import GaugeMetricFamily
+
         offset = GaugeMetricFamily("headwater_streams_raw_offset", "next raw-topic offset each reader of the raw "
                                    "topic handles (on the worker that owns it)", labels=["reader"])  # fmt: skip
         end = GaugeMetricFamily("headwater_streams_raw_end_offset", "the raw topic's end as the reader last fetched "
@@ -197,6 +201,8 @@ class _Collector(Collector):
         yield from (offset, end, lag)
 
     def _tables(self) -> Iterator[GaugeMetricFamily]:
+        from prometheus_client.core import GaugeMetricFamily
+
         labels = ["topic", "partition"]
         rows = GaugeMetricFamily("headwater_streams_table_rows", "rows in the table store, per partition held here",
                                  labels=labels)  # fmt: skip
@@ -215,6 +221,8 @@ class _Collector(Collector):
         yield from (rows, offset, lag, loaded)
 
     def _views(self) -> Iterator[GaugeMetricFamily]:
+        from prometheus_client.core import GaugeMetricFamily
+
         cut = self.sources.cut()
         lsn = GaugeMetricFamily("headwater_streams_view_cut_lsn", "commit LSN of the views' last published cut")
         if cut is not None:
