@@ -195,9 +195,9 @@ class CaptureMetrics:
         change = self.broker.update(down, now)
         if change == "began":
             self.broker_up.set(0)
-            log.warning("Kafka at %s has not answered for %.0f s (%s); %d messages wait, nothing is lost: capture "
-                        "confirms nothing past them and goes on once Kafka is back", self.cfg.bootstrap,
-                        self.broker.lasted(now), detail or "no acknowledgement", waiting,
+            log.warning("Kafka at %s does not answer (%s); %d messages wait, nothing is lost: capture confirms "
+                        "nothing past them and goes on once Kafka is back", self.cfg.bootstrap,
+                        detail or "no acknowledgement", waiting,
                         extra=facts(topic=self.cfg.changes_topic, seconds=round(self.broker.lasted(now), 1)))
         elif change == "ended":
             self.broker_up.set(1)

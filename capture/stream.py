@@ -43,7 +43,7 @@ from capture.catalog import Connection, TypeCache, nullability, server_utf8
 from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
-from capture.metrics import STALL_AFTER, CaptureMetrics
+from capture.metrics import BROKER_WARN_AFTER, STALL_AFTER, CaptureMetrics
 from capture.producer import ChangeProducer
 from capture.schemas import register_table
 from capture.state import State
@@ -390,7 +390,8 @@ class Loop:
         waiting = p.waiting()
         m.producer(waiting, p.queue_max)
         stalled = p.unanswered(now) >= STALL_AFTER
-        detail = KAFKA_GATE.last()[2] if p.brokers_up is False else f"no acknowledgement for {p.unanswered(now):.0f} s"
+        detail = (f"no connection for {BROKER_WARN_AFTER:.0f} s: {KAFKA_GATE.last()[2]}" if p.brokers_up is False
+                  else f"no acknowledgement for {p.unanswered(now):.0f} s")  # fmt: skip
         m.kafka(p.brokers_up is False or stalled, detail, waiting, now)
         if now - self.slot_seen >= SLOT_EVERY * self.cfg.status_interval:
             self.slot_seen = now

@@ -155,7 +155,7 @@ def test_json_log_lines_and_log_levels(pg_database: str, shop_db: Any, capture_f
 def episodes(log: str) -> tuple[list[str], list[str], list[str]]:
     """(Kafka unreachable lines, Kafka back lines, librdkafka's own lines and error callbacks)."""
     lines = log.splitlines()
-    began = [line for line in lines if "has not answered for" in line]
+    began = [line for line in lines if "does not answer (" in line]
     ended = [line for line in lines if "answers again" in line]
     noise = [line for line in lines if " headwater.kafka: " in line or "headwater.capture: kafka: " in line]
     return began, ended, noise
