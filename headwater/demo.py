@@ -137,8 +137,8 @@ STREAMS_SHOWN = ("headwater_streams_fanout_changes_total", "headwater_streams_ra
                  "headwater_streams_table_rows", "headwater_streams_view_cut_age_seconds")
 
 
-def show_metrics(url: str, names: tuple[str, ...], limit: int = 12) -> None:
-    """Where the metrics are (``url``: /metrics, /health, /ready) and the samples of ``names``."""
+def show_metrics(url: str, names: tuple[str, ...], each: int = 4) -> None:
+    """Where the metrics are (``url``: /metrics, /health, /ready) and up to ``each`` samples of each of ``names``."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -148,12 +148,14 @@ def show_metrics(url: str, names: tuple[str, ...], limit: int = 12) -> None:
         print(f"  {url}/metrics does not answer: {exc}")
         return
     print(f"  Prometheus metrics at {url}/metrics; GET {url}/ready: {'ready' if ready['ready'] else ready['reason']}")
-    samples = [s for family in text_string_to_metric_families(text) for s in family.samples if s.name in names]
-    for sample in samples[:limit]:
-        labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-        print(f"  {sample.name}{{{labels}}} {sample.value:g}" if labels else f"  {sample.name} {sample.value:g}")
-    if len(samples) > limit:
-        print(f"  ... and {len(samples) - limit} more samples of these")
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    for name in names:
+        found = [s for s in samples if s.name == name]
+        for sample in found[:each]:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            print(f"  {name}{{{labels}}} {sample.value:g}" if labels else f"  {name} {sample.value:g}")
+        if len(found) > each:
+            print(f"  ... and {len(found) - each} more {name}")
 
 
 def start_worker(stack: StackConfig, env: dict[str, str], port: int) -> int:
