@@ -83,7 +83,9 @@ def capture_argv(cfg: stack.StackConfig, prefix: str, slot: str, state: Path, *e
     return [
         sys.executable, "-m", "headwater.cli", "capture", "--slot", slot, "--publication", "bench",
         "--topic-prefix", prefix, "--state-dir", str(state), "--bootstrap", cfg.bootstrap,
-        "--registry-url", cfg.registry_url, "--heartbeat-interval", "0", *extra,
+        "--registry-url", cfg.registry_url, "--heartbeat-interval", "0",
+        "--metrics-port", "0",  # counted as always, not served: a demo's capture may hold the default port
+        *extra,
     ]  # fmt: skip
 
 

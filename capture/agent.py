@@ -24,6 +24,7 @@ from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import change_writer
 from capture.errors import CheckpointMismatchError, SlotLostError, SourceUnreachableError
+from capture.metrics import CaptureMetrics, Probe
 from capture.producer import ChangeProducer, ensure_changes_topic
 from capture.schemas import register_table
 from capture.state import Checkpoint, State, snapshot_done
@@ -32,18 +33,39 @@ from capture.workers import Workers
 from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
 from tables.errors import HeadwaterError, RetryableError, first_line
+from tables.logs import facts
 from tables.registry import NoRegistry, Registry
 from tables.wire import lsn_text
 
 log = logging.getLogger("headwater.capture")
 
 
-def run(cfg: CaptureConfig, stop: threading.Event | None = None) -> None:
+def run(cfg: CaptureConfig, stop: threading.Event | None = None, metrics: CaptureMetrics | None = None) -> None:
+    """Capture until ``stop`` is set (or a fatal error), serving metrics, health and readiness meanwhile."""
     stop = stop or threading.Event()
+    metrics = metrics or CaptureMetrics(cfg)
+    probe = Probe(cfg, metrics)
+    log.warning("capture starting: slot %s, publication %s, into %s at %s", cfg.slot, cfg.publication,
+                cfg.changes_topic, cfg.bootstrap, extra=facts(slot=cfg.slot, topic=cfg.changes_topic))  # fmt: skip
+    outcome = "asked to stop"
+    try:
+        retry(cfg, stop, metrics, probe)
+    except BaseException as exc:
+        outcome = f"{type(exc).__name__}: {first_line(exc)}"
+        raise
+    finally:
+        metrics.stopped()
+        probe.close()
+        log.warning("capture stopped (%s)", outcome, extra=facts(slot=cfg.slot))
+
+
+def retry(cfg: CaptureConfig, stop: threading.Event, metrics: CaptureMetrics, probe: Probe) -> None:
+    """Sessions until one ends normally; a transient failure after streaming started is retried with backoff
+    (``on_error = log``), logged once when the outage begins and once when capture streams again."""
     delay = 1.0
     streamed_before = False
     while not stop.is_set():
-        session = Session(cfg)
+        session = Session(cfg, metrics, probe)
         try:
             session.run(stop)
             return
@@ -51,7 +73,7 @@ def run(cfg: CaptureConfig, stop: threading.Event | None = None) -> None:
             streamed_before = streamed_before or session.streamed
             if cfg.on_error == "exit" or not streamed_before:
                 raise  # a failure before the first stream is a set-up problem: say so at once
-            log.error("%s; retrying in %.0f s (on_error = log)", exc, delay)
+            metrics.session_failed(exc, delay)
             stop.wait(delay)
             delay = min(delay * 2, 30.0)
 
@@ -98,8 +120,8 @@ class Parts:
 class Session:
     """One connected run: set-up, optional snapshot, then streaming until stopped or failed."""
 
-    def __init__(self, cfg: CaptureConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: CaptureConfig, metrics: CaptureMetrics, probe: Probe) -> None:
+        self.cfg, self.metrics, self.probe = cfg, metrics, probe
         self.dsn = cfg.dsn.reveal()
         self.streamed = False
         self.made: list[str] = []  # what this session created and must remove if a first start fails
@@ -118,6 +140,7 @@ class Session:
                 self.made.append("publication")
             tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
             workers = self._workers()  # before any Kafka client: forked while this process has one thread
+            self.probe.start()  # its thread after the fork, too
             writer = change_writer(
                 cfg.format,
                 registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
@@ -140,7 +163,7 @@ class Session:
             heartbeat_conn = catalog.connect(self.dsn)
             self.streamed = True
             try:
-                Loop(cfg, repl, heartbeat_conn, streamer, producer, state, confirmed).run(start_lsn, stop)
+                Loop(cfg, repl, heartbeat_conn, streamer, producer, state, confirmed, self.metrics).run(start_lsn, stop)
             finally:
                 heartbeat_conn.close()
         except psycopg2.Error as exc:
@@ -154,6 +177,7 @@ class Session:
                 if closable is not None and not closable.closed:
                     closable.close()
             if producer is not None:
+                self.metrics.delivery_errors.inc(producer.delivery_errors)
                 producer.abandon()
             registrar.close()
             self._leave_nothing(state)
@@ -243,7 +267,9 @@ class Session:
             shapes.append(shape)
         earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables])
         chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
-        progress = snapshot.Progress(estimates, chunks, parts.state)
+        report = self.metrics.snapshot_rows
+        progress = snapshot.Progress(estimates, chunks, parts.state, lambda t, n, of: report("snapshot", t, n, of))
+        self.metrics.snapshot(started=True)
         time_us = int(time.time() * 1_000_000)
         job = snapshot.Job(cfg, name, lsn, time_us, ids, (sink.writer.key_id, sink.writer.value_id))
         sink.start_snapshot(lsn, time_us)
@@ -257,8 +283,12 @@ class Session:
             next_position = self._retract(parts, name, shapes, earlier, next_position)
         sink.end_snapshot(rows, next_position)
         sink.events += rows  # the workers' rows count as this run's events too
+        for qualified, read in progress.done.items():
+            schema, _, name = qualified.partition(".")
+            sink.tally[(schema, name, "READ")] += read
         parts.producer.flush(timeout=600)
         parts.state.finish_snapshot()
+        self.metrics.snapshot(started=False)
         elapsed = time.monotonic() - started
         log.info(
             "snapshot done: %d rows from %d tables in %.2f s (%.0f rows/s)",

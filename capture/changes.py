@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -21,6 +22,7 @@ from capture.producer import ChangeProducer
 from tables.catalog import TableSchema
 
 UNIX_FROM_PG_MICROS = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01, in µs
+Tally = Counter[tuple[str, str, str]]  # changes by (schema, table, op): what the metrics count
 
 
 class RowChange(NamedTuple):
@@ -46,6 +48,8 @@ class ChangeSink:
         self._position = 0
         self._stride = 1
         self.events = 0
+        self.tally: Tally = Counter()  # snapshot READs and retractions since capture.metrics last took them
+        self.transactions = 0
 
     @property
     def producer(self) -> ChangeProducer:
@@ -106,6 +110,7 @@ class ChangeSink:
             self._send(change, self._snapshot_tx, position, self._zero)
             position += 1
             self.events += 1
+            self.tally[(table.schema, table.name, "DELETE")] += 1
         return position
 
     def end_snapshot(self, rows: int, position: int) -> None:
@@ -120,6 +125,7 @@ class ChangeSink:
         count = len(changes)
         self.producer.send_all(self.writer.records(changes, transaction, self.writer.size(count)))
         self.events += count
+        self.transactions += 1  # its changes are counted by the writer (``take_counts``)
         self.producer.mark(end_lsn)
 
 

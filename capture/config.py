@@ -25,6 +25,7 @@ from tables.config import (
     Settings,
     StackConfig,
     check_dsn,
+    check_port,
     check_shared,
     config_path,
     load_component,
@@ -65,6 +66,11 @@ class CaptureConfig:
     state_dir: Path = setting(
         Path(".headwater/capture"), "checkpoint, TOAST cache, spills (default: <data_dir>/capture)"
     )
+    metrics_host: str = setting("127.0.0.1", "address of the metrics port (/metrics, /health, /ready)")
+    metrics_port: int = setting(9188, "port of /metrics, /health and /ready (0: none)")
+    slot_warn_bytes: int = setting(
+        1024**3, "WAL retained behind the slot above which capture logs a WARNING (0: never)"
+    )
 
     __repr__ = masked_repr
 
@@ -80,6 +86,10 @@ class CaptureConfig:
             raise InvalidSetting("format", f"must be 'avro' or 'json', got {self.format!r}")
         if self.on_error not in ("log", "exit"):
             raise InvalidSetting("on_error", f"must be 'log' or 'exit', got {self.on_error!r}")
+        if self.metrics_port:
+            check_port("metrics_port", self.metrics_port)
+        if self.slot_warn_bytes < 0:
+            raise InvalidSetting("slot_warn_bytes", "must be 0 (never) or a number of bytes")
         if self.snapshot_workers < 1:
             raise InvalidSetting("snapshot_workers", "must be at least 1")
         if not self.patterns(self.include):

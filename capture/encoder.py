@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -116,7 +117,8 @@ class ChangeWriter:
         self.prefix = frame(value_id)
         self._ops = {op: long_bytes(i) for i, op in enumerate(OPS)}
         self._keys: dict[tuple[str, str], bytes] = {}
-        self._heads: dict[tuple[str, str, str, str], tuple[bytes, bytes]] = {}  # -> (Kafka key, value head)
+        # (op, schema, table, topic) -> (Kafka key, value head, [changes written by ``records`` since counted])
+        self._heads: dict[tuple[str, str, str, str], tuple[bytes, bytes, list[int]]] = {}
 
     def encode_key(self, schema: str, table: str) -> bytes:
         found = self._keys.get((schema, table))
@@ -132,16 +134,25 @@ class ChangeWriter:
     def size(count: int) -> bytes:
         return long_bytes(count)
 
-    def _head(self, op: str, schema: str, table: str, topic: str) -> tuple[bytes, bytes]:
-        """(Kafka key, the value's bytes up to the transaction) of one op on one table."""
+    def _head(self, op: str, schema: str, table: str, topic: str) -> tuple[bytes, bytes, list[int]]:
+        """(Kafka key, the value's bytes up to the transaction, a count) of one op on one table."""
         found = self._heads.get((op, schema, table, topic))
         if found is None:
             head = self.prefix + self._ops[op]
             for text in (schema, table, topic):
                 data = text.encode()
                 head += long_bytes(len(data)) + data
-            found = self._heads[(op, schema, table, topic)] = (self.encode_key(schema, table), head)
+            found = self._heads[(op, schema, table, topic)] = (self.encode_key(schema, table), head, [0])
         return found
+
+    def take_counts(self) -> Counter[tuple[str, str, str]]:
+        """Changes ``records`` wrote by (schema, table, op) since the last call (counted at ~40 ns a change)."""
+        out: Counter[tuple[str, str, str]] = Counter()
+        for (op, schema, table, _), (_, _, cell) in self._heads.items():
+            if cell[0]:
+                out[(schema, table, op)] += cell[0]
+                cell[0] = 0
+        return out
 
     def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
                size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
@@ -173,6 +184,7 @@ class ChangeWriter:
         heads = self._heads
         for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
             found = heads.get((op, schema, table, topic)) or self._head(op, schema, table, topic)
+            found[2][0] += 1
             yield found[0], b"".join(
                 (found[1], transaction, long_bytes(position), size,
                  b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -102,6 +103,9 @@ class JsonChangeWriter:
 
     key_id = value_id = 0
 
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str, str]] = Counter()  # changes ``records`` wrote, by (schema, table, op)
+
     def encode_key(self, schema: str, table: str) -> bytes:
         return json.dumps({"schema": schema, "table": table}, separators=(",", ":")).encode()
 
@@ -131,8 +135,15 @@ class JsonChangeWriter:
 
         return encode
 
+    def take_counts(self) -> Counter[tuple[str, str, str]]:
+        """Changes ``records`` wrote by (schema, table, op) since the last call."""
+        out, self.counts = self.counts, Counter()
+        return out
+
     def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
         """(Kafka key, value) of each change of one transaction, positions from 0."""
+        counts = self.counts
         for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
+            counts[(schema, table, op)] += 1
             value = self.encode(op, schema, table, topic, transaction, position, size, key, before, after)
             yield self.encode_key(schema, table), value

@@ -10,7 +10,9 @@ raised as ``BrokerError`` by the next call, so nothing after it is confirmed.
 from __future__ import annotations
 
 import ctypes.util
+import json
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +27,7 @@ from capture.config import CaptureConfig
 from capture.errors import BrokerError, TopicLostError
 from tables.errors import FatalError
 from tables.kafka import create_topics, partition_counts
+from tables.logs import KAFKA_GATE, unreachable
 
 log = logging.getLogger("headwater.capture")
 
@@ -151,23 +154,50 @@ class ChangeProducer:
                 "error_cb": self._on_error,
                 "on_delivery": self._on_failed_delivery,
                 "delivery.report.only.error": True,
+                "statistics.interval.ms": 1000,  # broker connection states, for "is Kafka reachable"
+                "stats_cb": self._on_stats,
             }
         )
-        self._queue_max = int(settings.get("queue.buffering.max.messages", 100000))
+        self.queue_max = int(settings.get("queue.buffering.max.messages", 100000))
         self._sent = 0
         self._marks: deque[tuple[int, int]] = deque()
         self._last_acked_lsn: int | None = None
         self.failure: str | None = None
+        self.delivery_errors = 0
+        self.brokers_up: bool | None = None  # from librdkafka's statistics: a broker connection is up
+        self._progress = (0, time.monotonic())  # (messages acknowledged, since when that count)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
             self.failure = f"fatal producer error: {err}"
+        elif unreachable(err.str()):
+            KAFKA_GATE.seen(err.str())  # repeated while the broker is away: capture.metrics says it once
         else:
             log.warning("kafka: %s", err)
 
+    def _on_stats(self, stats: str) -> None:
+        brokers = json.loads(stats).get("brokers") or {}
+        self.brokers_up = any(b.get("state") == "UP" for b in brokers.values())
+
     def _on_failed_delivery(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None and self.failure is None:
+        if err is None:
+            return
+        self.delivery_errors += 1
+        if self.failure is None:
             self.failure = f"delivery to {self.topic} failed: {err}"
+
+    def waiting(self) -> int:
+        """Messages sent and not yet acknowledged by Kafka."""
+        return len(self.producer)
+
+    def unanswered(self, now: float) -> float:
+        """Seconds messages have been waiting with no acknowledgement at all (0 when none wait or acks move)."""
+        waiting = len(self.producer)
+        acked = self._sent - waiting
+        if not waiting or acked != self._progress[0]:
+            self._progress = (acked, now)
+            return 0.0
+        return now - self._progress[1]
 
     def send(self, key: bytes, value: bytes) -> None:
         try:
@@ -214,7 +244,7 @@ class ChangeProducer:
         limit) is sent again after the others, so only then is the batch's order not kept:
         this is for the snapshot's READ rows, whose positions identify them.
         """
-        while len(self.producer) and len(self.producer) + len(messages) > self._queue_max:
+        while len(self.producer) and len(self.producer) + len(messages) > self.queue_max:
             self.producer.poll(0.05)
             self.check()
         queued = self.producer.produce_batch(self.topic, messages, partition=0)

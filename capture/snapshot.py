@@ -120,8 +120,11 @@ def plan(conn: Connection, tables: list[TableRef], chunk_pages: int) -> tuple[li
 class Progress:
     """Rows copied per table (fed by the capture process only); logs rate and ETA every few seconds."""
 
-    def __init__(self, estimates: dict[str, int], chunks: list[Chunk], state: State) -> None:
+    def __init__(self, estimates: dict[str, int], chunks: list[Chunk], state: State,
+                 on_report: Callable[[str, int, int], None] | None = None) -> None:  # fmt: skip
+        """``on_report(table, rows read, rows expected)`` at each report (``capture.metrics``)."""
         self.estimates = estimates
+        self.on_report = on_report
         self.done = dict.fromkeys(estimates, 0)
         self.chunks_left = {t: sum(1 for c in chunks if c.table.qualified == t) for t in estimates}
         self.state = state
@@ -147,6 +150,8 @@ class Progress:
         log.info("snapshot: %d/%d rows, %.0f rows/s, ETA %.0f s (%s)", total, estimate, rate, eta, parts)
         for table, done in self.done.items():
             self.state.progress(table, done, max(self.estimates[table], done), self.chunks_left[table] == 0)
+            if self.on_report is not None:
+                self.on_report(table, done, self.estimates[table])
 
 
 def import_snapshot(dsn: str, snapshot_name: str) -> Connection:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import signal
 import sys
@@ -25,6 +24,7 @@ import psycopg2
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics, load_analytics_config
 from capture.config import CaptureConfig, load_capture, load_capture_config
 from headwater import __version__, shop, stack
+from tables import logs
 from tables.config import (
     Loaded,
     PipelineConfig,
@@ -141,6 +141,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo.wait_caught_up(capture, pid)
     print(f"\n== what capture wrote to {capture.changes_topic} (Avro, schemas in {shown(capture.registry_url)})")
     demo.show_changes(capture)
+    capture_url = f"http://{capture.metrics_host}:{capture.metrics_port}"
+    if capture.metrics_port:
+        print("\n== capture's metrics (Prometheus), health and readiness")
+        demo.show_metrics(capture_url, demo.CAPTURE_SHOWN)
     print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
     env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local), **stack_env}
     from streams.config import load_streams_config
@@ -154,16 +158,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\n== analytics: PySpark reads the view at its newest cut (headwater analytics shop-report)")
     analytics_cfg = load_analytics_config(args.config, os.environ, local=local)
     demo.show_analytics(analytics_cfg, local.dsn())
+    print("\n== the worker's metrics (Prometheus), health and readiness")
+    demo.show_metrics(url, demo.STREAMS_SHOWN)
     print("\n== headwater status")
     cmd_status(args)
+    metrics_at = f"metrics {capture_url}/metrics" if capture.metrics_port else "no metrics port"
     print(
         "\n== what is running\n"
         f"  PostgreSQL  {local.display_dsn()}  (wal_level=logical)\n"
         f"  Kafka       {local.bootstrap}\n"
         f"  registry    {local.registry_url}\n"
         f"  Redis       {local.redis_url}\n"
-        f"  capture     pid {pid}\n"
-        f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/\n"
+        f"  capture     pid {pid}, {metrics_at}\n"
+        f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/, metrics {url}/metrics\n"
         f"  analytics   headwater analytics shop-report | tables  (PySpark {analytics_cfg.master},"
         f" Parquet in {analytics_cfg.output}/)\n"
         "Stop everything with: headwater stack down"
@@ -188,14 +195,13 @@ def capture_config(args: argparse.Namespace) -> CaptureConfig:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     from capture import agent
+    from capture.metrics import CaptureMetrics
 
     cfg = capture_config(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    agent.run(cfg, stop)
+    agent.run(cfg, stop, CaptureMetrics(cfg, __version__))
     return 0
 
 
@@ -337,7 +343,18 @@ POSITIVE = _number(float, least=sys.float_info.min, what="a number greater than 
 
 def _with_config_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
+    parser.add_argument("--log-level", choices=logs.LEVELS, type=str.lower,
+                        help=f"log level (default: ${logs.LEVEL_ENV}, else info for capture, warning otherwise)")
+    parser.add_argument("--log-format", choices=logs.FORMATS, type=str.lower,
+                        help=f"text, or json: one object per line (default: ${logs.FORMAT_ENV}, else text)")
     return parser
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """One format for every command (``tables.logs``); only capture logs at INFO unless told otherwise."""
+    default = "info" if args.command == "capture" else "warning"
+    options = logs.log_options(args.log_level, args.log_format, default=default)
+    logs.setup("capture" if args.command == "capture" else "headwater", options)
 
 
 def _with_stack_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -434,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        setup_logging(args)
         return int(args.func(args))
     except HeadwaterError as exc:
         print(f"headwater: error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ user's ``[views]``, or the shop's ``orders_enriched``): the demo shows a view ro
 and the endpoint and reconciles each view's topic, endpoint and Redis against the view's own
 SQL in PostgreSQL. Last, ``show_analytics`` runs the ``shop-report`` Spark job on the view at
 its newest cut and holds its numbers against the same report computed by PostgreSQL.
+``show_metrics`` prints where capture's and the worker's metrics are and a few of their values.
 Each later stage of the pipeline extends this same command.
 """
 
@@ -128,6 +129,33 @@ def show_changes(capture: CaptureConfig) -> None:
             print(f"  {table:<12} {count:>6} rows in PostgreSQL: {verdict}")
     finally:
         conn.close()
+
+
+CAPTURE_SHOWN = ("headwater_capture_events_total", "headwater_capture_confirmed_lsn",
+                 "headwater_capture_behind_source_seconds", "headwater_capture_slot_retained_bytes")
+STREAMS_SHOWN = ("headwater_streams_fanout_changes_total", "headwater_streams_raw_lag_messages",
+                 "headwater_streams_table_rows", "headwater_streams_view_cut_age_seconds")
+
+
+def show_metrics(url: str, names: tuple[str, ...], each: int = 4) -> None:
+    """Where the metrics are (``url``: /metrics, /health, /ready) and up to ``each`` samples of each of ``names``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        ready = httpx.get(url + "/ready", timeout=10).json()
+    except httpx.HTTPError as exc:
+        print(f"  {url}/metrics does not answer: {exc}")
+        return
+    print(f"  Prometheus metrics at {url}/metrics; GET {url}/ready: {'ready' if ready['ready'] else ready['reason']}")
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    for name in names:
+        found = [s for s in samples if s.name == name]
+        for sample in found[:each]:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            print(f"  {name}{{{labels}}} {sample.value:g}" if labels else f"  {name} {sample.value:g}")
+        if len(found) > each:
+            print(f"  ... and {len(found) - each} more {name}")
 
 
 def start_worker(stack: StackConfig, env: dict[str, str], port: int) -> int:

@@ -60,6 +60,8 @@ class StreamsConfig:
     batch_wait: float = setting(0.005, "seconds an agent waits to fill a batch (latency against per-batch work)")
     state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory (default: <data_dir>/streams)")
     redis_url: str = setting("", "Redis of the views (default: [pipeline]'s, else the local stack's; 'none': off)")
+    cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
+                                    "WARNING (0: never)")  # fmt: skip
 
     __repr__ = masked_repr
 
@@ -74,6 +76,8 @@ class StreamsConfig:
                 raise InvalidSetting(key, f"must be at least 1, got {getattr(self, key)}")
         if self.table_standby_replicas < 0:
             raise InvalidSetting("table_standby_replicas", "must be 0 or more")
+        if self.cut_warn_after < 0:
+            raise InvalidSetting("cut_warn_after", "must be 0 (never) or a number of seconds")
         if self.batch_wait <= 0:
             raise InvalidSetting("batch_wait", "must be a positive number of seconds")
         check_port("web_port", self.web_port)

@@ -12,15 +12,21 @@ Composite keys are the key columns in order, comma-separated (``/tables/order_it
 ``GET /views/`` lists the views with the cut they are published to; ``GET
 /views/<view>/<key>`` answers a view row (by its base row's key) the same way, with the
 commit LSN it reflects. The pages read the engine; routing is the Faust app's.
+``GET /metrics`` is the engine's metrics in the Prometheus text format (``streams.metrics``);
+``GET /health`` answers 200 while the worker runs; ``GET /ready`` 200 once it serves everything it
+holds, else 503 with the reason (rebalancing, recovering, loading: ``Engine.unready``). Every
+request is counted by page and status.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from streams.catalog import TableTopic
@@ -129,15 +135,43 @@ def view_row(engine: Engine, web: Any, name: str, key_bytes: bytes, key: str) ->
                      "row": to_json(doc)})  # fmt: skip
 
 
+def unready(app: Any, engine: Engine) -> str | None:
+    """Why this worker is not ready (``GET /ready``), or None."""
+    if app.rebalancing:
+        return "rebalancing: partitions are moving between workers"
+    if app.in_recovery:
+        return "recovering: Faust is restoring its state"
+    return engine.unready()
+
+
+def counted(engine: Engine, page: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+    """Count a page's answers by status (``headwater_streams_http_requests_total``)."""
+    requests = engine.metrics.requests
+
+    def wrap(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(handler)
+        async def page_handler(*args: Any, **kwargs: Any) -> Any:
+            response = await handler(*args, **kwargs)
+            requests.labels(page, str(response.status)).inc()
+            return response
+
+        return page_handler
+
+    return wrap
+
+
 def install(app: Any, engine: Engine) -> None:
     """Add the endpoint's pages to the app."""
+    install_probes(app, engine)
     catalog, router = engine.catalog, Router(app)
 
     @app.page("/tables/")
+    @counted(engine, "/tables/")
     async def list_tables(web: Any, request: Any) -> Any:
         return web.json({"tables": [describe(engine, t) for t in catalog.tables]})
 
     @app.page("/tables/{name}/{key}")
+    @counted(engine, "/tables/{name}/{key}")
     async def get_row(web: Any, request: Any, name: str, key: str) -> Any:
         table = catalog.find(unquote(name))
         if table is None:
@@ -152,6 +186,7 @@ def install(app: Any, engine: Engine) -> None:
         return elsewhere if elsewhere is not None else table_row(engine, web, table, key_bytes, unquote(key))
 
     @app.page("/fanout/")
+    @counted(engine, "/fanout/")
     async def fanout_stats(web: Any, request: Any) -> Any:
         """This worker's fan-out counters (empty on workers not running the fan-out)."""
         fan = engine.fanout.fanout
@@ -159,10 +194,12 @@ def install(app: Any, engine: Engine) -> None:
         return web.json({"raw_topic": engine.cfg.changes_topic, "dead_letter_topic": engine.cfg.dlq_topic, **counters})
 
     @app.page("/views/")
+    @counted(engine, "/views/")
     async def list_views(web: Any, request: Any) -> Any:
         return web.json(engine.views.describe() if engine.views else {"views": []})
 
     @app.page("/views/{name}/{key}")
+    @counted(engine, "/views/{name}/{key}")
     async def get_view_row(web: Any, request: Any, name: str, key: str) -> Any:
         view = catalog.views.get(unquote(name))
         base = catalog.find(view.spec.base) if view else None
@@ -174,3 +211,25 @@ def install(app: Any, engine: Engine) -> None:
             return web.json({"error": str(exc), "key": view.key_columns}, status=400)
         elsewhere = await router.routed(lambda: router.owner(engine.cfg.changes_topic, 0), web, request, "the views")
         return elsewhere if elsewhere is not None else view_row(engine, web, view.spec.name, key_bytes, unquote(key))
+
+
+def install_probes(app: Any, engine: Engine) -> None:
+    """``/metrics``, ``/health`` and ``/ready`` (see the module promise)."""
+
+    @app.page("/metrics")
+    async def metrics(web: Any, request: Any) -> Any:
+        body = generate_latest(engine.metrics.registry)
+        return web.bytes(body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    @app.page("/health")
+    @counted(engine, "/health")
+    async def health(web: Any, request: Any) -> Any:
+        return web.json({"status": "alive"})
+
+    @app.page("/ready")
+    @counted(engine, "/ready")
+    async def ready(web: Any, request: Any) -> Any:
+        reason = unready(app, engine)
+        if reason is None:
+            return web.json({"ready": True, "reason": None})
+        return web.json({"ready": False, "reason": reason}, status=503, headers=RETRY)

@@ -10,7 +10,10 @@ every thread the engine started). The owner of the raw partition runs two feeds 
 (``streams.feed``): the fan-out (``streams.fanrun``) and the views (``streams.materializer``,
 mirrored into Redis by ``streams.mirror``); the table-topic partitions assigned are read into the
 table store by one ``streams.tablefeed.TableFeed``, restarted at every rebalance. A feed's fatal
-error goes to ``on_fatal`` (the host stops the worker). Nothing here imports Faust.
+error goes to ``on_fatal`` (the host stops the worker). ``metrics`` (``streams.metrics``) holds every
+part's counters and reads the engine's progress when scraped; ``unready`` says why this worker does
+not serve everything yet (no partitions yet, tables loading, the fan-out behind where the raw topic
+ended at start, views replaying), None once it does. Nothing here imports Faust.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from streams.cursor import Raw
 from streams.fanrun import FanOutRun
 from streams.feed import Feed
 from streams.materializer import Materializer
+from streams.metrics import KafkaWatch, StreamsMetrics, Watcher
 from streams.mirror import RedisMirror
 from streams.store import TableStore
 from streams.tablefeed import Backlog, Part, Progress, TableFeed
@@ -139,13 +143,18 @@ class Engine:
                  store: TableStore, view_store: ViewStore, on_fatal: Fatal) -> None:  # fmt: skip
         self.cfg, self.schemas, self.writer, self.catalog = cfg, schemas, writer, catalog
         self.store, self.view_store = store, view_store
-        self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics)
+        self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after)
+        self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics, metrics)
         views = catalog.views
-        self.views = Materializer(cfg, views, catalog.shapes, view_store, writer, schemas) if views else None
-        self.mirror = RedisMirror(cfg, views, schemas) if views and cfg.redis_url != "none" else None
+        self.views = Materializer(cfg, views, catalog.shapes, view_store, writer, schemas, metrics) if views else None
+        self.mirror = RedisMirror(cfg, views, schemas, metrics) if views and cfg.redis_url != "none" else None
         self.owner = Owner(cfg, self.fanout, self.views, self.mirror, on_fatal)
         self.tables = Tables(cfg, store, catalog.topics, on_fatal)
         self.backlog = Backlog(self.raw_end, self.fanned)
+        self.assignments = 0  # rebalances this worker was told of
+        metrics.sources.raw, metrics.sources.cut, metrics.sources.redis = self.raw_positions, self.cut, self.redis
+        metrics.sources.tables = lambda: dict(self.tables.feed.progress) if self.tables.feed else {}
+        self.watcher = Watcher([self.watch_cut, KafkaWatch(cfg.bootstrap).check])
 
     @property
     def raw(self) -> Part:
@@ -155,6 +164,9 @@ class Engine:
         """This worker now holds ``parts`` (topic, partition): read the tables among them, and the raw topic."""
         if not self.backlog.is_alive() and not self.backlog.done.is_set():
             self.backlog.start()
+        if not self.watcher.is_alive() and not self.watcher.stopping.is_set():
+            self.watcher.start()
+        self.assignments += 1
         self.tables.start(parts)
         if self.raw in parts:
             self.owner.start()
@@ -167,9 +179,11 @@ class Engine:
     def close(self) -> None:
         """Stop every thread the engine started and close the stores."""
         self.revoked()
+        self.watcher.stopping.set()
         self.backlog.stopping.set()
-        if self.backlog.is_alive():
-            self.backlog.join(timeout=10)
+        for thread in (self.backlog, self.watcher):
+            if thread.is_alive():
+                thread.join(timeout=10)
         if self.mirror is not None:
             self.mirror.stopping.set()
             if self.mirror.is_alive():
@@ -191,3 +205,44 @@ class Engine:
         """The raw offset the fan-out's checkpoint says it wrote everything below."""
         saved = self.writer.checkpoint()
         return saved[0] if saved else 0
+
+    # ---- what the metrics and the readiness probe read ------------------------------------
+    def unready(self) -> str | None:
+        """Why this worker does not serve everything it holds yet, or None when it does."""
+        if not self.assignments:
+            return "waiting for the consumer group to assign partitions"
+        feed = self.tables.feed
+        loading = [p for p in feed.progress.values() if not p.current] if feed is not None else []
+        if loading:
+            behind = sum(max(p.end - p.offset, 0) for p in loading)
+            return f"loading tables: {len(loading)} partitions not read to their end ({behind} records to go)"
+        backlog = self.backlog
+        if not backlog.done.is_set():
+            return (f"the fan-out is at raw offset {backlog.at} of {backlog.target}, where the raw topic ended when "
+                    "this worker started")  # fmt: skip
+        replay = self.views.replaying() if self.views is not None and self.owner.feeds else None
+        if replay is not None:
+            return f"the views replay the raw topic up to offset {replay} before publishing again"
+        return None
+
+    def raw_positions(self) -> dict[str, tuple[int, int]]:
+        """Reader -> (next raw offset, the raw topic's end as last fetched), while this worker owns it."""
+        cursors = {"fan-out": self.fanout.cursor, "views": self.views.cursor if self.views else None}
+        return {feed.label: (cursor.next, feed.end) for feed in list(self.owner.feeds)
+                if (cursor := cursors.get(feed.label)) is not None}  # fmt: skip
+
+    def cut(self) -> int | None:
+        return self.views.cuts.last() if self.views is not None else None
+
+    def redis(self) -> dict[str, tuple[int, int]]:
+        """View -> (commit LSN of the cut Redis shows, of the newest cut seen), as this worker's mirror knows."""
+        mirror = self.mirror
+        if mirror is None:
+            return {}
+        newest = {name: int(cut["commit_lsn"]) for name, cut in list(mirror.cuts.items())}
+        return {name: (lsn, max(newest.get(name, lsn), lsn)) for name, lsn in list(mirror.applied.items())}
+
+    def watch_cut(self, now: float) -> None:
+        """Every second (``streams.metrics.Watcher``): how long the views' cut has stood still."""
+        if self.views is not None:
+            self.metrics.cut.observe(self.views.cuts.last(), self.views.unpublished, now)

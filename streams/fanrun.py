@@ -18,7 +18,9 @@ from collections.abc import Collection, Sequence
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
+from streams.metrics import StreamsMetrics
 from streams.writer import Pending, TableWriter
+from tables.logs import facts
 from tables.registry import Registry
 from tables.wire import (
     HEADER_ERROR,
@@ -42,8 +44,10 @@ class FanOutRun:
     the fan-out's feed thread calls ``resume``, ``handle`` and ``tick``.
     """
 
-    def __init__(self, cfg: StreamsConfig, schemas: Registry, writer: TableWriter, served: Collection[str]) -> None:
+    def __init__(self, cfg: StreamsConfig, schemas: Registry, writer: TableWriter, served: Collection[str],
+                 metrics: StreamsMetrics | None = None) -> None:  # fmt: skip
         self.cfg, self.schemas, self.writer, self.served = cfg, schemas, writer, frozenset(served)
+        self.metrics = metrics or StreamsMetrics()
         self.fanout: FanOut | None = None
         self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
@@ -71,6 +75,8 @@ class FanOutRun:
         """Route and write a batch of raw changes (offset, key, value) in offset order."""
         started = time.monotonic()
         self._handle(batch)
+        if self.fanout is not None:
+            self.metrics.fanned(self.fanout.counters)  # per batch, not per change
         self.checkpoint()
         self.busy += time.monotonic() - started
         self.batches += 1
@@ -96,7 +102,8 @@ class FanOutRun:
         c = self.fanout.counters
         log.info("fan-out at raw offset %d: %.0f changes/s, %d batches (%.0f%% busy); %s", offset,
                  (c.changes - changes) / (now - then), self.batches, 100 * self.busy / (now - then),
-                 ", ".join(f"{k} {v}" for k, v in vars(c).items()))  # fmt: skip
+                 ", ".join(f"{k} {v}" for k, v in vars(c).items()),
+                 extra=facts(topic=self.cfg.changes_topic, offset=offset))  # fmt: skip
         self.reported, self.batches, self.busy = (now, c.changes), 0, 0.0
 
     def _handle(self, batch: Sequence[Raw]) -> None:
@@ -136,7 +143,8 @@ class FanOutRun:
     ) -> None:
         fan.counters.dead_letters += 1
         raw, dlq = self.cfg.changes_topic, self.cfg.dlq_topic
-        log.error("raw message at %s offset %d cannot be decoded (%s): sent to %s", raw, offset, reason, dlq)
+        log.error("raw message at %s offset %d cannot be decoded (%s): sent to %s", raw, offset, reason, dlq,
+                  extra=facts(topic=raw, partition=0, offset=offset))  # fmt: skip
         if fan.fresh(dlq, 0, (offset, 0)):
             meta = [(HEADER_SOURCE_TOPIC, raw.encode()), (HEADER_SOURCE_PARTITION, b"0"),
                     (HEADER_SOURCE_OFFSET, b"%d" % offset), (HEADER_ERROR, reason.encode()[:1000])]  # fmt: skip

@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from streams.cursor import Raw
 from tables.errors import FatalError, RetryableError
 from tables.kafka import StallWatch, reader
+from tables.logs import facts
 
 log = logging.getLogger("headwater.streams")
 MAX_PAUSE = 30.0
@@ -40,6 +41,7 @@ class Follower(threading.Thread):
 
     def __init__(self, name: str, on_fatal: Callable[[FatalError], None]) -> None:
         super().__init__(name=f"headwater-feed-{name}", daemon=True)
+        self.label = name
         self.on_fatal = on_fatal
         self.stopping = threading.Event()
 
@@ -76,19 +78,23 @@ class Feed(Follower):
         self.start_at, self.handle, self.idle = start, handle, idle
         self.batch_size = batch_size
         self.wait = wait
+        self.end = 0  # the topic's end as the last fetch reported it (streams.metrics)
 
     def _follow(self) -> None:
         consumer = reader(self.settings)
         try:
             self._check(consumer)
             position = self.start_at()
-            consumer.assign([TopicPartition(self.topic, 0, position)])
-            log.info("%s: reading %s from offset %d", self.name, self.topic, position)
+            partition = TopicPartition(self.topic, 0, position)
+            consumer.assign([partition])
+            log.info("%s: reading %s from offset %d", self.name, self.topic, position,
+                     extra=facts(topic=self.topic, offset=position))  # fmt: skip
             watch = StallWatch()  # below a known end with nothing delivered: a seek, then a new consumer
             while not self.stopping.is_set():
                 batch = self._batch(consumer.consume(self.batch_size, self.wait))
                 if self.stopping.is_set():
                     return
+                self.end = max(self.end, consumer.get_watermark_offsets(partition, cached=True)[1])
                 if batch:
                     self.handle(batch)
                     watch.seen()

@@ -8,6 +8,9 @@ the ``raw`` agent subscribes to the raw topic and ``table_rows`` to the table to
 they are assigned, but the app never delivers them (``App.direct``): the engine reads them
 itself. After each rebalance the engine is told what this worker holds; on a revocation and
 at shutdown its readers stop before Faust goes on; a fatal error in the engine crashes the app.
+The app's ``Worker`` logs in Headwater's format (``tables.logs``): every line, Faust's too, at
+Faust's ``-l`` level when it is given on the command line, else ``HEADWATER_LOG_LEVEL`` (default
+info), in ``HEADWATER_LOG_FORMAT`` (text or json); it logs its start and stop at WARNING.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import logging
 from typing import Any
 
+import click
 import faust
 
 from streams import endpoint, profile
@@ -24,6 +28,7 @@ from streams.engine import Catalog, Engine, open_catalog
 from streams.store import TableStore
 from streams.viewstore import ViewStore
 from streams.writer import TableWriter
+from tables import logs
 from tables.errors import FatalError
 from tables.registry import Registry, shown
 from tables.views import ViewSpec
@@ -38,9 +43,42 @@ class TableTopics(faust.Topic):
         return ", ".join(self.topics)
 
 
+def level_flag_given() -> bool:
+    """Whether Faust's ``-l/--loglevel`` was given on the command line (its default is WARN)."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        source = ctx.get_parameter_source("loglevel")
+        if source is not None and source.name == "COMMANDLINE":
+            return True
+        ctx = ctx.parent
+    return False
+
+
+class Worker(faust.Worker):
+    """Faust's worker, logging in Headwater's format and announcing its start and stop (module promise)."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        super().on_setup_root_logger(logger, level)
+        options = logs.log_options()
+        for handler in logger.handlers:
+            logs.restyle(handler, "streams", options)
+        logger.setLevel(level if level_flag_given() else options.number)
+        logging.getLogger(logs.KAFKA_LOGGER).addFilter(logs.KAFKA_GATE)
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        conf = self.app.conf
+        log.warning("streams worker starting: app %s, broker %s, endpoint %s", conf.id,
+                    ",".join(str(b) for b in conf.broker), conf.canonical_url)  # fmt: skip
+
+    def on_worker_shutdown(self) -> None:
+        super().on_worker_shutdown()
+        log.warning("streams worker stopping")
+
+
 def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.App:
     """The worker's app, its engine started by assignment (view specs: the config file's by default)."""
-    app = profile.app_class(cfg)(cfg.app_id, **profile.faust_settings(cfg))
+    app = profile.app_class(cfg)(cfg.app_id, Worker=Worker, **profile.faust_settings(cfg))
     log.info("streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
              shown(cfg.registry_url))  # fmt: skip
     schemas, writer = Registry(cfg.registry_url), TableWriter(cfg)
@@ -96,6 +134,7 @@ def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLo
 
     async def shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
         await asyncio.to_thread(engine.close)
+        log.warning("streams worker stopped: its readers and stores are closed")
 
     app.on_rebalance_complete.connect(rebalanced)  # type: ignore[arg-type]  # mode types the handler too narrowly
     app.on_partitions_revoked.connect(revoked)  # type: ignore[arg-type]

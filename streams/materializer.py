@@ -54,6 +54,7 @@ from streams.cursor import Cursor, Raw
 from streams.cuts import Cuts, Frames
 from streams.fanout import STREAMED, Change
 from streams.joins import Joiner
+from streams.metrics import StreamsMetrics
 from streams.publisher import Publisher
 from streams.viewstore import MemoryViewStore
 from streams.viewtopic import ViewTopic
@@ -75,8 +76,11 @@ class Materializer:
     """Keeps the views: join state, dirty rows, publication at consistent points, cuts."""
 
     def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], shapes: dict[str, TableShape],
-                 store: MemoryViewStore, writer: TableWriter, schemas: Registry) -> None:  # fmt: skip
+                 store: MemoryViewStore, writer: TableWriter, schemas: Registry,
+                 metrics: StreamsMetrics | None = None) -> None:  # fmt: skip
         self.cfg = cfg
+        self.metrics = metrics or StreamsMetrics()
+        self.unpublished = False  # the state holds changes the last cut does not (streams.metrics.CutWatch)
         self.views = views
         self.shapes = shapes
         self.store = store
@@ -149,6 +153,7 @@ class Materializer:
         """Apply a batch of (raw offset, key, value); publish at its last consistent point; commit the state."""
         joiner = self.joiner or self.load()
         started = time.monotonic()
+        rows = self.stats["rows"]
         changes = self._admit(batch)
         if not changes:
             return
@@ -168,6 +173,8 @@ class Materializer:
         self.stats["changes"] += len(changes)
         self.stats["batches"] += 1
         self.stats["busy_s"] += time.monotonic() - started
+        self.metrics.applied(len(changes), int(self.stats["rows"] - rows))
+        self.unpublished = joiner.waiting() or bool(self.cuts.pending)
         self.report(batch[-1][0])
 
     def _due(self) -> bool:
@@ -179,9 +186,16 @@ class Materializer:
         """Nothing new to read: publish what waits, if the state is at a consistent point and it is time."""
         if self.at_point is not None and self.joiner is not None and self._due():
             if self.joiner.waiting():
+                rows = self.stats["rows"]
                 self.publish(*self.at_point)
                 self.store.commit()
+                self.metrics.applied(0, int(self.stats["rows"] - rows))
             self.at_point = None
+        self.unpublished = (self.joiner is not None and self.joiner.waiting()) or bool(self.cuts.pending)
+
+    def replaying(self) -> int | None:
+        """The raw offset a replay after a restart must pass before anything is published, while below it."""
+        return self.quiet_until if self.joiner is not None and self.cursor.next < self.quiet_until else None
 
     def _may_publish(self, offset: int, change: Change) -> bool:
         """Past what a crashed run may have half applied (``@high``) and what it published (newest LSN)."""

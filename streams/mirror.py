@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from streams import clients
 from streams.config import StreamsConfig
 from streams.fanout import header_lsn
+from streams.metrics import StreamsMetrics
 from streams.rows import to_json
 from streams.viewtopic import ViewTopic
 from tables.kafka import reader, record
@@ -84,8 +85,11 @@ def row_key(prefix: str, view: str, key: dict[str, Any], columns: list[str]) -> 
 class RedisMirror(threading.Thread):
     """Follows the cuts topic and the view topics with one consumer; applies each view up to its newest cut."""
 
-    def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], decoder: Registry) -> None:
+    def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], decoder: Registry,
+                 metrics: StreamsMetrics | None = None) -> None:  # fmt: skip
         super().__init__(name="headwater-redis-mirror", daemon=True)
+        self.metrics = metrics or StreamsMetrics()
+        self.applied: dict[str, int] = {}  # view -> commit LSN of the cut Redis shows (applied by this mirror)
         self.cfg = cfg
         self.views = views
         self.topics = {v.topic: name for name, v in views.items()}
@@ -113,6 +117,7 @@ class RedisMirror(threading.Thread):
                     for name in self.views:
                         self.sync(name)
                 except redis.RedisError as exc:
+                    self.metrics.redis_errors.inc()
                     self._warn(f"Redis at {shown(self.cfg.redis_url)} is unavailable ({exc}); the views keep flowing "
                                "to their topics and Redis catches up when it is back")  # fmt: skip
                     self._unassign(consumer)
@@ -213,6 +218,7 @@ class RedisMirror(threading.Thread):
             return
         self.held[name] = offsets
         cut["applied"] = True
+        self.applied[name] = cut["commit_lsn"]
 
     def _entries(self, name: str, records: list[Record]) -> list[bytes]:
         """Staging entries: ``<partition> <offset> <lsn> <key length> <Redis key><JSON or nothing>``."""

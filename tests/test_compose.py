@@ -32,7 +32,11 @@ def test_compose_file_validates() -> None:
 
 def test_compose_runs_the_four_services_with_logical_wal() -> None:
     spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    assert set(spec["services"]) == {"kafka", "registry", "postgres", "redis"}
+    assert set(spec["services"]) == {"kafka", "registry", "postgres", "redis", "prometheus", "grafana"}
+    monitoring = {name for name, s in spec["services"].items() if s.get("profiles") == ["monitoring"]}
+    assert monitoring == {"prometheus", "grafana"}, "monitoring starts only with --profile monitoring"
+    assert "--web.listen-address=127.0.0.1:9090" in spec["services"]["prometheus"]["command"]
+    assert spec["services"]["grafana"]["environment"]["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
     assert "wal_level=logical" in spec["services"]["postgres"]["command"]
     assert spec["services"]["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
     for service in spec["services"].values():

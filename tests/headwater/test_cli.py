@@ -55,11 +55,11 @@ def processes_in(directory: Path) -> list[str]:
 def project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """A directory with a headwater.toml choosing free ports and a reachable data dir."""
     with stack_dir() as data:
-        pg, kafka, registry, redis, web = free_ports(5)
+        pg, kafka, registry, redis, web, metrics = free_ports(6)
         (tmp_path / "headwater.toml").write_text(
             f'[stack]\ndata_dir = "{data}"\npostgres_port = {pg}\nkafka_port = {kafka}\n'
             f"registry_port = {registry}\nredis_port = {redis}\nstart_timeout = 30\n"
-            f"[streams]\nweb_port = {web}\n",
+            f"[streams]\nweb_port = {web}\n[capture]\nmetrics_port = {metrics}\n",
             encoding="utf-8",
         )
         ports = {"postgres": str(pg), "kafka": str(kafka), "registry": str(registry), "redis": str(redis)}
@@ -167,6 +167,9 @@ def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, st
     for where in views:
         assert re.search(rf"{re.escape(where)} +\d+ rows in PostgreSQL: equal", out), where
     assert re.search(r"shop-report +\d+ groups in PostgreSQL: equal", out)  # Spark's report against PostgreSQL's
+    for shown in ('headwater_capture_events_total{op="INSERT",table="public.orders"}',
+                  "headwater_streams_fanout_changes_total", "/ready: ready"):  # fmt: skip
+        assert shown in out, shown
     assert (cwd / "analytics-output" / "shop-report").is_dir()
     down = headwater("stack", "down", cwd=cwd)
     assert down.stdout.startswith("stopped: streams, capture, registry")
@@ -357,10 +360,18 @@ def test_config_show_refuses_a_bad_pipeline_in_one_line(tmp_path: Path) -> None:
     assert "headwater.toml, line 2, key 'registry_url'" in result.stderr and "http/https URL" in result.stderr
 
 
+def test_a_bad_log_level_or_format_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    result = headwater("stack", "status", "--log-level", "loud", cwd=tmp_path)
+    assert result.returncode == 2 and "--log-level" in result.stderr
+    env = {**clean_env(), "HEADWATER_LOG_FORMAT": "xml"}
+    result = headwater("stack", "status", cwd=tmp_path, env=env)
+    assert result.returncode == 2 and "HEADWATER_LOG_FORMAT" in result.stderr and "text or json" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("command", "own", "foreign"),
     [
-        ("status", ["--config", "--dsn", "--slot", "--state-dir"],
+        ("status", ["--config", "--dsn", "--slot", "--state-dir", "--log-level", "--log-format"],
          ["--kafka-port", "--bootstrap", "--producer", "--include", "--snapshot-workers", "--data-dir"]),
         ("capture", ["--config", "--dsn", "--bootstrap", "--producer", "--state-dir"],
          ["--kafka-port", "--redis-port", "--start-timeout", "--master"]),

@@ -26,6 +26,7 @@ from headwater import shop
 from tables.config import Secret, StackConfig
 from tables.kafka import read_topic
 from tables.registry import Registry
+from tests.plugins.stack import free_port
 
 
 @dataclasses.dataclass
@@ -79,6 +80,7 @@ class Capture:
             "--include", c.include, "--state-dir", str(c.state_dir), "--bootstrap", c.bootstrap,
             "--registry-url", c.registry_url, "--status-interval", str(c.status_interval),
             "--heartbeat-interval", str(c.heartbeat_interval), "--on-error", c.on_error, "--format", c.format,
+            "--metrics-port", str(c.metrics_port), "--slot-warn-bytes", str(c.slot_warn_bytes),
             *(["--producer", ",".join(f"{k}={v}" for k, v in c.producer.items())] if c.producer else []),
         ]  # fmt: skip
 
@@ -107,6 +109,10 @@ class Capture:
             return self.process is None or self.process.poll() is None
 
         slot.wait_caught_up(dsn, self.cfg.slot, timeout=timeout, alive=alive, state_dir=self.cfg.state_dir)
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.cfg.metrics_host}:{self.cfg.metrics_port}"
 
     def raise_error(self) -> None:
         if self.error:
@@ -160,6 +166,7 @@ def capture_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) 
             "status_interval": 0.2,
             "heartbeat_interval": 0.0,
             "on_error": "exit",
+            "metrics_port": free_port(),  # each capture its own (/metrics, /health, /ready)
             **overrides,
         }
         capture = Capture(CaptureConfig(**settings), local_stack, log=tmp_path / f"capture{len(made)}.log")

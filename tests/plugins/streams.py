@@ -33,13 +33,15 @@ class Worker:
     port: int
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    loglevel: str | None = "info"  # Faust's -l; None: the worker's own default (HEADWATER_LOG_LEVEL, else info)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> Worker:
-        argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "info", "--web-port", str(self.port)]
+        level = ["-l", self.loglevel] if self.loglevel else []
+        argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", *level, "--web-port", str(self.port)]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.log.parent
@@ -53,7 +55,7 @@ class Worker:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.tail()}")
-            if "Worker]: Ready" in self.log.read_text(errors="replace"):
+            if "Worker]: Ready" in self.log.read_text(errors="replace") or self.loglevel is None:
                 try:
                     if httpx.get(self.url + "/tables/", timeout=2).status_code == 200:
                         return
@@ -101,11 +103,13 @@ def streams_env(local_stack: StackConfig, prefix: str, app_id: str, state_dir: P
 def worker_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     made: list[Worker] = []
 
-    def make(prefix: str, *, app_id: str | None = None, views: str = "", **settings: Any) -> Worker:
+    def make(prefix: str, *, app_id: str | None = None, views: str = "", environ: dict[str, str] | None = None,
+             **settings: Any) -> Worker:  # fmt: skip
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")},
             "PYTHONPATH": str(REPO),
             **streams_env(local_stack, prefix, app_id or f"{unique_name}-app", tmp_path / f"streams{len(made)}"),
+            **(environ or {}),
         }
         env.update({f"HEADWATER_STREAMS_{k.upper()}": str(v) for k, v in settings.items()})
         if views:  # view specs live in the config file

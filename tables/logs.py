@@ -1,0 +1,223 @@
+"""Headwater's log lines: one format for capture, the stream workers and the registry.
+
+Promise: ``setup(component, options)`` makes every log record of the process (Headwater's,
+librdkafka's through ``headwater.kafka``, Faust's, aiohttp's) one line on stderr, in one of two
+formats: ``text`` — ``<time> <LEVEL> <component> <logger>: <message> [fact=value ...]`` — or
+``json``, one object per line with ``time`` (ISO-8601, UTC), ``level``, ``component``,
+``logger``, ``message``, the facts a line carries (``FACTS``: table, LSN, topic, partition,
+offset, ...) and ``exception`` when there is one. ``facts(...)`` builds a record's facts
+(``extra=``), an LSN written as PostgreSQL writes it. The level and format come from
+``--log-level`` / ``--log-format`` (``options``), else ``HEADWATER_LOG_LEVEL`` /
+``HEADWATER_LOG_FORMAT``, else ``info`` and ``text``; a bad value is a ``ConfigError`` naming it.
+
+``Episode`` is the pure core of "logged once when it begins and once when it ends": a
+condition (a broker away, a slot behind, a cut not advancing) is announced when it has
+lasted ``after`` seconds and ended when it clears, never once per check. ``KafkaLogGate``
+keeps librdkafka's connection failures — repeated every second or so while a broker is
+away — out of the log (at DEBUG), counting them for whoever announces the episode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from pythonjsonlogger.json import JsonFormatter
+
+from tables.errors import ConfigError
+from tables.wire import lsn_text
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+FORMATS = ("text", "json")
+LEVEL_ENV, FORMAT_ENV = "HEADWATER_LOG_LEVEL", "HEADWATER_LOG_FORMAT"
+# the facts a line may carry, in the order the text format shows them
+FACTS = ("slot", "table", "lsn", "topic", "partition", "offset", "view", "seconds", "error")
+KAFKA_LOGGER = "headwater.kafka"  # librdkafka's own lines (the clients' ``logger`` setting)
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """The level and format a process logs with."""
+
+    level: str = "info"
+    format: str = "text"
+
+    @property
+    def number(self) -> int:
+        return int(getattr(logging, self.level.upper()))
+
+
+def log_options(level: str | None = None, fmt: str | None = None, environ: Mapping[str, str] | None = None,
+                default: str = "info") -> LogOptions:  # fmt: skip
+    """The flag's value, else the environment's, else the default; checked."""
+    env = os.environ if environ is None else environ
+    chosen = LogOptions((level or env.get(LEVEL_ENV) or default).lower(),
+                        (fmt or env.get(FORMAT_ENV) or "text").lower())
+    if chosen.level not in LEVELS:
+        where = "--log-level" if level else LEVEL_ENV
+        raise ConfigError(f"{where}: unknown log level {chosen.level!r}", hint=f"use one of {', '.join(LEVELS)}")
+    if chosen.format not in FORMATS:
+        where = "--log-format" if fmt else FORMAT_ENV
+        raise ConfigError(f"{where}: unknown log format {chosen.format!r}", hint="use text or json")
+    return chosen
+
+
+def facts(*, lsn: int | None = None, **known: Any) -> dict[str, Any]:
+    """A record's facts for ``extra=``: those given (None left out), an LSN as ``0/1A2B3C``."""
+    unknown = set(known) - set(FACTS)
+    if unknown:
+        raise ValueError(f"not a log fact: {sorted(unknown)} (add it to tables.logs.FACTS)")
+    out = {k: v for k, v in known.items() if v is not None}
+    if lsn is not None:
+        out["lsn"] = lsn_text(lsn)
+    return out
+
+
+def iso_time(created: float) -> str:
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class TextFormatter(logging.Formatter):
+    """``<time> <LEVEL> <component> <logger>: <message> [fact=value ...]`` (and the traceback, if any)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(component)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return iso_time(record.created)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        shown = [f"{k}={getattr(record, k)}" for k in FACTS if getattr(record, k, None) is not None]
+        return f"{line} [{' '.join(shown)}]" if shown else line
+
+
+class JsonLineFormatter(JsonFormatter):
+    """One JSON object per line: time, level, component, logger, message, the facts, exception."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(component)s %(name)s %(message)s",
+                         rename_fields={"asctime": "time", "levelname": "level", "name": "logger",
+                                        "exc_info": "exception"},
+                         json_ensure_ascii=False)  # fmt: skip
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return iso_time(record.created)
+
+
+class Component(logging.Filter):
+    """Names the process's component on every record (``component`` in both formats)."""
+
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "component"):
+            record.component = self.component
+        return True
+
+
+def formatter(options: LogOptions) -> logging.Formatter:
+    return JsonLineFormatter() if options.format == "json" else TextFormatter()
+
+
+def setup(component: str, options: LogOptions, stream: IO[str] | None = None) -> logging.Handler:
+    """Send every record of the process to ``stream`` (stderr) in ``options``' format and level."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    restyle(handler, component, options)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(options.number)
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, options.number))  # one line per request otherwise
+    logging.getLogger(KAFKA_LOGGER).addFilter(KAFKA_GATE)
+    return handler
+
+
+def restyle(handler: logging.Handler, component: str, options: LogOptions) -> None:
+    """Give an existing handler (Faust's) Headwater's format and component."""
+    handler.setFormatter(formatter(options))
+    for old in [f for f in handler.filters if isinstance(f, Component)]:
+        handler.removeFilter(old)
+    handler.addFilter(Component(component))
+
+
+class Episode:
+    """A condition that begins and ends: ``update`` says ``"began"`` once it has lasted ``after`` seconds,
+    ``"ended"`` once it clears after that, and None otherwise (pure: the caller gives the time)."""
+
+    def __init__(self, after: float = 0.0) -> None:
+        self.after = after
+        self.since: float | None = None
+        self.announced = False
+
+    def update(self, bad: bool, now: float) -> str | None:
+        if bad:
+            if self.since is None:
+                self.since = now
+            if not self.announced and now - self.since >= self.after:
+                self.announced = True
+                return "began"
+            return None
+        ended = self.announced
+        self.since, self.announced = None, False
+        return "ended" if ended else None
+
+    def lasted(self, now: float) -> float:
+        """Seconds since the condition began (0 when it is not on)."""
+        return 0.0 if self.since is None else now - self.since
+
+
+# librdkafka's words for a broker it cannot reach or lost (its log lines and error_cb's messages)
+UNREACHABLE = ("connection refused", "connect to", "disconnected", "all broker connections are down",
+               "timed out", "broker transport failure", "failed to resolve", "connection reset",
+               "brokers are down")  # fmt: skip
+
+
+def unreachable(text: str) -> bool:
+    """The librdkafka message says a broker cannot be reached (not that something else failed)."""
+    low = text.lower()
+    return any(word in low for word in UNREACHABLE)
+
+
+class KafkaLogGate(logging.Filter):
+    """Turns librdkafka's connection-failure lines into a count (they repeat while a broker is away):
+    the line goes to DEBUG, ``failures()`` and ``last()`` tell whoever announces the episode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.count = 0
+        self.at = 0.0
+        self.detail = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG or not unreachable(record.getMessage()):
+            return True
+        self.seen(record.getMessage())
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.DEBUG)
+
+    def seen(self, detail: str, now: float | None = None) -> None:
+        """A connection failure (from a log line or an error callback), at ``now`` (monotonic)."""
+        with self.lock:
+            self.count += 1
+            self.at = time.monotonic() if now is None else now
+            self.detail = detail
+
+    def last(self) -> tuple[int, float, str]:
+        """(failures so far, monotonic time of the last one, its text)."""
+        with self.lock:
+            return self.count, self.at, self.detail
+
+
+KAFKA_GATE = KafkaLogGate()  # one per process: every librdkafka client logs through headwater.kafka

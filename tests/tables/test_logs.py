@@ -1,0 +1,103 @@
+"""Headwater's log lines: the level and format chosen, the JSON and text formats, episodes, librdkafka's lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from tables import logs
+from tables.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def logger() -> Iterator[tuple[logging.Logger, io.StringIO, logging.Handler]]:
+    """A logger of its own writing to a buffer (the root logger is left to pytest)."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    log = logging.getLogger("headwater.test-logs")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    yield log, out, handler
+    log.removeHandler(handler)
+
+
+def test_options_flag_then_environment_then_default() -> None:
+    env = {logs.LEVEL_ENV: "DEBUG", logs.FORMAT_ENV: "json"}
+    assert logs.log_options(None, None, {}) == logs.LogOptions("info", "text")
+    assert logs.log_options(None, None, {}, default="warning").level == "warning"
+    assert logs.log_options(None, None, env) == logs.LogOptions("debug", "json")
+    assert logs.log_options("error", "text", env) == logs.LogOptions("error", "text")
+    assert logs.LogOptions("warning").number == logging.WARNING
+
+
+def test_bad_options_name_where_they_came_from() -> None:
+    with pytest.raises(ConfigError, match=logs.LEVEL_ENV) as caught:
+        logs.log_options(None, None, {logs.LEVEL_ENV: "loud"})
+    assert caught.value.exit_code == 2
+    with pytest.raises(ConfigError, match="--log-format"):
+        logs.log_options(None, "xml", {})
+
+
+def test_json_lines_carry_time_level_component_message_and_facts(logger: tuple) -> None:
+    log, out, handler = logger
+    logs.restyle(handler, "capture", logs.LogOptions("info", "json"))
+    log.warning("slot %s behind", "s1", extra=logs.facts(slot="s1", table="public.orders", lsn=0x1A2B3C, offset=7))
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("failed")
+    first, second = (json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{"))
+    assert first["level"] == "WARNING" and first["component"] == "capture" and first["message"] == "slot s1 behind"
+    assert first["logger"] == "headwater.test-logs" and first["time"].endswith("Z") and "T" in first["time"]
+    assert (first["slot"], first["table"], first["lsn"], first["offset"]) == ("s1", "public.orders", "0/1A2B3C", 7)
+    assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
+
+
+def test_text_lines_show_the_facts_after_the_message(logger: tuple) -> None:
+    log, out, handler = logger
+    logs.restyle(handler, "streams", logs.LogOptions())
+    log.info("read", extra=logs.facts(topic="hw.changes", offset=12))
+    log.info("plain")
+    read, plain = out.getvalue().splitlines()
+    assert read.endswith("INFO streams headwater.test-logs: read [topic=hw.changes offset=12]"), read
+    assert plain.endswith("INFO streams headwater.test-logs: plain")
+
+
+def test_facts_are_a_closed_list() -> None:
+    assert logs.facts(table="t", lsn=None) == {"table": "t"}
+    with pytest.raises(ValueError, match="FACTS"):
+        logs.facts(colour="red")
+
+
+def test_an_episode_is_said_once_when_it_begins_and_once_when_it_ends() -> None:
+    episode = logs.Episode(after=5)
+    said = [episode.update(bad, now) for bad, now in
+            [(False, 0), (True, 1), (True, 3), (True, 6), (True, 7), (True, 30), (False, 31), (False, 32)]]  # fmt: skip
+    assert said == [None, None, None, "began", None, None, "ended", None]
+    assert episode.update(True, 40) is None and episode.update(False, 41) is None  # too short: never said
+    instant = logs.Episode()
+    assert instant.update(True, 0) == "began" and instant.lasted(4) == 4
+
+
+def test_the_kafka_gate_counts_connection_failures_instead_of_logging_them(logger: tuple) -> None:
+    log, out, _ = logger
+    gate = logs.KafkaLogGate()
+    log.addFilter(gate)
+    log.setLevel(logging.INFO)
+    try:
+        for _ in range(3):
+            log.error("FAIL [rdkafka#producer-1] 127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: "
+                      "Connection refused (after 0ms in state CONNECT)")  # fmt: skip
+        log.warning("CONFWARN [rdkafka#producer-1] Configuration property x is ignored")
+    finally:
+        log.removeFilter(gate)
+    count, _, detail = gate.last()
+    assert count == 3 and "Connection refused" in detail
+    assert out.getvalue().splitlines() == ["CONFWARN [rdkafka#producer-1] Configuration property x is ignored"]
