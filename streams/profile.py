@@ -60,6 +60,12 @@ class _DirectConsumer(faust_kafka.Consumer):
     def _new_consumer_thread(self) -> faust_kafka.AIOKafkaConsumerThread:
         return _RoutedThread(self, loop=self.loop, beacon=self.beacon)
 
+    def verify_event_path(self, now: float, tp: TP) -> None:
+        """Faust's slow-stream check, except for the direct topics: no stream ever processes them here, so
+        it would log "Stream has not started processing" for each of their partitions every few minutes."""
+        if tp.topic not in cast(App, self.app).direct:
+            super().verify_event_path(now, tp)
+
 
 class _RoutedThread(faust_kafka.AIOKafkaConsumerThread):
     """Joins the group with Faust's own assignor, always: its metadata says which worker (URL) holds

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import faust
 import pytest
+from faust.types import TP
 
 from capture.encoder import AvroWriter
 from streams import clients, profile
@@ -85,3 +88,22 @@ def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "headwater.toml"
     path.write_text(text)
     return path
+
+
+class _Thread:
+    """Records which partitions Faust's slow-stream check was asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    def verify_event_path(self, now: float, tp: Any) -> None:
+        self.asked.append(tp)
+
+
+def test_faust_does_not_check_the_streams_of_topics_the_engine_reads_itself() -> None:
+    consumer = object.__new__(profile._DirectConsumer)
+    consumer.app = SimpleNamespace(direct=frozenset({"shop.changes", "shop.orders"}))  # type: ignore[assignment]
+    consumer._thread = thread = _Thread()  # type: ignore[assignment]
+    for topic in ("shop.changes", "shop.orders", "shop-streams-other"):
+        consumer.verify_event_path(0.0, TP(topic, 0))
+    assert thread.asked == [TP("shop-streams-other", 0)]
