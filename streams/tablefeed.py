@@ -82,6 +82,7 @@ class TableFeed(Follower):
                 self._apply(consumer, messages)
                 self._report()
                 if messages:
+                    self.progressed = True
                     watch.seen()
                 else:
                     watch.check(consumer, {part for part, p in self.progress.items() if not p.current})
