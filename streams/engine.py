@@ -122,8 +122,9 @@ class Tables:
             return
         if self.store.db is None:
             self.store.open()
-        self.feed = TableFeed(self.store, reader_settings(self.cfg), parts, batch_size=self.cfg.batch_size,
-                              wait=self.cfg.batch_wait, on_fatal=lambda exc: self.on_fatal("tables", exc))  # fmt: skip
+        settings = reader_settings(self.cfg, table_feed=True)
+        self.feed = TableFeed(self.store, settings, parts, batch_size=self.cfg.batch_size, wait=self.cfg.batch_wait,
+                              on_fatal=lambda exc: self.on_fatal("tables", exc))  # fmt: skip
         self.feed.start()
 
     def stop(self) -> None:

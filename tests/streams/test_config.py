@@ -37,6 +37,22 @@ def test_profile_follows_the_broker_and_only_tansu_gets_its_settings(tmp_path: P
     assert forced.tansu
 
 
+def test_readers_fetch_little_at_once_except_the_table_feed_on_the_local_broker() -> None:
+    tansu = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "tansu"})
+    kafka = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "kafka"})
+    fetch = {(cfg.broker_profile, feed): clients.reader_settings(cfg, table_feed=feed)["fetch.max.bytes"]
+             for cfg in (tansu, kafka) for feed in (False, True)}  # fmt: skip
+    assert fetch == {("tansu", False): 1 << 20, ("tansu", True): 16 << 20, ("kafka", False): 1 << 20,
+                     ("kafka", True): 1 << 20}  # fmt: skip
+    assert clients.reader_settings(tansu)["fetch.wait.max.ms"] == 10
+    assert "fetch.wait.max.ms" not in clients.reader_settings(kafka)
+    big = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "kafka",
+                               "HEADWATER_STREAMS_KAFKA": "message.max.bytes=8000000"})  # fmt: skip
+    assert clients.reader_settings(big)["fetch.max.bytes"] == 8000000  # librdkafka refuses less
+    mine = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_KAFKA": "fetch.max.bytes=99"})
+    assert clients.reader_settings(mine)["fetch.max.bytes"] == "99"  # the user's own setting wins
+
+
 def test_web_endpoint_binds_to_localhost_by_default() -> None:
     settings = profile.faust_settings(load_streams_config({}))
     assert settings["web_bind"] == "127.0.0.1" and settings["web_host"] == "127.0.0.1"
