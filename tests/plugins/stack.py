@@ -241,8 +241,9 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
 
 
 class Proxy:
-    """TCP from ``port`` to ``target`` on 127.0.0.1. ``outage(seconds)`` drops every connection and
-    refuses new ones for a while: what a broker restart that keeps its data looks like to clients."""
+    """TCP from ``port`` to ``target`` on 127.0.0.1. ``outage(seconds)`` (or ``cut()`` then ``restore()``)
+    drops every connection and refuses new ones for a while: what a broker restart that keeps its data
+    looks like to clients. A connection stays open however long either side is silent."""
 
     def __init__(self, port: int, target: int) -> None:
         self.port, self.target = port, target
@@ -272,6 +273,8 @@ class Proxy:
                 upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
             except OSError:
                 continue
+            client.settimeout(None)  # blocking both ways: a connect timeout must not close a quiet connection
+            upstream.settimeout(None)
             with self.lock:
                 self.conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
@@ -287,9 +290,15 @@ class Proxy:
             self.conns.clear()
 
     def outage(self, seconds: float) -> None:
+        self.cut()
+        time.sleep(seconds)
+        self.restore()
+
+    def cut(self) -> None:
         self.down.set()
         self._drop_all()
-        time.sleep(seconds)
+
+    def restore(self) -> None:
         self.listener = self._listen()
         self.down.clear()
 
