@@ -142,13 +142,17 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_json_log_lines_and_log_levels(pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]) -> None:
-    capture = capture_factory(pg_database)
+    """A consumer's setting among the producer's (as a shared [pipeline] kafka has) makes librdkafka warn, in
+    capture's producer and in the snapshot's sender (C): every line is JSON all the same."""
+    capture = capture_factory(pg_database, producer={"fetch.wait.max.ms": "100"})
     process = capture.spawn("--log-format", "json", "--log-level", "warning")
     wait_ready(capture)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     assert capture.log is not None
     lines = json_lines(capture.log.read_text())
+    warned = [line for line in lines if line["logger"] == "headwater.kafka" and "fetch.wait.max.ms" in line["message"]]
+    assert len(warned) >= 2, "capture's producer and the snapshot's sender each warn"
     assert {line["level"] for line in lines} <= {"WARNING", "ERROR", "CRITICAL"}, "INFO lines at --log-level warning"
     assert all({"time", "level", "component", "logger", "message"} <= set(line) for line in lines)
     start = next(line for line in lines if line["message"].startswith("capture starting"))
