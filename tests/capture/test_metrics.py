@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -199,23 +198,14 @@ def test_a_broker_away_is_logged_once_when_it_begins_and_once_when_it_ends(
     wait_ready(capture)
     writer = ShopWriter(pg_database, rate=50).start()
     time.sleep(2)
-    outage = threading.Thread(target=proxied_broker.proxy.outage, args=(12,))
-    outage.start()
-    time.sleep(7)
-    early = scrape(capture.metrics_url)
-    time.sleep(2)
-    during = httpx.get(capture.metrics_url + "/ready", timeout=5)
-    late = scrape(capture.metrics_url)
-    outage.join()
-    wait_ready(capture, timeout=60)
-    pid = proxied_broker.service.pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(12)
-        paused = httpx.get(capture.metrics_url + "/ready", timeout=5)
-    finally:
-        os.kill(pid, signal.SIGCONT)
+
+    def look(_: str) -> tuple[Samples, httpx.Response, Samples]:
+        early = scrape(capture.metrics_url)
+        time.sleep(2)
+        return early, httpx.get(capture.metrics_url + "/ready", timeout=5), scrape(capture.metrics_url)
+
+    seen = proxied_broker.outages(look, between=lambda: wait_ready(capture, timeout=60))
+    (early, during, late), paused = seen["cut"], seen["paused"][1]
     wait_ready(capture, timeout=60)
     committed = writer.stop()
     capture.wait_caught_up(pg_database, timeout=120)
