@@ -213,12 +213,13 @@ def unreachable(text: str) -> bool:
 
 class KafkaLogGate(logging.Filter):
     """Turns the Kafka clients' connection-failure lines into a count (they repeat while a broker is away):
-    the line goes to DEBUG, ``last()`` tells whoever announces the episode. On the ``KAFKA_LOGGER`` logger
-    (librdkafka's lines), or on a handler: then it also takes aiokafka's (Faust's client) and lets
-    every other record through."""
+    the line goes to DEBUG, ``last()`` tells whoever announces the episode. It acts on the records of
+    ``loggers`` (librdkafka's ``KAFKA_LOGGER`` and aiokafka, Faust's client, by default) and lets every
+    other record through, so it can sit on a logger or on a handler."""
 
-    def __init__(self) -> None:
+    def __init__(self, loggers: tuple[str, ...] = (KAFKA_LOGGER, "aiokafka")) -> None:
         super().__init__()
+        self.loggers = loggers
         self.lock = threading.Lock()
         self.count = 0
         self.at = 0.0
@@ -231,12 +232,13 @@ class KafkaLogGate(logging.Filter):
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
-    @staticmethod
-    def noise(record: logging.LogRecord) -> bool:
-        if record.name.startswith("aiokafka"):
+    def noise(self, record: logging.LogRecord) -> bool:
+        if not any(record.name == name or record.name.startswith(name + ".") for name in self.loggers):
+            return False
+        if record.name.split(".", 1)[0] == "aiokafka":
             low = record.getMessage().lower()
             return any(word in low for word in AIOKAFKA_UNREACHABLE) and not any(w in low for w in MISCONFIGURED)
-        return record.name == KAFKA_LOGGER and unreachable(record.getMessage())
+        return unreachable(record.getMessage())
 
     def seen(self, detail: str, now: float | None = None) -> None:
         """A connection failure (from a log line or an error callback), at ``now`` (monotonic)."""

@@ -88,7 +88,7 @@ def test_an_episode_is_said_once_when_it_begins_and_once_when_it_ends() -> None:
 
 def test_the_kafka_gate_counts_connection_failures_instead_of_logging_them(logger: tuple) -> None:
     log, out, _ = logger
-    gate = logs.KafkaLogGate()
+    gate = logs.KafkaLogGate(loggers=(log.name,))
     log.addFilter(gate)
     log.setLevel(logging.INFO)
     try:
@@ -127,7 +127,7 @@ def test_a_client_set_up_for_another_listener_is_not_a_broker_away(logger: tuple
     assert logs.unreachable("127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused")
     assert logs.unreachable("127.0.0.1:9092/1: Disconnected (after 12034ms in state UP)")
     log, out, _ = logger
-    gate = logs.KafkaLogGate()
+    gate = logs.KafkaLogGate(loggers=(log.name,))
     log.addFilter(gate)
     try:
         for line in misconfigured:
@@ -150,3 +150,23 @@ def test_setup_is_remembered_for_the_processes_it_starts() -> None:
         for handler in handlers:
             root.addHandler(handler)
         root.setLevel(level)
+        logging.getLogger(logs.KAFKA_LOGGER).removeFilter(logs.KAFKA_GATE)
+
+
+def test_the_gate_on_a_handler_takes_only_the_kafka_clients_lines(logger: tuple) -> None:
+    """On Faust's handler: aiokafka's connection errors (one every 100 ms) and librdkafka's to DEBUG; a line
+    of anything else that happens to say "timed out" keeps its level."""
+    log, out, handler = logger
+    gate = logs.KafkaLogGate()
+    handler.addFilter(gate)
+    try:
+        logging.getLogger("aiokafka.conn").addHandler(handler)
+        logging.getLogger("aiokafka.conn").propagate = False
+        logging.getLogger("aiokafka.conn").error("Unable connect to node with id 1: [Errno 111] Connect call failed")
+        log.error("lost the PostgreSQL connection: timed out")
+    finally:
+        handler.removeFilter(gate)
+        logging.getLogger("aiokafka.conn").removeHandler(handler)
+        logging.getLogger("aiokafka.conn").propagate = True
+    assert out.getvalue().splitlines() == ["lost the PostgreSQL connection: timed out"]
+    assert gate.last()[0] == 1 and "Connect call failed" in gate.last()[2]
