@@ -38,8 +38,16 @@ class Copier:
 
 class Sender:
     sent: int
+    errors: int
     failure: str | None
-    def __init__(self, library: str, settings: dict[str, str], topic: str, error: type[BaseException]) -> None: ...
+    def __init__(
+        self,
+        library: str,
+        settings: dict[str, str],
+        topic: str,
+        error: type[BaseException],
+        log: Callable[[int, str], None],
+    ) -> None: ...
     def send(self, value: bytes, key: bytes) -> None: ...
     def flush(self, timeout: float) -> int: ...
     def poll(self, timeout: float) -> None: ...

@@ -11,6 +11,7 @@ end the run with ``on_error = "exit"``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -23,10 +24,11 @@ from capture.catalog import Connection, TableRef, TypeCache
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import change_writer
-from capture.errors import CheckpointMismatchError, SlotLostError, SourceUnreachableError
+from capture.errors import BrokerError, CheckpointMismatchError, SlotLostError, SourceError, SourceUnreachableError
 from capture.metrics import CaptureMetrics, Probe
 from capture.producer import ChangeProducer, ensure_changes_topic
 from capture.schemas import register_table
+from capture.slotwatch import SlotWatch
 from capture.state import Checkpoint, State, snapshot_done
 from capture.stream import Loop, Streamer
 from capture.workers import Workers
@@ -44,7 +46,7 @@ def run(cfg: CaptureConfig, stop: threading.Event | None = None, metrics: Captur
     """Capture until ``stop`` is set (or a fatal error), serving metrics, health and readiness meanwhile."""
     stop = stop or threading.Event()
     metrics = metrics or CaptureMetrics(cfg)
-    probe = Probe(cfg, metrics)
+    probe = Probe(cfg, metrics, beside=[SlotWatch(cfg, metrics)])
     log.warning("capture starting: slot %s, publication %s, into %s at %s", cfg.slot, cfg.publication,
                 cfg.changes_topic, cfg.bootstrap, extra=facts(slot=cfg.slot, topic=cfg.changes_topic))  # fmt: skip
     outcome = "asked to stop"
@@ -132,6 +134,7 @@ class Session:
         state = State(cfg.state_dir, cfg.slot)
         registrar: Registry | NoRegistry = Registry(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
+        sink: ChangeSink | None = None
         repl: Connection | None = None
         workers: Workers | None = None
         try:
@@ -140,7 +143,7 @@ class Session:
                 self.made.append("publication")
             tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
             workers = self._workers()  # before any Kafka client: forked while this process has one thread
-            self.probe.start()  # its thread after the fork, too
+            self.probe.start()  # its threads after the fork, too
             writer = change_writer(
                 cfg.format,
                 registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
@@ -148,6 +151,7 @@ class Session:
             )
             ensure_changes_topic(cfg, written=self._written(state))
             producer = ChangeProducer(cfg)
+            producer.on_wait = functools.partial(self.metrics.watch_producer, producer)  # Kafka watched while it waits
             sink = ChangeSink(writer, producer)
             types = TypeCache(conn)
             parts = Parts(conn, state, tables, types, registrar, sink, producer, workers)
@@ -156,16 +160,7 @@ class Session:
             except snapshot.Interrupted as exc:
                 log.warning("%s", exc)
                 return
-            keyed = {(t.schema, t.name): t.keyed for t in tables}
-            streamer = Streamer(cfg, conn, types, registrar, sink, state, keyed)
-            checkpoint = state.load()
-            confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
-            heartbeat_conn = catalog.connect(self.dsn)
-            self.streamed = True
-            try:
-                Loop(cfg, repl, heartbeat_conn, streamer, producer, state, confirmed, self.metrics).run(start_lsn, stop)
-            finally:
-                heartbeat_conn.close()
+            self._stream(parts, repl, start_lsn, stop)
         except psycopg2.Error as exc:
             if not connection_lost(exc):
                 raise
@@ -177,11 +172,25 @@ class Session:
                 if closable is not None and not closable.closed:
                     closable.close()
             if producer is not None:
-                self.metrics.delivery_errors.inc(producer.delivery_errors)
+                self.metrics.session_ended(sink, producer)
                 producer.abandon()
             registrar.close()
             self._leave_nothing(state)
             state.close()
+
+    def _stream(self, parts: Parts, repl: Connection, start_lsn: int, stop: threading.Event) -> None:
+        """Stream from the slot until stopped (``capture.stream``)."""
+        keyed = {(t.schema, t.name): t.keyed for t in parts.tables}
+        streamer = Streamer(self.cfg, parts.conn, parts.types, parts.registrar, parts.sink, parts.state, keyed)
+        checkpoint = parts.state.load()
+        confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
+        heartbeat_conn = catalog.connect(self.dsn)
+        self.streamed = True
+        try:
+            Loop(self.cfg, repl, heartbeat_conn, streamer, parts.producer, parts.state, confirmed,
+                 self.metrics).run(start_lsn, stop)  # fmt: skip
+        finally:
+            heartbeat_conn.close()
 
     def _leave_nothing(self, state: State) -> None:
         """A first start that did not finish its snapshot removes the slot (it would hold WAL) and the
@@ -276,6 +285,9 @@ class Session:
         started = time.monotonic()
         try:
             rows, next_position = snapshot.run(job, chunks, progress, parts.workers, stop)
+        except (BrokerError, SourceError) as exc:
+            self.metrics.delivery_errors.inc(exc.failed_deliveries)  # a snapshot sender's
+            raise
         finally:
             if parts.workers is not None:
                 parts.workers.close()

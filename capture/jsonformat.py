@@ -104,7 +104,7 @@ class JsonChangeWriter:
     key_id = value_id = 0
 
     def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str, str]] = Counter()  # changes ``records`` wrote, by (schema, table, op)
+        self.counts: dict[tuple[str, str, str], list[int]] = {}  # (schema, table, op) -> [changes since counted]
 
     def encode_key(self, schema: str, table: str) -> bytes:
         return json.dumps({"schema": schema, "table": table}, separators=(",", ":")).encode()
@@ -137,13 +137,18 @@ class JsonChangeWriter:
 
     def take_counts(self) -> Counter[tuple[str, str, str]]:
         """Changes ``records`` wrote by (schema, table, op) since the last call."""
-        out, self.counts = self.counts, Counter()
+        out: Counter[tuple[str, str, str]] = Counter()
+        for found, cell in self.counts.items():
+            if cell[0]:
+                out[found] += cell[0]
+                cell[0] = 0
         return out
 
     def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
         """(Kafka key, value) of each change of one transaction, positions from 0."""
         counts = self.counts
         for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
-            counts[(schema, table, op)] += 1
+            cell = counts.get((schema, table, op)) or counts.setdefault((schema, table, op), [0])
+            cell[0] += 1  # a cell per (table, op): no Counter lookup and hash update per change
             value = self.encode(op, schema, table, topic, transaction, position, size, key, before, after)
             yield self.encode_key(schema, table), value

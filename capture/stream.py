@@ -8,7 +8,8 @@ general decoder and ``RowEncoder``, with the same bytes either way. Unchanged TO
 values are filled in from the old row (REPLICA IDENTITY FULL), the TOAST cache, or as
 a last resort the table.
 ``Loop`` is the thin loop around it: read, handle, and every status interval
-checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats.
+checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats; every second
+(and while a send waits on a full producer queue) it tells ``capture.metrics`` about Kafka.
 
 Which LSNs the slot is told (the checkpoint contract): the end LSN of a commit once
 Kafka acknowledged every message up to it (a heartbeat's empty transaction too), and,
@@ -38,24 +39,23 @@ import psycopg2
 from psycopg2 import sql
 
 from capture import decoder as pg
-from capture import slot as slots
 from capture.catalog import Connection, TypeCache, nullability, server_utf8
 from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
-from capture.metrics import BROKER_WARN_AFTER, STALL_AFTER, CaptureMetrics
+from capture.metrics import CaptureMetrics
 from capture.producer import ChangeProducer
 from capture.schemas import register_table
 from capture.state import State
 from capture.transcoder import Transcoder, transcoder
 from tables.catalog import ColumnInfo, TableSchema
-from tables.logs import KAFKA_GATE, facts
+from tables.logs import facts
 from tables.registry import NoRegistry, Registry
 from tables.wire import body, lsn_text
 
 log = logging.getLogger("headwater.capture")
 HEARTBEAT_PREFIX = "headwater.heartbeat"
-SLOT_EVERY = 5  # status intervals between looks at the slot's WAL (metrics, slot_warn_bytes)
+KAFKA_EVERY = 1.0  # seconds between looks at the producer (queue, deliveries, Kafka answering)
 _OID = struct.Struct("!I").unpack_from
 INSERT, UPDATE, DELETE, NEW, KEY, OLD = b"IUDNKO"
 ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
@@ -319,7 +319,7 @@ class Loop:
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics
-        self.slot_seen = 0.0
+        self.kafka_seen = 0.0
         self.repl = repl
         self.heartbeat_conn = heartbeat_conn
         self.streamer = streamer
@@ -367,6 +367,10 @@ class Loop:
 
     def housekeeping(self, cur: Any, force: bool = False) -> None:
         now = time.monotonic()
+        if force or now - self.kafka_seen >= KAFKA_EVERY:
+            self.kafka_seen = now
+            self.producer.poll(0)  # its statistics (broker connections) come with a poll
+            self.metrics.watch_producer(self.producer, now)
         if not force and now - self.last_status < self.cfg.status_interval:
             return
         self.last_status = now
@@ -382,32 +386,13 @@ class Loop:
         self.report(cur, now)
 
     def report(self, cur: Any, now: float) -> None:
-        """Metrics once per status interval (``capture.metrics``): counts, positions, Kafka, the slot."""
-        m, s, p = self.metrics, self.streamer, self.producer
-        m.count(s.sink)
+        """Metrics once per status interval (``capture.metrics``): counts, positions, the last commit (the
+        slot is ``capture.slotwatch``'s, Kafka ``housekeeping``'s)."""
+        m, s = self.metrics, self.streamer
+        m.count(s.sink, self.producer)
         m.positions(self.confirmed, cur.wal_end)
         m.commit_seen(s.last_commit_time, s.last_commit_seen)
-        waiting = p.waiting()
-        m.producer(waiting, p.queue_max)
-        stalled = p.unanswered(now) >= STALL_AFTER
-        detail = (f"no connection for {BROKER_WARN_AFTER:.0f} s: {KAFKA_GATE.last()[2]}" if p.brokers_up is False
-                  else f"no acknowledgement for {p.unanswered(now):.0f} s")  # fmt: skip
-        m.kafka(p.brokers_up is False or stalled, detail, waiting, now)
-        if now - self.slot_seen >= SLOT_EVERY * self.cfg.status_interval:
-            self.slot_seen = now
-            self.look_at_slot()
-
-    def look_at_slot(self) -> None:
-        """The slot's WAL from PostgreSQL (on the heartbeat connection); a failed look is skipped."""
-        try:
-            info = slots.find(self.heartbeat_conn, self.cfg.slot)
-        except psycopg2.Error:
-            if self.heartbeat_conn.closed:
-                raise  # the server went away: the session ends and is retried
-            self.heartbeat_conn.rollback()
-            return
-        if info is not None:
-            self.metrics.slot(info.retained_bytes, info.lag_bytes, info.confirmed_lsn or 0)
+        m.beat()
 
     def settled(self, confirmed: int) -> bool:
         """With ``confirmed`` told to the slot, every message received is confirmed and no transaction

@@ -162,20 +162,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo.show_metrics(url, demo.STREAMS_SHOWN)
     print("\n== headwater status")
     cmd_status(args)
-    metrics_at = f"metrics {capture_url}/metrics" if capture.metrics_port else "no metrics port"
+    capture_at = f"pid {pid}, " + (f"metrics {capture_url}/metrics" if capture.metrics_port else "no metrics port")
+    _print_running(local, capture_at, f"pid {worker}", url, analytics_cfg)
+    return 0
+
+
+def _print_running(local: stack.StackConfig, capture_at: str, worker_at: str, url: str,
+                   analytics_cfg: AnalyticsConfig) -> None:  # fmt: skip
+    """The demo's last words: what runs where, and how to stop it."""
     print(
         "\n== what is running\n"
         f"  PostgreSQL  {local.display_dsn()}  (wal_level=logical)\n"
         f"  Kafka       {local.bootstrap}\n"
         f"  registry    {local.registry_url}\n"
         f"  Redis       {local.redis_url}\n"
-        f"  capture     pid {pid}, {metrics_at}\n"
-        f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/, metrics {url}/metrics\n"
+        f"  capture     {capture_at}\n"
+        f"  streams     {worker_at}, query endpoint {url}/tables/ and {url}/views/, metrics {url}/metrics\n"
         f"  analytics   headwater analytics shop-report | tables  (PySpark {analytics_cfg.master},"
         f" Parquet in {analytics_cfg.output}/)\n"
         "Stop everything with: headwater stack down"
     )
-    return 0
 
 
 def _as_flags(values: Mapping[str, Any]) -> list[str]:
@@ -343,10 +349,18 @@ POSITIVE = _number(float, least=sys.float_info.min, what="a number greater than 
 
 def _with_config_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
-    parser.add_argument("--log-level", choices=logs.LEVELS, type=str.lower,
-                        help=f"log level (default: ${logs.LEVEL_ENV}, else info for capture, warning otherwise)")
-    parser.add_argument("--log-format", choices=logs.FORMATS, type=str.lower,
-                        help=f"text, or json: one object per line (default: ${logs.FORMAT_ENV}, else text)")
+    parser.add_argument(
+        "--log-level",
+        choices=logs.LEVELS,
+        type=str.lower,
+        help=f"log level (default: ${logs.LEVEL_ENV}, else info for capture, warning otherwise)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        type=str.lower,
+        help=f"text, or json: one object per line (default: ${logs.FORMAT_ENV}, else text)",
+    )
     return parser
 
 

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from streams.config import StreamsConfig
+from tables.logs import KAFKA_LOGGER
 
 TABLE_PRODUCER: dict[str, Any] = {
     "enable.idempotence": True,  # librdkafka's idempotence works on Tansu (aiokafka's does not)
@@ -59,7 +60,7 @@ def reader_settings(cfg: StreamsConfig, *, table_feed: bool = False) -> dict[str
 
 def kafka_client(cfg: StreamsConfig) -> dict[str, Any]:
     """librdkafka settings shared by the workers' producer, admin and readers."""
-    return {"bootstrap.servers": cfg.bootstrap, **cfg.kafka, "logger": logging.getLogger("headwater.kafka")}
+    return {"bootstrap.servers": cfg.bootstrap, **cfg.kafka, "logger": logging.getLogger(KAFKA_LOGGER)}
 
 
 def producer_settings(cfg: StreamsConfig) -> dict[str, Any]:

@@ -11,9 +11,11 @@ every thread the engine started). The owner of the raw partition runs two feeds 
 mirrored into Redis by ``streams.mirror``); the table-topic partitions assigned are read into the
 table store by one ``streams.tablefeed.TableFeed``, restarted at every rebalance. A feed's fatal
 error goes to ``on_fatal`` (the host stops the worker). ``metrics`` (``streams.metrics``) holds every
-part's counters and reads the engine's progress when scraped; ``unready`` says why this worker does
-not serve everything yet (no partitions yet, tables loading, the fan-out behind where the raw topic
-ended at start, views replaying), None once it does. Nothing here imports Faust.
+part's counters and reads the engine's progress when scraped (the views' cut and its age only while
+this worker owns the raw partition), and its readers report librdkafka's statistics to
+``metrics.kafka`` (does Kafka answer); ``unready`` says why this worker does not serve everything
+yet (no partitions yet, tables not loaded since they were assigned, the fan-out behind where the raw
+topic ended at start, views replaying), None once it does. Nothing here imports Faust.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from streams.catalog import TableTopic, discover
 from streams.clients import reader_settings
@@ -29,7 +32,7 @@ from streams.cursor import Raw
 from streams.fanrun import FanOutRun
 from streams.feed import Feed
 from streams.materializer import Materializer
-from streams.metrics import KafkaWatch, StreamsMetrics, Watcher
+from streams.metrics import StreamsMetrics, Watcher
 from streams.mirror import RedisMirror
 from streams.store import TableStore
 from streams.tablefeed import Backlog, Part, Progress, TableFeed
@@ -43,6 +46,7 @@ from tables.views import TableShape, ViewSpec
 
 log = logging.getLogger("headwater.streams")
 Fatal = Callable[[str, FatalError], None]  # (which part stopped, why): called from the part's thread
+Settings = Callable[[str], dict[str, Any]]  # a reader's librdkafka settings, by the reader's name
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,9 @@ class Owner:
     """The raw topic's feeds, running while this worker owns the raw partition (``streams.feed``)."""
 
     def __init__(self, cfg: StreamsConfig, run: FanOutRun, views: Materializer | None, mirror: RedisMirror | None,
-                 on_fatal: Fatal) -> None:  # fmt: skip
+                 on_fatal: Fatal, settings: Settings) -> None:  # fmt: skip
         self.cfg, self.run, self.views, self.mirror, self.on_fatal = cfg, run, views, mirror, on_fatal
+        self.settings = settings
         self.feeds: list[Feed] = []
 
     def start(self) -> None:
@@ -101,7 +106,7 @@ class Owner:
 
     def _feed(self, name: str, start: Callable[[], int], handle: Callable[[list[Raw]], None],
               idle: Callable[[], None]) -> Feed:  # fmt: skip
-        return Feed(name, self.cfg.changes_topic, reader_settings(self.cfg), start=start, handle=handle, idle=idle,
+        return Feed(name, self.cfg.changes_topic, self.settings(name), start=start, handle=handle, idle=idle,
                     on_fatal=lambda exc: self.on_fatal(name, exc), batch_size=self.cfg.batch_size,
                     wait=self.cfg.batch_wait)  # fmt: skip
 
@@ -109,8 +114,10 @@ class Owner:
 class Tables:
     """The table feed of the table-topic partitions this worker is assigned (``streams.tablefeed``)."""
 
-    def __init__(self, cfg: StreamsConfig, store: TableStore, topics: Collection[str], on_fatal: Fatal) -> None:
+    def __init__(self, cfg: StreamsConfig, store: TableStore, topics: Collection[str], on_fatal: Fatal,
+                 settings: Settings) -> None:  # fmt: skip
         self.cfg, self.store, self.topics, self.on_fatal = cfg, store, frozenset(topics), on_fatal
+        self.settings = settings
         self.feed: TableFeed | None = None
 
     def start(self, assigned: Collection[Part]) -> None:
@@ -122,9 +129,8 @@ class Tables:
             return
         if self.store.db is None:
             self.store.open()
-        settings = reader_settings(self.cfg, table_feed=True)
-        self.feed = TableFeed(self.store, settings, parts, batch_size=self.cfg.batch_size, wait=self.cfg.batch_wait,
-                              on_fatal=lambda exc: self.on_fatal("tables", exc))  # fmt: skip
+        self.feed = TableFeed(self.store, self.settings("tables"), parts, batch_size=self.cfg.batch_size,
+                              wait=self.cfg.batch_wait, on_fatal=lambda exc: self.on_fatal("tables", exc))  # fmt: skip
         self.feed.start()
 
     def stop(self) -> None:
@@ -144,18 +150,23 @@ class Engine:
                  store: TableStore, view_store: ViewStore, on_fatal: Fatal) -> None:  # fmt: skip
         self.cfg, self.schemas, self.writer, self.catalog = cfg, schemas, writer, catalog
         self.store, self.view_store = store, view_store
-        self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after)
+        self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after, cfg.bootstrap)
         self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics, metrics)
         views = catalog.views
         self.views = Materializer(cfg, views, catalog.shapes, view_store, writer, schemas, metrics) if views else None
         self.mirror = RedisMirror(cfg, views, schemas, metrics) if views and cfg.redis_url != "none" else None
-        self.owner = Owner(cfg, self.fanout, self.views, self.mirror, on_fatal)
-        self.tables = Tables(cfg, store, catalog.topics, on_fatal)
+        self.owner = Owner(cfg, self.fanout, self.views, self.mirror, on_fatal, self.reader)
+        self.tables = Tables(cfg, store, catalog.topics, on_fatal, self.reader)
         self.backlog = Backlog(self.raw_end, self.fanned)
         self.assignments = 0  # rebalances this worker was told of
         metrics.sources.raw, metrics.sources.cut, metrics.sources.redis = self.raw_positions, self.cut, self.redis
+        metrics.sources.cut_age = lambda: metrics.cut.age() if self.views is not None and self.owner.feeds else None
         metrics.sources.tables = lambda: dict(self.tables.feed.progress) if self.tables.feed else {}
-        self.watcher = Watcher([self.watch_cut, KafkaWatch(cfg.bootstrap).check])
+        self.watcher = Watcher([self.watch_cut, metrics.kafka.check])
+
+    def reader(self, name: str) -> dict[str, Any]:
+        """A reader's librdkafka settings, its statistics reported to ``metrics.kafka`` as ``name``."""
+        return self.metrics.kafka.settings(name, reader_settings(self.cfg, table_feed=name == "tables"))
 
     @property
     def raw(self) -> Part:
@@ -175,6 +186,7 @@ class Engine:
     def revoked(self) -> None:
         """Another worker may hold the partitions next: stop reading (blocks until the feeds stopped)."""
         self.owner.stop()
+        self.metrics.cut.reset()
         self.tables.stop()
 
     def close(self) -> None:
@@ -213,7 +225,7 @@ class Engine:
         if not self.assignments:
             return "waiting for the consumer group to assign partitions"
         feed = self.tables.feed
-        loading = [p for p in feed.progress.values() if not p.current] if feed is not None else []
+        loading = [p for p in feed.progress.values() if not p.loaded] if feed is not None else []
         if loading:
             behind = sum(max(p.end - p.offset, 0) for p in loading)
             return f"loading tables: {len(loading)} partitions not read to their end ({behind} records to go)"
@@ -233,7 +245,8 @@ class Engine:
                 if (cursor := cursors.get(feed.label)) is not None}  # fmt: skip
 
     def cut(self) -> int | None:
-        return self.views.cuts.last() if self.views is not None else None
+        """The views' last published cut, while this worker runs the views (None elsewhere)."""
+        return self.views.cuts.last() if self.views is not None and self.owner.feeds else None
 
     def redis(self) -> dict[str, tuple[int, int]]:
         """View -> (commit LSN of the cut Redis shows, of the newest cut seen), as this worker's mirror knows."""
@@ -244,6 +257,7 @@ class Engine:
         return {name: (lsn, max(newest.get(name, lsn), lsn)) for name, lsn in list(mirror.applied.items())}
 
     def watch_cut(self, now: float) -> None:
-        """Every second (``streams.metrics.Watcher``): how long the views' cut has stood still."""
-        if self.views is not None:
+        """Every second (``streams.metrics.Watcher``): how long the views' cut has stood still, while this
+        worker runs the views (``revoked`` resets the watch)."""
+        if self.views is not None and self.owner.feeds:
             self.metrics.cut.observe(self.views.cuts.last(), self.views.unpublished, now)

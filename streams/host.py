@@ -10,7 +10,8 @@ itself. After each rebalance the engine is told what this worker holds; on a rev
 at shutdown its readers stop before Faust goes on; a fatal error in the engine crashes the app.
 The app's ``Worker`` logs in Headwater's format (``tables.logs``): every line, Faust's too, at
 Faust's ``-l`` level when it is given on the command line, else ``HEADWATER_LOG_LEVEL`` (default
-info), in ``HEADWATER_LOG_FORMAT`` (text or json); it logs its start and stop at WARNING.
+info), in ``HEADWATER_LOG_FORMAT`` (text or json), the Kafka clients' connection failures (librdkafka's
+and aiokafka's, repeated while a broker is away) at DEBUG; it logs its start and stop at WARNING.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class Worker(faust.Worker):
         options = logs.log_options()
         for handler in logger.handlers:
             logs.restyle(handler, "streams", options)
+            handler.addFilter(logs.KAFKA_GATE)  # librdkafka's and aiokafka's connection noise, to DEBUG
         logger.setLevel(level if level_flag_given() else options.number)
-        logging.getLogger(logs.KAFKA_LOGGER).addFilter(logs.KAFKA_GATE)
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
@@ -78,6 +79,7 @@ class Worker(faust.Worker):
 
 def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.App:
     """The worker's app, its engine started by assignment (view specs: the config file's by default)."""
+    logs.log_options()  # a bad HEADWATER_LOG_* is a ConfigError now, said cleanly, not inside Faust's logging set-up
     app = profile.app_class(cfg)(cfg.app_id, Worker=Worker, **profile.faust_settings(cfg))
     log.info("streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
              shown(cfg.registry_url))  # fmt: skip

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +21,7 @@ from streams.config import StreamsConfig, load_streams_config
 from streams.errors import KeyError400
 from tables.config import Settings, load
 from tables.errors import ConfigError
+from tests.plugins.streams import REPO
 
 pytestmark = pytest.mark.unit
 
@@ -123,3 +127,13 @@ def test_faust_does_not_check_the_streams_of_topics_the_engine_reads_itself() ->
     for topic in ("shop.changes", "shop.orders", "shop-streams-other"):
         consumer.verify_event_path(0.0, TP(topic, 0))
     assert thread.asked == [TP("shop-streams-other", 0)]
+
+
+def test_a_bad_log_setting_ends_the_worker_with_its_message_not_a_traceback(tmp_path: Path) -> None:
+    """Checked when the app is built, before Faust sets up its logging (where it would be a traceback)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEADWATER_")}
+    env.update(HEADWATER_LOG_LEVEL="loud", HEADWATER_STACK_DATA_DIR=str(tmp_path), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "faust", "-A", "streams", "worker", "--web-port", "0"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "HEADWATER_LOG_LEVEL: unknown log level 'loud'" in done.stderr and "Traceback" not in done.stderr
