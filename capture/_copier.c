@@ -15,7 +15,11 @@
  * lists of ``{"value", "key"}`` dicts (``Producer.produce_batch``'s shape), with
  * the values long enough to be TOASTed as ``(key, column index, text)``. Given a
  * ``Sender``, the Copier sends each message itself, from its own buffer, and hands
- * ``on_batch`` the number of messages sent instead of the list.
+ * ``on_batch`` the number of messages sent instead of the list. Every message ends
+ * with ``tail``: the record's fields after ``after`` (by default one null byte, the
+ * ``backfill`` field of a snapshot row). With ``rows`` set the Copier writes no
+ * messages: ``on_batch`` gets lists of ``(key, value)`` tuples (a backfill holds its
+ * chunk's rows until the chunk's high watermark, ``capture.backfiller``).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,7 +64,8 @@ typedef struct {
     PyObject_HEAD
     Column *cols;
     Py_ssize_t ncols;
-    PyObject *value_prefix, *key_prefix, *head, *size, *kafka_key;
+    PyObject *value_prefix, *key_prefix, *head, *size, *kafka_key, *tail;
+    int rows_only; /* hand (key, value) tuples to on_batch instead of messages */
     PyObject *fallback, *on_batch, *sender; /* sender: a Sender, or NULL for batches of dicts */
     PyObject *batch, *large, *pool; /* pool: message dicts to reuse once on_batch let go of them */
     long long position, stride;
@@ -466,9 +471,18 @@ static int envelope(Copier *self, PyObject *key, PyObject *after) {
         return -1;
     }
     if (buf_add(m, "\x00\x02", 2) < 0 || buf_long(m, PyBytes_GET_SIZE(after)) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(after), PyBytes_GET_SIZE(after)) < 0)
+        buf_add(m, PyBytes_AS_STRING(after), PyBytes_GET_SIZE(after)) < 0 ||
+        buf_add(m, PyBytes_AS_STRING(self->tail), PyBytes_GET_SIZE(self->tail)) < 0)
         return -1;
     return 0;
+}
+
+/* The row itself, (key, value), into the batch (rows mode) */
+static int keep_row(Copier *self, PyObject *key, PyObject *value) {
+    PyObject *item = PyTuple_Pack(2, key, value);
+    int rc = item && PyList_Append(self->batch, item) == 0 ? 0 : -1;
+    Py_XDECREF(item);
+    return rc;
 }
 
 static int flush_batch(Copier *self) {
@@ -590,7 +604,7 @@ static int row(Copier *self, const char *line, Py_ssize_t len) {
         self->fast++;
     else if (general_row(self, line, len, &value, &key, &large) < 0)
         return -1;
-    int rc = envelope(self, key, value) == 0 ? send(self) : -1;
+    int rc = self->rows_only ? keep_row(self, key, value) : envelope(self, key, value) == 0 ? send(self) : -1;
     if (rc == 0 && add_large(self, key, large) == 0) {
         self->position += self->stride;
         self->rows++;
@@ -659,6 +673,7 @@ static void Copier_dealloc(Copier *self) {
     Py_XDECREF(self->head);
     Py_XDECREF(self->size);
     Py_XDECREF(self->kafka_key);
+    Py_XDECREF(self->tail);
     Py_XDECREF(self->fallback);
     Py_XDECREF(self->on_batch);
     Py_XDECREF(self->sender);
@@ -699,20 +714,21 @@ static int parse_column(Column *c, PyObject *spec) {
 
 static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     static char *kws[] = {"columns", "value_prefix", "key_prefix", "head", "size", "kafka_key", "position",
-                          "stride", "fallback", "on_batch", "batch_rows", "sender", NULL};
-    PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch, *sender = Py_None;
+                          "stride", "fallback", "on_batch", "batch_rows", "sender", "tail", "rows", NULL};
+    PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch, *sender = Py_None, *tail = NULL;
+    int rows_only = 0;
     long long position, stride;
     Py_ssize_t batch_rows;
     if (self->cols) {
         PyErr_SetString(PyExc_RuntimeError, "a Copier is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn|O", kws, &columns, &vp, &kp, &head, &size, &kk,
-                                     &position, &stride, &fallback, &on_batch, &batch_rows, &sender))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn|OSp", kws, &columns, &vp, &kp, &head, &size, &kk,
+                                     &position, &stride, &fallback, &on_batch, &batch_rows, &sender, &tail, &rows_only))
         return -1;
     if (!PyList_Check(columns) || PyList_GET_SIZE(columns) == 0 || !(kp == Py_None || PyBytes_Check(kp)) ||
         !PyCallable_Check(fallback) || !PyCallable_Check(on_batch) || batch_rows < 1 || stride < 1 ||
-        !(sender == Py_None || Py_IS_TYPE(sender, &SenderType))) {
+        !(sender == Py_None || Py_IS_TYPE(sender, &SenderType)) || (rows_only && sender != Py_None)) {
         PyErr_SetString(PyExc_ValueError, "bad Copier arguments");
         return -1;
     }
@@ -734,6 +750,10 @@ static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     self->head = Py_NewRef(head);
     self->size = Py_NewRef(size);
     self->kafka_key = Py_NewRef(kk);
+    self->tail = tail ? Py_NewRef(tail) : PyBytes_FromStringAndSize("\x00", 1);
+    self->rows_only = rows_only;
+    if (!self->tail)
+        return -1;
     self->fallback = Py_NewRef(fallback);
     self->on_batch = Py_NewRef(on_batch);
     self->sender = sender == Py_None ? NULL : Py_NewRef(sender);

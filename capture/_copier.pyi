@@ -29,9 +29,11 @@ class Copier:
         position: int,
         stride: int,
         fallback: Callable[[bytes], tuple[bytes, bytes | None, list[tuple[int, str]] | None]],
-        on_batch: Callable[[list[dict[str, Any]] | int, list[tuple[bytes, int, str]]], None],
+        on_batch: Callable[[Any, list[tuple[bytes, int, str]]], None],
         batch_rows: int,
         sender: Sender | None = None,
+        tail: bytes = b"\x00",
+        rows: bool = False,
     ) -> None: ...
     def write(self, data: bytes) -> int: ...
     def finish(self) -> None: ...

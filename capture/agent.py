@@ -241,7 +241,8 @@ class Session:
             shape = catalog.table_schema(parts.conn, parts.types, cfg.topic_prefix, table)
             ids[table.qualified] = register_table(registrar, shape)
             shapes.append(shape)
-        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables])
+        parsed = registrar.parsed if isinstance(registrar, Registry) else None
+        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables], parsed)
         chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
         progress = snapshot.Progress(estimates, chunks, parts.state)
         time_us = int(time.time() * 1_000_000)

@@ -106,6 +106,14 @@ def _optional_bytes(data: bytes | None) -> bytes:
     return b"\x00" if data is None else b"\x02" + long_bytes(len(data)) + data
 
 
+NO_BACKFILL = b"\x00"  # the record's fields after ``after``: backfill = null
+
+
+def backfill_tail(backfill: int | None) -> bytes:
+    """The record's fields after ``after``: the ``backfill`` number, or null."""
+    return NO_BACKFILL if backfill is None else b"\x02" + long_bytes(backfill)
+
+
 class ChangeWriter:
     """Encodes raw-topic keys and values (``tables.change`` schemas); per-table and per-transaction
     parts are computed once."""
@@ -144,10 +152,11 @@ class ChangeWriter:
         return found
 
     def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
-               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
+               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None,
+               backfill: int | None = None) -> bytes:  # fmt: skip
         return b"".join(
             (self._head(op, schema, table, topic)[1], transaction, long_bytes(position), size, _optional_bytes(key),
-             _optional_bytes(before), _optional_bytes(after))
+             _optional_bytes(before), _optional_bytes(after), backfill_tail(backfill))
         )  # fmt: skip
 
     def read_head(self, schema: str, table: str, topic: str, transaction: bytes) -> bytes:
@@ -162,22 +171,23 @@ class ChangeWriter:
         def encode(position: int, key: bytes | None, after: bytes) -> bytes:
             return b"".join(
                 (head, long_bytes(position), size, b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,
-                 b"\x00\x02", long_bytes(len(after)), after)
+                 b"\x00\x02", long_bytes(len(after)), after, NO_BACKFILL)
             )  # fmt: skip
 
         return encode
 
-    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes,
+                backfill: int | None = None) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
         """(Kafka key, value) of each change of one transaction, positions from 0: ``encode`` per
         change, with the per-table parts looked up once per change and no call per field."""
-        heads = self._heads
+        heads, tail = self._heads, backfill_tail(backfill)
         for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
             found = heads.get((op, schema, table, topic)) or self._head(op, schema, table, topic)
             yield found[0], b"".join(
                 (found[1], transaction, long_bytes(position), size,
                  b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,
                  b"\x00" if before is None else b"\x02" + long_bytes(len(before)) + before,
-                 b"\x00" if after is None else b"\x02" + long_bytes(len(after)) + after)
+                 b"\x00" if after is None else b"\x02" + long_bytes(len(after)) + after, tail)
             )  # fmt: skip
 
 

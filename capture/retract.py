@@ -32,15 +32,15 @@ from psycopg2 import sql
 from capture.catalog import Connection
 from capture.config import CaptureConfig
 from tables.catalog import TableSchema
-from tables.change import CHANGE_VALUE_SCHEMA
 from tables.kafka import bounds, read_to_end, reader
 from tables.wire import body, schema_id
 
 log = logging.getLogger("headwater.capture")
 Table = tuple[str, str]  # (schema, name)
 KeyDecoder = Callable[[bytes], list[Any]]  # key image -> the key columns' values, in key order
+Parsed = Callable[[int], Any]  # schema id -> the parsed writer schema (``Registry.parsed``)
+Earlier = tuple[str, Table, bytes | None, bytes | None]  # (op, table, key, before) of a raw change
 BATCH = 5000
-_CHANGE = fastavro.parse_schema(CHANGE_VALUE_SCHEMA)
 
 
 class LiveKeys:
@@ -80,10 +80,11 @@ def raw_end(cfg: CaptureConfig) -> int:
         consumer.close()
 
 
-def earlier_changes(cfg: CaptureConfig, end: int) -> Iterator[tuple[str, Table, bytes | None, bytes | None]]:
-    """(op, table, key, before) of every raw change below offset ``end``, in order."""
+def earlier_changes(cfg: CaptureConfig, end: int, parsed: Parsed | None) -> Iterator[Earlier]:
+    """(op, table, key, before) of every raw change below offset ``end``, in order; Avro records are read
+    with their writer's schema (``parsed``), so records of every version of the change schema are read."""
     consumer = reader({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
-    decode = _json_change if cfg.format == "json" else _avro_change
+    decode = _json_change if cfg.format == "json" or parsed is None else _avro_reader(parsed)
     try:
         for msg in read_to_end(consumer, [TopicPartition(cfg.changes_topic, 0, 0)], timeout=600):
             if (msg.offset() or 0) >= end:
@@ -95,12 +96,15 @@ def earlier_changes(cfg: CaptureConfig, end: int) -> Iterator[tuple[str, Table, 
         consumer.close()
 
 
-def _avro_change(value: bytes) -> tuple[str, Table, bytes | None, bytes | None]:
-    c: Any = fastavro.schemaless_reader(io.BytesIO(body(value)), _CHANGE, None)
-    return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
+def _avro_reader(parsed: Parsed) -> Callable[[bytes], Earlier]:
+    def decode(value: bytes) -> Earlier:
+        c: Any = fastavro.schemaless_reader(io.BytesIO(body(value)), parsed(schema_id(value)), None)
+        return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
+
+    return decode
 
 
-def _json_change(value: bytes) -> tuple[str, Table, bytes | None, bytes | None]:
+def _json_change(value: bytes) -> Earlier:
     c = json.loads(value)
     return c["op"], (c["schema"], c["table"]), _json_image(c.get("key")), _json_image(c.get("before"))
 
@@ -110,17 +114,19 @@ def _json_image(image: Any) -> bytes | None:
     return None if image is None else json.dumps(image, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table]) -> LiveKeys | None:
-    """The keys the raw topic holds alive for ``tables`` before a new snapshot (None: the topic is empty)."""
+def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], parsed: Parsed | None,
+                 what: str = "this snapshot") -> LiveKeys | None:  # fmt: skip
+    """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``);
+    None when the topic is empty."""
     end = raw_end(cfg)
     if end == 0:
         return None
     started = clock.monotonic()
     live = LiveKeys(tables)
-    for op, table, key, before in earlier_changes(cfg, end):
+    for op, table, key, before in earlier_changes(cfg, end, parsed):
         live.apply(op, table, key, before)
-    log.info("the raw topic holds %d changes from before this snapshot (%d keys of captured tables, read in %.1f s):"
-             " keys this snapshot does not find get a DELETE", end, len(live), clock.monotonic() - started)  # fmt: skip
+    log.info("the raw topic holds %d changes from before %s (%d keys of its tables, read in %.1f s): keys %s does"
+             " not find get a DELETE", end, what, len(live), clock.monotonic() - started, what)  # fmt: skip
     return live
 
 
