@@ -111,7 +111,7 @@ def check_predicate(text: str) -> str:
     predicate = text.strip()
     if not predicate:
         raise SignalError("the predicate (where) is empty")
-    bare = _QUOTED.sub("''", predicate)
+    bare = _QUOTED.sub(" _ ", predicate)  # quoted text and names: their content is not SQL
     if re.search(r"'|\"|\$\w*\$", bare):
         raise SignalError("the predicate has an unterminated quote")
     if ";" in bare or "--" in bare or "/*" in bare:
@@ -238,6 +238,7 @@ class Backfill:
     estimate: int = 0
     retracted: int = 0
     message: str = ""
+    dropped: int = 0  # rows read that the stream changed before their chunk's high watermark (left to it)
     created_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
@@ -257,28 +258,29 @@ class Backfill:
         elapsed = (time.monotonic() if now is None else now) - then
         return (self.rows - rows) / elapsed if then and elapsed > 0 else 0.0
 
-    def eta(self, now: float | None = None) -> float | None:
-        """Seconds left at the current rate (None: unknown)."""
-        rate = self.rate(now)
+    def eta(self, rate: float) -> float | None:
+        """Seconds left at ``rate`` rows/s (None: unknown)."""
         if self.status != "running" or rate <= 0:
             return None
         return max(self.estimate - self.rows, 0) / rate
 
-    def describe(self, now: float | None = None) -> str:
-        """One line: table, status, rows, rate, ETA, where it came from."""
+    def describe(self, rate: float | None = None) -> str:
+        """One line: table, status, rows, rate, ETA, where it came from (``rate``: this process's, unless given)."""
+        rate = self.rate() if rate is None else rate
         where = f" where {self.predicate}" if self.predicate else ""
-        head = f"#{self.id} {self.table}{where}: {self.status}"
-        if self.status in ("queued", "cancelled", "failed") and not self.rows:
-            return f"{head} ({self.origin}){': ' + self.message if self.message else ''}"
-        eta = self.eta(now)
-        parts = [f"{self.rows}/~{max(self.estimate, self.rows)} rows"]
+        parts = [f"#{self.id} {self.table}{where}: {self.status}"]
+        if self.rows or self.status in ("running", "done"):
+            parts.append(f"{self.rows}/~{max(self.estimate, self.rows)} rows")
         if self.status == "running":
-            parts.append(f"{self.rate(now):.0f} rows/s" + (f", ETA {eta:.0f} s" if eta is not None else ""))
-            parts.append("retracting" if self.phase == "retract" else "")
+            eta = self.eta(rate)
+            parts.append(f"{rate:.0f} rows/s" + (f", ETA {eta:.0f} s" if eta is not None else ""))
+            if self.phase == "retract":
+                parts.append("retracting keys the table no longer holds")
+        if self.dropped:
+            parts.append(f"{self.dropped} read rows left to the stream (changed meanwhile)")
         if self.status == "done" and self.started_at and self.finished_at:
             parts.append(f"in {self.finished_at - self.started_at:.1f} s, {self.retracted} keys retracted")
-        text = ", ".join(p for p in parts if p)
-        return f"{head}, {text} ({self.origin}){': ' + self.message if self.message else ''}"
+        return ", ".join(parts) + f" ({self.origin})" + (f": {self.message}" if self.message else "")
 
 
 @dataclass(frozen=True)
@@ -297,5 +299,5 @@ class Progress:
 
     @classmethod
     def of(cls, backfill: Backfill, now: float | None = None) -> Progress:
-        b = backfill
-        return cls(b.id, b.table, b.status, b.phase, b.rows, b.estimate, b.rate(now), b.eta(now), b.retracted)
+        b, rate = backfill, backfill.rate(now)
+        return cls(b.id, b.table, b.status, b.phase, b.rows, b.estimate, rate, b.eta(rate), b.retracted)

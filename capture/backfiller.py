@@ -56,7 +56,7 @@ from capture.decoder import Commit, Relation
 from capture.encoder import RowEncoder
 from capture.errors import UnsupportedValueError
 from capture.schemas import register_table
-from capture.state import State
+from capture.state import Mailbox, State
 from capture.transcoder import copier_spec
 from tables.registry import NoRegistry, Registry
 from tables.wire import avro_body, body, frame
@@ -107,11 +107,13 @@ class Candidates:
             if registry is not None:
                 registry.close()
 
-    def batch(self) -> list[bytes] | None:
-        """The next keys to check ([] when all are), None while they are being read."""
+    def batch(self, gone: Callable[[bytes], bool]) -> tuple[int, list[bytes]] | None:
+        """The next keys to check: (how many, those of them the stream did not delete meanwhile — their
+        tombstone is on the topic already); (0, []) when all are checked, None while they are being read."""
         if self.keys is None:
             return None
-        return self.keys[self.done : self.done + retract.BATCH]
+        keys = self.keys[self.done : self.done + retract.BATCH]
+        return len(keys), [k for k in keys if not gone(k)]
 
 
 class Backfiller:
@@ -120,6 +122,7 @@ class Backfiller:
     def __init__(self, cfg: CaptureConfig, dsn: str, state: State, sink: ChangeSink,
                  registrar: Registry | NoRegistry, streamer: Streaming) -> None:  # fmt: skip
         self.cfg, self.state, self.sink, self.registrar, self.streamer = cfg, state, sink, registrar, streamer
+        self.mailbox = Mailbox(cfg.state_dir, cfg.slot)
         self.conn = catalog.connect(dsn)
         self.conn.autocommit = True
         self.types = TypeCache(self.conn)
@@ -130,6 +133,8 @@ class Backfiller:
         self.flight: Window | None = None  # the chunk read and waiting for its high watermark
         self.watching: Table | None = None
         self.recent = Recent()
+        self.gone: set[bytes] = set()  # keys of the watched table the stream deleted (their tombstone is written)
+        self.ident: Callable[[bytes], bytes] = body
         self.pending: deque[tuple[int, Backfill]] = deque()  # (end LSN, progress) to save once Kafka has it
         self.last_end = 0
         self.ignored: set[Table] = set()  # relations seen that are not captured
@@ -142,6 +147,7 @@ class Backfiller:
 
     def close(self) -> None:
         self.conn.close()
+        self.mailbox.close()
 
     # ---- start ---------------------------------------------------------------------------
     def start(self, tables: list[TableRef], fresh: bool) -> None:
@@ -201,16 +207,19 @@ class Backfiller:
         if at <= self.applied:
             return  # applied before a restart, streamed again from the last confirmed commit
         kind, data = values.get("type"), values.get("data")
+        request: Request | None = None
         with self.state.db:
             try:
                 request = parse_signal(kind, data)
                 outcome = self.apply(request, "signal")
-                self.state.request(request.action, request.tables, request.predicate, "signal", outcome)
             except SignalError as exc:
                 outcome = f"refused: {exc}"
-                self.state.request(str(kind), (), data, "signal", outcome)
             self.state.signal_applied(*at)
         self.applied = at
+        if request is not None:
+            self.mailbox.request(request.action, request.tables, request.predicate, "signal", outcome)
+        else:
+            self.mailbox.request(str(kind), (), data, "signal", outcome)
         say = log.error if outcome.startswith("refused") else log.info
         say("signal %s (%s): %s", values.get("id"), kind, outcome)
 
@@ -225,6 +234,8 @@ class Backfiller:
                     touched = True
                     if window is not None:
                         window.see(c.op, c.key, c.before, self._old_key)
+                    if c.op == "DELETE" and c.key is not None:
+                        self.gone.add(self.ident(c.key))
         self.recent.commit(xid, touched)
         for mark in marks:
             self._watermark(mark, commit, xid)
@@ -261,6 +272,7 @@ class Backfiller:
         if window.op == "READ":
             self._remember(backfill, window, rows, commit.commit_lsn)
             backfill.rows += sent
+            backfill.dropped += window.read - sent
             backfill.cursor = window.upper
             backfill.phase = "retract" if window.last else "chunks"
         else:
@@ -341,13 +353,17 @@ class Backfiller:
         if backfill.phase == "chunks":
             self.flight = self._read_chunk(backfill, plan)
             return True
-        batch = self._candidates(backfill).batch()
+        candidates = self._candidates(backfill)
+        batch = candidates.batch(lambda key: plan.ident(key) in self.gone)
         if batch is None:
             return False
-        if not batch:
+        if not batch[0]:
             self._end(backfill, "done")
-            return True
-        self.flight = self._read_missing(backfill, plan, batch)
+        elif not batch[1]:
+            candidates.done += batch[0]
+        else:
+            self.flight = self._read_missing(backfill, plan, batch[1])
+            self.flight.read_keys = batch[0]
         return True
 
     def _ready(self, backfill: Backfill) -> Plan:
@@ -355,7 +371,8 @@ class Backfiller:
         plan = self._plan(backfill)
         self._candidates(backfill)
         if self.watching != backfill.qualified:
-            self.watching, self.recent = backfill.qualified, Recent()
+            self.watching, self.recent, self.gone = backfill.qualified, Recent(), set()
+        self.ident = plan.ident
         self.streamer.watch = self
         if not backfill.since[0]:
             backfill.begin()
@@ -392,7 +409,7 @@ class Backfiller:
         gone, snapshot = chunker.missing(self.conn, plan.reading.encoder.table, keys, plan.decode)
         chunker.watermark(self.conn, "high", token)
         window = Window(backfill.id, backfill.qualified, token, "DELETE", [(k, None) for k in gone], plan.ident)
-        window.snapshot, window.read_keys = snapshot, len(keys)
+        window.snapshot = snapshot
         return window
 
     def _plan(self, backfill: Backfill) -> Plan:
@@ -475,7 +492,7 @@ class Backfiller:
 
     def _requests(self) -> None:
         """Requests ``headwater snapshot`` left in capture's state."""
-        for rid, request in self.state.pending_requests():
+        for rid, request in self.mailbox.pending_requests():
             with self.state.db:
                 try:
                     if isinstance(request, str):
@@ -483,7 +500,7 @@ class Backfiller:
                     outcome = self.apply(request, "request")
                 except SignalError as exc:
                     outcome = f"refused: {exc}"
-                self.state.handled(rid, outcome)
+            self.mailbox.handled(rid, outcome)  # after the backfills it queued are saved: never lost, once twice
             say = log.error if outcome.startswith("refused") else log.info
             say("request %d: %s", rid, outcome)
 

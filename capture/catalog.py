@@ -271,6 +271,15 @@ def nullability(conn: Connection, oid: int) -> dict[str, bool]:
     return out
 
 
+def key_names(conn: Connection, oid: int) -> set[str]:
+    """The key columns ``table_schema`` gives the table: its replica identity index's, else its primary key's."""
+    with conn.cursor() as cur:
+        cur.execute(COLUMNS_SQL, (oid,))
+        out = {name for name, _, _, _, is_key in cur.fetchall() if is_key}
+    conn.commit()
+    return out
+
+
 def table_schema(conn: Connection, types: TypeCache, prefix: str, table: TableRef) -> TableSchema:
     """The table's shape from the catalog (the snapshot uses this; streaming uses Relation messages)."""
     with conn.cursor() as cur:

@@ -13,7 +13,8 @@ here the tables whose rows the raw topic carries (``captured``: a table that joi
 backfilled), each backfill with the last chunk Kafka acknowledged (so a restart goes on from
 it), the requests ``headwater snapshot`` leaves for the running capture with their outcome,
 and the commit LSN of the last signal-table row applied (a replay does not apply it twice).
-The backfill methods do not commit: callers group them in ``with state.db:``.
+The backfill methods do not commit: callers group them in ``with state.db:``. The requests
+themselves travel through a ``Mailbox`` of their own (each write commits at once).
 """
 
 from __future__ import annotations
@@ -53,16 +54,19 @@ CREATE TABLE IF NOT EXISTS backfills (
     id INTEGER PRIMARY KEY AUTOINCREMENT, tbl TEXT NOT NULL, predicate TEXT, origin TEXT NOT NULL,
     status TEXT NOT NULL, phase TEXT NOT NULL, cursor TEXT, upto TEXT, rows_done INTEGER NOT NULL,
     rows_estimate INTEGER NOT NULL, retracted INTEGER NOT NULL, message TEXT NOT NULL, created_at REAL NOT NULL,
-    started_at REAL, finished_at REAL, rate REAL NOT NULL DEFAULT 0, updated_at REAL NOT NULL DEFAULT 0
+    started_at REAL, finished_at REAL, rate REAL NOT NULL DEFAULT 0, updated_at REAL NOT NULL DEFAULT 0,
+    dropped INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS signals (slot TEXT PRIMARY KEY, lsn INTEGER NOT NULL, idx INTEGER NOT NULL);
+"""
+REQUESTS = """
 CREATE TABLE IF NOT EXISTS requests (
     id INTEGER PRIMARY KEY AUTOINCREMENT, action TEXT NOT NULL, tables TEXT NOT NULL, predicate TEXT,
     origin TEXT NOT NULL, made_at REAL NOT NULL, handled_at REAL, outcome TEXT
 );
-CREATE TABLE IF NOT EXISTS signals (slot TEXT PRIMARY KEY, lsn INTEGER NOT NULL, idx INTEGER NOT NULL);
 """
 BACKFILL_COLUMNS = ("id, tbl, predicate, origin, status, phase, cursor, upto, rows_done, rows_estimate, retracted,"
-                    " message, created_at, started_at, finished_at")  # fmt: skip
+                    " message, dropped, created_at, started_at, finished_at")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -169,46 +173,15 @@ class State:
     def save_backfill(self, b: Backfill, rate: float = 0.0) -> None:
         self.db.execute(
             "UPDATE backfills SET status = ?, phase = ?, cursor = ?, upto = ?, rows_done = ?, rows_estimate = ?,"
-            " retracted = ?, message = ?, started_at = ?, finished_at = ?, rate = ?, updated_at = ? WHERE id = ?",
+            " retracted = ?, message = ?, dropped = ?, started_at = ?, finished_at = ?, rate = ?, updated_at = ?"
+            " WHERE id = ?",
             (b.status, b.phase, _json(b.cursor), _json(b.upto), b.rows, b.estimate, b.retracted, b.message,
-             b.started_at, b.finished_at, rate, time.time(), b.id),
+             b.dropped, b.started_at, b.finished_at, rate, time.time(), b.id),
         )  # fmt: skip
 
     def backfill_rates(self) -> dict[int, float]:
         """The rate each backfill had when capture last saved it (rows/s), for ``headwater status``."""
         return dict(self.db.execute("SELECT id, rate FROM backfills WHERE status = 'running'").fetchall())
-
-    def request(self, action: str, tables: Sequence[str], predicate: str | None, origin: str = "cli",
-                outcome: str | None = None) -> int:  # fmt: skip
-        """A request for the running capture (``outcome`` given: one it already handled, e.g. a signal)."""
-        now = time.time()
-        cur = self.db.execute(
-            "INSERT INTO requests (action, tables, predicate, origin, made_at, handled_at, outcome)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (action, json.dumps(list(tables)), predicate, origin, now, now if outcome is not None else None, outcome),
-        )
-        return int(cur.lastrowid or 0)
-
-    def pending_requests(self) -> list[tuple[int, Request | str]]:
-        """Requests not handled yet, oldest first: (id, the request, or why it cannot be read)."""
-        rows = self.db.execute(
-            "SELECT id, action, tables, predicate FROM requests WHERE handled_at IS NULL ORDER BY id"
-        ).fetchall()
-        out: list[tuple[int, Request | str]] = []
-        for rid, action, tables, predicate in rows:
-            try:
-                out.append((rid, Request(action, tuple(json.loads(tables)), predicate)))
-            except ValueError as exc:
-                out.append((rid, str(exc)))
-        return out
-
-    def handled(self, request_id: int, outcome: str) -> None:
-        self.db.execute("UPDATE requests SET handled_at = ?, outcome = ? WHERE id = ?",
-                        (time.time(), outcome, request_id))  # fmt: skip
-
-    def outcome(self, request_id: int) -> str | None:
-        row = self.db.execute("SELECT outcome FROM requests WHERE id = ?", (request_id,)).fetchone()
-        return row[0] if row else None
 
     def signal_position(self) -> tuple[int, int]:
         """(commit LSN, place among that commit's signals) of the last signal-table row applied."""
@@ -265,15 +238,74 @@ class State:
             )
 
 
+class Mailbox:
+    """Requests for the running capture and what it made of them, in a file of their own
+    (``<slot>.requests.sqlite``, owner only): ``headwater snapshot`` writes there without waiting for the
+    state file, whose TOAST cache keeps a write open between checkpoints while large values stream."""
+
+    def __init__(self, directory: Path, slot: str) -> None:
+        private_dir(directory)
+        self.path = directory / f"{slot}.requests.sqlite"
+        self.path.touch(mode=0o600, exist_ok=True)
+        self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(REQUESTS)
+        for path in directory.glob(f"{slot}.requests.sqlite*"):
+            path.chmod(0o600)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def request(self, action: str, tables: Sequence[str], predicate: str | None, origin: str = "cli",
+                outcome: str | None = None) -> int:  # fmt: skip
+        """A request for the running capture (``outcome`` given: one it already handled, e.g. a signal)."""
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO requests (action, tables, predicate, origin, made_at, handled_at, outcome)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (action, json.dumps(list(tables)), predicate, origin, now, now if outcome is not None else None, outcome),
+        )
+        return int(cur.lastrowid or 0)
+
+    def pending_requests(self) -> list[tuple[int, Request | str]]:
+        """Requests not handled yet, oldest first: (id, the request, or why it cannot be read)."""
+        rows = self.db.execute(
+            "SELECT id, action, tables, predicate FROM requests WHERE handled_at IS NULL ORDER BY id"
+        ).fetchall()
+        out: list[tuple[int, Request | str]] = []
+        for rid, action, tables, predicate in rows:
+            try:
+                out.append((rid, Request(action, tuple(json.loads(tables)), predicate)))
+            except ValueError as exc:
+                out.append((rid, str(exc)))
+        return out
+
+    def requests(self, limit: int = 10) -> list[tuple[int, str, list[str], str | None, str, str | None]]:
+        """The ``limit`` newest requests, oldest first: (id, action, tables, predicate, origin, outcome or None)."""
+        rows = self.db.execute(
+            "SELECT id, action, tables, predicate, origin, outcome FROM requests ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [(rid, action, json.loads(tables), predicate, origin, outcome)
+                for rid, action, tables, predicate, origin, outcome in reversed(rows)]  # fmt: skip
+
+    def handled(self, request_id: int, outcome: str) -> None:
+        self.db.execute("UPDATE requests SET handled_at = ?, outcome = ? WHERE id = ?",
+                        (time.time(), outcome, request_id))  # fmt: skip
+
+    def outcome(self, request_id: int) -> str | None:
+        row = self.db.execute("SELECT outcome FROM requests WHERE id = ?", (request_id,)).fetchone()
+        return row[0] if row else None
+
+
 def _json(value: list[str | None] | None) -> str | None:
     return None if value is None else json.dumps(value)
 
 
 def _backfill(row: Any) -> Backfill:
-    (bid, table, predicate, origin, status, phase, cursor, upto, rows, estimate, retracted, message, created,
-     started, finished) = row  # fmt: skip
+    (bid, table, predicate, origin, status, phase, cursor, upto, rows, estimate, retracted, message, dropped,
+     created, started, finished) = row  # fmt: skip
     return Backfill(bid, table, predicate, origin, status, phase, json.loads(cursor) if cursor else None,
-                    json.loads(upto) if upto else None, rows, estimate, retracted, message, created, started,
+                    json.loads(upto) if upto else None, rows, estimate, retracted, message, dropped, created, started,
                     finished)  # fmt: skip
 
 

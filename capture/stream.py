@@ -44,7 +44,7 @@ from psycopg2 import sql
 
 from capture import decoder as pg
 from capture.backfill import WATERMARK_PREFIX
-from capture.catalog import Connection, TypeCache, nullability, server_utf8
+from capture.catalog import Connection, TypeCache, key_names, nullability, server_utf8
 from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
@@ -163,14 +163,15 @@ class Streamer:
             self.transcoders.pop(rel.oid, None)
             return
         nulls = nullability(self.conn, rel.oid)
-        full_identity = rel.replica_identity == "f"
+        # under REPLICA IDENTITY FULL pgoutput flags every column: a keyed table keeps its own key (the snapshot's)
+        keys = key_names(self.conn, rel.oid) if keyed and rel.replica_identity == "f" else None
         columns = [
             ColumnInfo(
                 c.name,
                 self.types.get(c.type_oid),
                 c.typmod,
                 nulls.get(c.name, True),
-                c.is_key and (keyed or not full_identity),
+                (c.name in keys) if keys is not None else c.is_key and keyed,
             )
             for c in rel.columns
         ]
