@@ -19,7 +19,8 @@
  * with ``tail``: the record's fields after ``after`` (by default one null byte, the
  * ``backfill`` field of a snapshot row). With ``rows`` set the Copier writes no
  * messages: ``on_batch`` gets lists of ``(key, value)`` tuples (a backfill holds its
- * chunk's rows until the chunk's high watermark, ``capture.backfiller``).
+ * chunk's rows until the chunk's high watermark, ``capture.backfiller``), and
+ * ``envelopes`` writes those rows' raw-topic changes once the chunk is due.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -619,6 +620,59 @@ static int row(Copier *self, const char *line, Py_ssize_t len) {
     return rc;
 }
 
+/* ---- a backfill's chunk ---------------------------------------------------------------- */
+
+static int optional_bytes(Buf *m, PyObject *o) {
+    if (o == Py_None)
+        return buf_byte(m, 0);
+    if (!PyBytes_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "row images must be bytes or None");
+        return -1;
+    }
+    return buf_byte(m, 2) < 0 || buf_long(m, PyBytes_GET_SIZE(o)) < 0 ||
+                   buf_add(m, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)) < 0
+               ? -1
+               : 0;
+}
+
+/* envelopes(head, size, rows, tail): the raw-topic change around each (key, value) of rows, positions 0, 1, ...,
+ * before null: what ChangeWriter.records writes for a backfill's chunk (head: op, table, topic, transaction) */
+static PyObject *envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *head, *size, *rows, *tail;
+    if (!PyArg_ParseTuple(args, "SSO!S", &head, &size, &PyList_Type, &rows, &tail))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(n);
+    Buf m = {0};
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        m.n = 0;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2) {
+            PyErr_SetString(PyExc_TypeError, "rows must be (key, value) tuples");
+            Py_CLEAR(out);
+        } else if (buf_add(&m, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)) < 0 || buf_long(&m, i) < 0 ||
+                   buf_add(&m, PyBytes_AS_STRING(size), PyBytes_GET_SIZE(size)) < 0 ||
+                   optional_bytes(&m, PyTuple_GET_ITEM(row, 0)) < 0 || buf_byte(&m, 0) < 0 ||
+                   optional_bytes(&m, PyTuple_GET_ITEM(row, 1)) < 0 ||
+                   buf_add(&m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0) {
+            Py_CLEAR(out);
+        } else {
+            PyObject *msg = PyBytes_FromStringAndSize(m.p, m.n);
+            if (!msg)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, i, msg);
+        }
+    }
+    PyMem_Free(m.p);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"envelopes", envelopes, METH_VARARGS, "envelopes(head, size, rows, tail): a backfill chunk's raw-topic changes"},
+    {NULL, NULL, 0, NULL},
+};
+
 /* ---- the Python type ------------------------------------------------------------------ */
 
 static PyObject *Copier_write(Copier *self, PyObject *arg) {
@@ -792,7 +846,7 @@ static PyTypeObject CopierType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_copier", "The snapshot's COPY text to raw-topic messages, in C.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_copier", "The snapshot's COPY text to raw-topic messages, in C.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__copier(void) {

@@ -116,17 +116,17 @@ class ChangeSink:
         self.producer.mark(self._snapshot_lsn)
 
     # ---- backfills ------------------------------------------------------------------------
-    def emit_chunk(self, op: str, table: TableSchema, rows: Iterable[tuple[bytes | None, bytes | None]],
+    def emit_chunk(self, op: str, table: TableSchema, rows: list[tuple[bytes | None, bytes | None]],
                    commit_lsn: int, xid: int, pg_time: int, backfill: int) -> int:  # fmt: skip
         """One chunk of a backfill as one transaction at its high watermark's commit: READ rows (or, for a
         retraction, DELETEs of keys), positions from 0, each naming the ``backfill``. Returns the count."""
-        changes = [RowChange(op, table.schema, table.name, table.topic, key, None, value) for key, value in rows]
-        if not changes:
+        if not rows:
             return 0
         transaction = self.writer.transaction(commit_lsn, xid, pg_time + UNIX_FROM_PG_MICROS)
-        self.producer.send_all(self.writer.records(changes, transaction, self.writer.size(len(changes)), backfill))
-        self.events += len(changes)
-        return len(changes)
+        t = table
+        self.producer.send_all(self.writer.chunk(op, t.schema, t.name, t.topic, transaction, rows, backfill))
+        self.events += len(rows)
+        return len(rows)
 
     # ---- streaming -----------------------------------------------------------------------
     def emit_transaction(self, changes: TxBuffer, commit_lsn: int, end_lsn: int, xid: int, pg_time: int) -> None:

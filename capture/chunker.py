@@ -31,7 +31,7 @@ from capture._copier import Copier
 from capture.backfill import WATERMARK_PREFIX, Row, SignalError, Snapshot
 from capture.catalog import Connection, TableRef, connection_lost
 from capture.encoder import RowEncoder
-from capture.snapshot import _Lines, general_path
+from capture.snapshot import _Lines, copy_field, general_path
 from capture.transcoder import CopierSpec
 from tables.catalog import TableSchema
 from tables.wire import body
@@ -196,39 +196,46 @@ class Reading:
         try:
             if shape() != self.encoder.table:
                 raise ShapeChanged(self.ks.table.qualified)
-            upper = self._upper(conn, predicate, after, upto)
-            rows, large = self._copy(conn, self.ks.where(predicate, after, upper or upto))
+            rows, large, upper = self._read(conn, predicate, after, upto)
             _execute(conn, sql.SQL("COMMIT"))
         except BaseException:
             _rollback(conn)
             raise
-        return Chunk(rows, large, upper or upto, upper is None, snapshot)
+        return Chunk(rows, large, upper or upto, upper is None or upper == upto, snapshot)
 
-    def _upper(self, conn: Connection, predicate: str | None, after: Bound | None, upto: Bound) -> Bound | None:
-        """The key that closes this chunk (None: the rest up to ``upto`` fits in it)."""
-        if not self.ks.key:
+    def _read(self, conn: Connection, predicate: str | None, after: Bound | None,
+              upto: Bound) -> tuple[list[Row], Large, Bound | None]:  # fmt: skip
+        """The chunk's rows and the key that closes it (None: the rest up to ``upto`` was read). By key: the
+        first ``size`` rows in key order, the last one's key taken from its COPY line; without key: a range
+        of heap pages."""
+        ks, table = self.ks, self.encoder.table
+        if not ks.key:
             first = int(after[0] or 0) if after else 0
-            end = first + max(1, round(self.size / self.ks.per_page))
-            return [str(end)] if end < int(upto[0] or 0) else None
-        order = self.ks.order()
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1 OFFSET {}").format(
-            self.ks.texts(), self.ks.relation, self.ks.where(predicate, after, upto), order,
-            sql.Literal(self.size - 1))  # fmt: skip
-        found = _execute(conn, query)
-        return list(found[0]) if found and list(found[0]) != upto else None
+            end = first + max(1, round(self.size / ks.per_page))
+            upper: Bound | None = [str(end)] if end < int(upto[0] or 0) else None
+            rows, large, _ = self._copy(conn, ks.where(predicate, after, upper or upto), sql.SQL(""))
+            return rows, large, upper
+        limit = sql.SQL(" ORDER BY {} LIMIT {}").format(ks.order(), sql.Literal(self.size))
+        rows, large, line = self._copy(conn, ks.where(predicate, after, upto), limit)
+        if len(rows) < self.size:
+            return rows, large, None
+        names = [c.name for c in table.columns]
+        fields = line.decode("utf-8").split("\t")
+        return rows, large, [copy_field(fields[names.index(k)]) for k in ks.key]
 
-    def _copy(self, conn: Connection, where: sql.Composable) -> tuple[list[Row], Large]:
-        table = self.encoder.table
-        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
-        query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(cols, self.ks.relation, where)
+    def _copy(self, conn: Connection, where: sql.Composable,
+              then: sql.Composable) -> tuple[list[Row], Large, bytes]:  # fmt: skip
+        """The rows COPY gives, their TOASTable values, and the last COPY line."""
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in self.encoder.table.columns)
+        query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}{}) TO STDOUT").format(cols, self.ks.relation, where, then)
         rows: list[Row] = []
         large: Large = []
-        target = self._target(rows, large)
+        target = _LastLine(self._target(rows, large))
         with conn.cursor() as cur:
             cur.copy_expert(query, target)
-        if isinstance(target, Copier):
-            target.finish()
-        return rows, large
+        if isinstance(target.target, Copier):
+            target.target.finish()
+        return rows, large, target.line
 
     def _target(self, rows: list[Row], large: Large) -> Copier | _Lines:
         """Where COPY's text goes: the Copier (rows mode) or the general path, both into ``rows``."""
@@ -243,6 +250,25 @@ class Reading:
         s = self.spec
         return Copier(s.columns, s.value_prefix, s.key_prefix, b"", b"", b"", 0, 1, general, on_batch,
                       self.size + 1, rows=True)  # fmt: skip
+
+
+class _LastLine:
+    """COPY's target that hands the data on and keeps the last complete line (the chunk's last key)."""
+
+    def __init__(self, target: Copier | _Lines) -> None:
+        self.target, self.tail, self.line = target, b"", b""
+
+    def write(self, data: bytes | str) -> int:
+        chunk = data.encode() if isinstance(data, str) else bytes(data)
+        self.target.write(chunk)
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            self.tail += chunk
+        else:
+            start = chunk.rfind(b"\n", 0, end)
+            self.line = self.tail + chunk[:end] if start < 0 else chunk[start + 1 : end]
+            self.tail = chunk[end + 1 :]
+        return len(chunk)
 
 
 def _general_row(general: Callable[[bytes], tuple[bytes, bytes | None, list[tuple[int, str]] | None]], line: bytes,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import fastavro
 
+from capture._copier import envelopes
 from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
 from capture.jsonformat import Change, JsonChangeWriter, JsonRowWriter
@@ -32,6 +34,7 @@ from tables.types import (
 from tables.wire import frame
 
 Text = str | None
+Image = tuple[bytes | None, bytes | None]  # (key, after) of a backfill's row
 FIXED_SIZE = frozenset({int, float, parse_bool, parse_date, parse_time, parse_timestamp, parse_money, parse_interval})
 
 
@@ -189,6 +192,15 @@ class ChangeWriter:
                  b"\x00" if before is None else b"\x02" + long_bytes(len(before)) + before,
                  b"\x00" if after is None else b"\x02" + long_bytes(len(after)) + after, tail)
             )  # fmt: skip
+
+
+    def chunk(self, op: str, schema: str, table: str, topic: str, transaction: bytes, rows: list[Image],
+              backfill: int) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
+        """(Kafka key, value) of a backfill chunk's changes (``rows``: key and after images), positions from 0:
+        what ``records`` writes for them, by the compiled ``envelopes``."""
+        kafka_key, head = self._head(op, schema, table, topic)
+        values = envelopes(head + transaction, self.size(len(rows)), rows, backfill_tail(backfill))
+        return zip(repeat(kafka_key), values)
 
 
 def change_writer(fmt: str, key_id: int, value_id: int) -> ChangeWriter | JsonChangeWriter:

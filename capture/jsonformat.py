@@ -132,6 +132,13 @@ class JsonChangeWriter:
 
         return encode
 
+    def chunk(self, op: str, schema: str, table: str, topic: str, transaction: bytes,
+              rows: list[tuple[bytes | None, bytes | None]], backfill: int
+              ) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
+        """(Kafka key, value) of a backfill chunk's changes (``rows``: key and after images), positions from 0."""
+        changes = [(op, schema, table, topic, key, None, after) for key, after in rows]
+        return self.records(changes, transaction, self.size(len(rows)), backfill)
+
     def records(self, changes: Iterable[Change], transaction: bytes, size: bytes,
                 backfill: int | None = None) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
         """(Kafka key, value) of each change of one transaction, positions from 0."""

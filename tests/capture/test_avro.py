@@ -109,6 +109,18 @@ def test_change_envelope_matches_fastavro(backfill: int | None) -> None:
     assert records[3] == (writer.encode_key("public", "orders"), frame(2) + expected)
 
 
+@pytest.mark.parametrize("op", ["READ", "DELETE"])
+def test_a_backfill_chunk_is_written_as_records_writes_it(op: str) -> None:
+    """The compiled ``envelopes`` (a backfill's chunk) and ``records`` write the same bytes."""
+    writer = ChangeWriter(1, 2)
+    tx = writer.transaction(2**33, 0, 1_700_000_000_000_000)
+    rows = [(b"\0\0\0\0\x05k%d" % i, None if op == "DELETE" else b"\0\0\0\0\x06" + b"v" * i) for i in range(130)]
+    rows.append((None, None if op == "DELETE" else b"unkeyed"))
+    changes = [(op, "s", "t", "p.s.t", key, None, after) for key, after in rows]
+    assert list(writer.chunk(op, "s", "t", "p.s.t", tx, rows, 77)) == list(
+        writer.records(changes, tx, writer.size(len(rows)), 77))
+
+
 def test_records_without_the_backfill_field_read_as_null_with_the_new_schema() -> None:
     """Records the raw topic held before ``backfill`` was added still read (Avro resolution, its default)."""
     old = {**CHANGE_VALUE_SCHEMA, "fields": [f for f in CHANGE_VALUE_SCHEMA["fields"] if f["name"] != "backfill"]}
