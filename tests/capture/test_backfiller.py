@@ -9,6 +9,7 @@ the signal table's INSERT, a ``--where`` re-snapshot, and a re-snapshot that ret
 from __future__ import annotations
 
 import bisect
+import json
 import random
 import threading
 import time
@@ -22,6 +23,7 @@ from capture.backfill import Backfill
 from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches, compare, compare_endpoint, latest_rows
 from tables.config import StackConfig
+from tables.kafka import read_topic
 from tables.registry import Registry
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.streams import Worker
@@ -323,6 +325,36 @@ def test_a_table_newly_matched_by_include_at_start_is_backfilled(
     worker = worker_factory(capture.cfg.topic_prefix).start()
     topics_reconcile(conn, capture, worker, keys)
     conn.close()
+
+
+def test_a_json_capture_backfills_a_table_added_to_its_publication(
+    pg_database: str, capture_factory: Callable[..., Capture]
+) -> None:
+    """With ``format = "json"`` a backfill's rows are JSON changes too (no registry), ``backfill`` named, and
+    the raw topic applied in order equals the table (exact decimals, UTC timestamps, arrays)."""
+    run(pg_database, "CREATE TABLE zoo (id int PRIMARY KEY)", "INSERT INTO zoo VALUES (1)")
+    capture = capture_factory(pg_database, format="json", backfill_chunk_rows=70).start()
+    capture.wait_caught_up(pg_database)
+    run(pg_database, "CREATE TABLE j (id int PRIMARY KEY, amount numeric(8, 2), at timestamptz, tags text[])",
+        "INSERT INTO j SELECT g, g / 7.0, timestamptz '2024-05-01 12:00+02' + g * interval '1 hour',"
+        " ARRAY['t' || g, NULL] FROM generate_series(1, 500) g",
+        f"ALTER PUBLICATION {capture.cfg.publication} ADD TABLE j", "DELETE FROM j WHERE id % 50 = 0")  # fmt: skip
+    found = capture.wait_backfilled(pg_database)
+    capture.stop()
+
+    rows: dict[int, dict[str, Any]] = {}
+    for record in read_topic(capture.cfg.bootstrap, capture.cfg.changes_topic):
+        change = json.loads(record.value)
+        if change["table"] == "j" and change["op"] in ("READ", "DELETE"):
+            assert change["op"] == "DELETE" or change["backfill"] == found[0].id
+            if change["op"] == "READ":
+                rows[change["key"]["id"]] = change["after"]
+            else:
+                rows.pop(change["key"]["id"], None)
+    expected = run(pg_database, "SELECT id, amount::text, to_char(at AT TIME ZONE 'UTC',"
+                   " 'YYYY-MM-DD\"T\"HH24:MI:SS'), tags FROM j ORDER BY id")  # fmt: skip
+    got = sorted((r["id"], r["amount"], r["at"][:19], r["tags"]) for r in rows.values())
+    assert got == [tuple(e) for e in expected] and len(got) == 490
 
 
 # ---- refusals ---------------------------------------------------------------------------------
