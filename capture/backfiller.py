@@ -423,8 +423,10 @@ class Backfiller:
         value_id, key_id = register_table(self.registrar, shape)
         encoder = RowEncoder(shape, value_id, key_id, self.cfg.format)
         spec = copier_spec(encoder) if self.fast else None
-        reading = chunker.Reading(chunker.keyset(self.conn, ref, shape), encoder, spec, self.cfg.backfill_chunk_rows)
-        plan = self.plans[backfill.id] = Plan(reading, *self._codecs(encoder, key_id))
+        ident, old_key, decode = self._codecs(encoder, key_id)
+        ks = chunker.keyset(self.conn, ref, shape)
+        reading = chunker.Reading(ks, encoder, spec, self.cfg.backfill_chunk_rows, decode)
+        plan = self.plans[backfill.id] = Plan(reading, ident, old_key, decode)
         return plan
 
     def _codecs(self, encoder: RowEncoder, key_id: int | None) -> tuple[Callable[[bytes], bytes], KeyOf,

@@ -31,7 +31,7 @@ from capture._copier import Copier
 from capture.backfill import WATERMARK_PREFIX, Row, SignalError, Snapshot
 from capture.catalog import Connection, TableRef, connection_lost
 from capture.encoder import RowEncoder
-from capture.snapshot import _Lines, copy_field, general_path
+from capture.snapshot import _Lines, general_path
 from capture.transcoder import CopierSpec
 from tables.catalog import TableSchema
 from tables.wire import body
@@ -185,8 +185,9 @@ class Chunk:
 class Reading:
     """Reads one table's chunks with one encoder (the shape registered for its topic)."""
 
-    def __init__(self, ks: Keyset, encoder: RowEncoder, spec: CopierSpec | None, size: int) -> None:
-        self.ks, self.encoder, self.spec, self.size = ks, encoder, spec, size
+    def __init__(self, ks: Keyset, encoder: RowEncoder, spec: CopierSpec | None, size: int,
+                 decode: retract.KeyDecoder) -> None:  # fmt: skip
+        self.ks, self.encoder, self.spec, self.size, self.decode = ks, encoder, spec, size, decode
 
     def chunk(self, conn: Connection, predicate: str | None, after: Bound | None, upto: Bound,
               shape: Callable[[], TableSchema]) -> Chunk:  # fmt: skip
@@ -206,36 +207,37 @@ class Reading:
     def _read(self, conn: Connection, predicate: str | None, after: Bound | None,
               upto: Bound) -> tuple[list[Row], Large, Bound | None]:  # fmt: skip
         """The chunk's rows and the key that closes it (None: the rest up to ``upto`` was read). By key: the
-        first ``size`` rows in key order, the last one's key taken from its COPY line; without key: a range
-        of heap pages."""
+        first ``size`` rows in key order, the next chunk starting after the last one's key (its image decoded
+        back to PostgreSQL's text; a date at an end of Avro's range as itself, so no key is skipped); without
+        key: a range of heap pages."""
         ks, table = self.ks, self.encoder.table
         if not ks.key:
             first = int(after[0] or 0) if after else 0
             end = first + max(1, round(self.size / ks.per_page))
             upper: Bound | None = [str(end)] if end < int(upto[0] or 0) else None
-            rows, large, _ = self._copy(conn, ks.where(predicate, after, upper or upto), sql.SQL(""))
+            rows, large = self._copy(conn, ks.where(predicate, after, upper or upto), sql.SQL(""))
             return rows, large, upper
         limit = sql.SQL(" ORDER BY {} LIMIT {}").format(ks.order(), sql.Literal(self.size))
-        rows, large, line = self._copy(conn, ks.where(predicate, after, upto), limit)
+        rows, large = self._copy(conn, ks.where(predicate, after, upto), limit)
         if len(rows) < self.size:
             return rows, large, None
-        names = [c.name for c in table.columns]
-        fields = line.decode("utf-8").split("\t")
-        return rows, large, [copy_field(fields[names.index(k)]) for k in ks.key]
+        last = rows[-1][0]
+        assert last is not None
+        values = dict(zip([c.name for c in table.columns if c.is_key], self.decode(last), strict=True))
+        return rows, large, [retract.pg_text(values[k], literal=True) for k in ks.key]
 
-    def _copy(self, conn: Connection, where: sql.Composable,
-              then: sql.Composable) -> tuple[list[Row], Large, bytes]:  # fmt: skip
-        """The rows COPY gives, their TOASTable values, and the last COPY line."""
+    def _copy(self, conn: Connection, where: sql.Composable, then: sql.Composable) -> tuple[list[Row], Large]:
+        """The rows COPY gives (in its order) and their TOASTable values."""
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in self.encoder.table.columns)
         query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}{}) TO STDOUT").format(cols, self.ks.relation, where, then)
         rows: list[Row] = []
         large: Large = []
-        target = _LastLine(self._target(rows, large))
+        target = self._target(rows, large)
         with conn.cursor() as cur:
             cur.copy_expert(query, target)
-        if isinstance(target.target, Copier):
-            target.target.finish()
-        return rows, large, target.line
+        if isinstance(target, Copier):
+            target.finish()
+        return rows, large
 
     def _target(self, rows: list[Row], large: Large) -> Copier | _Lines:
         """Where COPY's text goes: the Copier (rows mode) or the general path, both into ``rows``."""
@@ -250,25 +252,6 @@ class Reading:
         s = self.spec
         return Copier(s.columns, s.value_prefix, s.key_prefix, b"", b"", b"", 0, 1, general, on_batch,
                       self.size + 1, rows=True)  # fmt: skip
-
-
-class _LastLine:
-    """COPY's target that hands the data on and keeps the last complete line (the chunk's last key)."""
-
-    def __init__(self, target: Copier | _Lines) -> None:
-        self.target, self.tail, self.line = target, b"", b""
-
-    def write(self, data: bytes | str) -> int:
-        chunk = data.encode() if isinstance(data, str) else bytes(data)
-        self.target.write(chunk)
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            self.tail += chunk
-        else:
-            start = chunk.rfind(b"\n", 0, end)
-            self.line = self.tail + chunk[:end] if start < 0 else chunk[start + 1 : end]
-            self.tail = chunk[end + 1 :]
-        return len(chunk)
 
 
 def _general_row(general: Callable[[bytes], tuple[bytes, bytes | None, list[tuple[int, str]] | None]], line: bytes,

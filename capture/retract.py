@@ -154,7 +154,7 @@ def _absent(conn: Connection, query: sql.Composed, values: list[list[Any]], *, l
     """Indexes of the keys (``values``, one list per key) that no row of the table has."""
     columns = list(zip(*values, strict=True))
     with conn.cursor() as cur:
-        cur.execute(query, [list(range(len(values))), *([_pg_text(v, literal) for v in col] for col in columns)])
+        cur.execute(query, [list(range(len(values))), *([pg_text(v, literal) for v in col] for col in columns)])
         return [i for (i,) in cur.fetchall()]
 
 
@@ -186,7 +186,7 @@ def _at_an_end(value: Any) -> bool:
     return isinstance(value, date) and value in (date.max, date.min)
 
 
-def _pg_text(value: Any, literal: bool = False) -> str | None:
+def pg_text(value: Any, literal: bool = False) -> str | None:
     """A decoded key value as PostgreSQL's text input for its column's type (an end of the date range
     as infinity, unless ``literal``)."""
     if value is None or isinstance(value, str):

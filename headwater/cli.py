@@ -257,7 +257,7 @@ def _print_backfills(cfg: CaptureConfig, *, unfinished: bool) -> None:
         finished = len(state.backfills(limit=10**9)) - len(state.backfills(unfinished=True))
     finally:
         state.close()
-    if unfinished:
+    if unfinished and (backfills or finished):
         print(f"  backfills: {len(backfills)} not finished, {finished} finished (headwater snapshot --status)")
     else:
         print("backfills:" if backfills else "no backfills yet")
