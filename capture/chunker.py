@@ -208,8 +208,8 @@ class Reading:
               upto: Bound) -> tuple[list[Row], Large, Bound | None]:  # fmt: skip
         """The chunk's rows and the key that closes it (None: the rest up to ``upto`` was read). By key: the
         first ``size`` rows in key order, the next chunk starting after the last one's key (its image decoded
-        back to PostgreSQL's text; a date at an end of Avro's range as itself, so no key is skipped); without
-        key: a range of heap pages."""
+        back to PostgreSQL's text; asked from PostgreSQL when a date or timestamp in it is at an end of Avro's
+        range, where infinity and a real value look the same); without key: a range of heap pages."""
         ks, table = self.ks, self.encoder.table
         if not ks.key:
             first = int(after[0] or 0) if after else 0
@@ -224,7 +224,16 @@ class Reading:
         last = rows[-1][0]
         assert last is not None
         values = dict(zip([c.name for c in table.columns if c.is_key], self.decode(last), strict=True))
+        if any(retract.at_an_end(v) for v in values.values()):  # infinity, or a real value there: ask
+            return rows, large, self._nth_key(conn, predicate, after, upto)
         return rows, large, [retract.pg_text(values[k], literal=True) for k in ks.key]
+
+    def _nth_key(self, conn: Connection, predicate: str | None, after: Bound | None, upto: Bound) -> Bound:
+        """The texts of the chunk's last key as PostgreSQL gives them (same transaction: the same rows)."""
+        ks = self.ks
+        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1 OFFSET {}").format(
+            ks.texts(), ks.relation, ks.where(predicate, after, upto), ks.order(), sql.Literal(self.size - 1))
+        return list(_execute(conn, query)[0])
 
     def _copy(self, conn: Connection, where: sql.Composable, then: sql.Composable) -> tuple[list[Row], Large]:
         """The rows COPY gives (in its order) and their TOASTable values."""

@@ -142,7 +142,7 @@ def missing(conn: Connection, table: TableSchema, keys: Sequence[bytes], decode:
         batch = keys[start : start + BATCH]
         values = [decode(k) for k in batch]
         gone = _absent(conn, query, values, literal=False)
-        ends = [i for i in gone if any(_at_an_end(v) for v in values[i])]
+        ends = [i for i in gone if any(at_an_end(v) for v in values[i])]
         if ends:
             again = _absent(conn, query, [values[i] for i in ends], literal=True)
             gone = [i for i in gone if i not in ends] + [ends[j] for j in again]
@@ -179,7 +179,7 @@ def _missing_query(conn: Connection, table: TableSchema) -> sql.Composed:
         table=sql.Identifier(table.schema, table.name), match=match)  # fmt: skip
 
 
-def _at_an_end(value: Any) -> bool:
+def at_an_end(value: Any) -> bool:
     """A date or timestamp where capture writes PostgreSQL's infinity (``tables.types``)."""
     if isinstance(value, datetime):
         return value.replace(tzinfo=None) in (datetime.max, datetime.min)
@@ -196,7 +196,7 @@ def pg_text(value: Any, literal: bool = False) -> str | None:
     if isinstance(value, bytes):
         return "\\x" + value.hex()
     if isinstance(value, datetime | date | time):
-        if not literal and isinstance(value, date) and _at_an_end(value):
+        if not literal and isinstance(value, date) and at_an_end(value):
             return "infinity" if value.year == 9999 else "-infinity"
         return value.isoformat()
     return str(value)  # numbers, Decimal, UUID

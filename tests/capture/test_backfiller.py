@@ -19,12 +19,15 @@ from typing import Any
 import psycopg2
 import pytest
 
+from capture import catalog
 from capture.backfill import Backfill
 from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches, compare, compare_endpoint, latest_rows
 from tables.config import StackConfig
 from tables.kafka import read_topic
 from tables.registry import Registry
+from tables.wire import body
+from tests.capture.test_retract import KEY_TYPES, key_images, shape_of
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.streams import Worker
 from tests.streams.test_views import views_reconciled
@@ -355,6 +358,28 @@ def test_a_json_capture_backfills_a_table_added_to_its_publication(
                    " 'YYYY-MM-DD\"T\"HH24:MI:SS'), tags FROM j ORDER BY id")  # fmt: skip
     got = sorted((r["id"], r["amount"], r["at"][:19], r["tags"]) for r in rows.values())
     assert got == [tuple(e) for e in expected] and len(got) == 490
+
+
+def test_chunks_over_a_composite_key_of_every_key_type_read_each_row_once(
+    pg_database: str, capture_factory: Callable[..., Capture]
+) -> None:
+    """Chunks of 7 rows over a nine-column key (int, text with quotes, uuid, timestamptz, numeric, bytea, date,
+    enum, timestamp with infinities): each chunk starts after the last key of the one before, read back from
+    its image as PostgreSQL's text, so every row is read once and none is skipped."""
+    run(pg_database, KEY_TYPES, "CREATE INDEX ON k (v)")
+    capture = capture_factory(pg_database, backfill_chunk_rows=7).start()
+    capture.wait_caught_up(pg_database)
+    capture.snapshot("k")
+    found = capture.wait_backfilled(pg_database)
+    capture.stop()
+    conn = catalog.connect(pg_database)
+    shape = shape_of(conn)
+    expected = {body(image) for image in key_images(conn, shape, "avro")}  # every row's key, from PostgreSQL's text
+    conn.close()
+    changes = capture.changes()
+    keys = [body(c["key"]) for c in changes if c["backfill"] == found[0].id]
+    assert len(keys) == len(set(keys)) == 60 == found[0].rows and set(keys) == expected
+    assert len(chunks_of(changes, found[0].id)) == 9
 
 
 # ---- refusals ---------------------------------------------------------------------------------
