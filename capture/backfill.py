@@ -185,8 +185,9 @@ class Window:
     Avro body, whatever schema id framed it); rows without key are kept as they are."""
 
     def __init__(self, backfill: int, table: Table, token: str, op: str, rows: Iterable[Row],
-                 ident: Callable[[bytes], bytes]) -> None:  # fmt: skip
+                 ident: Callable[[bytes], bytes], *, framed: bool = True) -> None:  # fmt: skip
         self.backfill, self.table, self.token, self.op, self.ident = backfill, table, token, op, ident
+        self.framed = framed  # images in the Confluent wire format (Avro): an old key shows by its schema id
         self.rows: dict[bytes, Row] = {}
         self.unkeyed: list[Row] = []
         for key, value in rows:
@@ -212,7 +213,8 @@ class Window:
         if key is not None:
             self.rows.pop(self.ident(key), None)
         if op == "UPDATE" and before is not None:
-            old = before if key is not None and before[:5] == key[:5] else old_key(before)
+            framed_key = self.framed and key is not None and before[:5] == key[:5]  # an old key image
+            old = before if framed_key else old_key(before)
             if old is not None:
                 self.rows.pop(self.ident(old), None)
 

@@ -93,13 +93,15 @@ class Candidates:
         self.keys: list[bytes] | None = None
         self.error: BaseException | None = None
         self.done = 0  # keys checked
+        self.stop = threading.Event()  # the session ends, or the backfill: stop reading
         self.thread = threading.Thread(target=self._read, name=f"backfill-keys-{table[1]}", daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
         registry = Registry(self.cfg.registry_url) if self.cfg.format == "avro" else None
         try:
-            live = retract.earlier_keys(self.cfg, [self.table], registry.parsed if registry else None, self.what)
+            live = retract.earlier_keys(self.cfg, [self.table], registry.parsed if registry else None, self.what,
+                                        stop=self.stop)  # fmt: skip
             self.keys = list(live.keys[self.table]) if live is not None else []
         except Exception as exc:  # reported by batch(), which reads again
             self.error = exc
@@ -126,7 +128,8 @@ class Backfiller:
         self.conn = catalog.connect(dsn)
         self.conn.autocommit = True
         self.types = TypeCache(self.conn)
-        self.fast = cfg.format == "avro" and catalog.server_utf8(self.conn)
+        self.framed = cfg.format == "avro"
+        self.fast = self.framed and catalog.server_utf8(self.conn)
         self.backfills: dict[int, Backfill] = {}  # unfinished, in the order asked
         self.plans: dict[int, Plan] = {}
         self.candidates: dict[int, Candidates] = {}
@@ -146,6 +149,8 @@ class Backfiller:
         streamer.backfills = self
 
     def close(self) -> None:
+        for candidates in self.candidates.values():
+            candidates.stop.set()
         self.conn.close()
         self.mailbox.close()
 
@@ -387,6 +392,11 @@ class Backfiller:
             found = self.candidates[backfill.id] = Candidates(self.cfg, backfill.qualified, f"backfill #{backfill.id}")
         return found
 
+    def _stop_reading(self, backfill: int) -> None:
+        found = self.candidates.pop(backfill, None)
+        if found is not None:
+            found.stop.set()
+
     def _token(self) -> str:
         self.flights += 1
         return f"{self.session}:{self.flights}"
@@ -399,7 +409,7 @@ class Backfiller:
         chunk = plan.reading.chunk(self.conn, backfill.predicate, backfill.cursor, backfill.upto,
                                    lambda: catalog.table_schema(self.conn, self.types, self.cfg.topic_prefix, ref))
         chunker.watermark(self.conn, "high", token)
-        window = Window(backfill.id, backfill.qualified, token, "READ", chunk.rows, plan.ident)
+        window = Window(backfill.id, backfill.qualified, token, "READ", chunk.rows, plan.ident, framed=self.framed)
         window.snapshot, window.upper, window.last, window.large = chunk.snapshot, chunk.upper, chunk.last, chunk.large
         return window
 
@@ -408,7 +418,8 @@ class Backfiller:
         chunker.watermark(self.conn, "low", token)
         gone, snapshot = chunker.missing(self.conn, plan.reading.encoder.table, keys, plan.decode)
         chunker.watermark(self.conn, "high", token)
-        window = Window(backfill.id, backfill.qualified, token, "DELETE", [(k, None) for k in gone], plan.ident)
+        window = Window(backfill.id, backfill.qualified, token, "DELETE", [(k, None) for k in gone], plan.ident,
+                        framed=self.framed)
         window.snapshot = snapshot
         return window
 
@@ -450,7 +461,7 @@ class Backfiller:
         backfill.status, backfill.message, backfill.finished_at = status, message, time.time()
         self.backfills.pop(backfill.id, None)
         self.plans.pop(backfill.id, None)
-        self.candidates.pop(backfill.id, None)
+        self._stop_reading(backfill.id)
         if self.flight is not None and self.flight.backfill == backfill.id:
             self.flight = None
         if status == "done":
@@ -545,7 +556,7 @@ class Backfiller:
         backfill.status, backfill.finished_at = "cancelled", time.time()
         self.backfills.pop(backfill.id, None)
         self.plans.pop(backfill.id, None)
-        self.candidates.pop(backfill.id, None)
+        self._stop_reading(backfill.id)
         if self.flight is not None and self.flight.backfill == backfill.id:
             self.flight = None
         return True

@@ -20,6 +20,7 @@ import base64
 import io
 import json
 import logging
+import threading
 import time as clock
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, time
@@ -114,16 +115,18 @@ def _json_image(image: Any) -> bytes | None:
     return None if image is None else json.dumps(image, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], parsed: Parsed | None,
-                 what: str = "this snapshot") -> LiveKeys | None:  # fmt: skip
+def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], parsed: Parsed | None, what: str = "this snapshot",
+                 stop: threading.Event | None = None) -> LiveKeys | None:  # fmt: skip
     """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``);
-    None when the topic is empty."""
+    None when the topic is empty. ``stop`` set: it stops reading (and says nothing)."""
     end = raw_end(cfg)
     if end == 0:
         return None
     started = clock.monotonic()
     live = LiveKeys(tables)
     for op, table, key, before in earlier_changes(cfg, end, parsed):
+        if stop is not None and stop.is_set():
+            return None
         live.apply(op, table, key, before)
     log.info("the raw topic holds %d changes from before %s (%d keys of its tables, read in %.1f s): keys %s does"
              " not find get a DELETE", end, what, len(live), clock.monotonic() - started, what)  # fmt: skip

@@ -56,6 +56,14 @@ def test_an_update_that_moves_a_key_drops_the_old_key_too() -> None:
     assert [k for k, _ in w.result()] == [key(3)]
 
 
+def test_in_the_json_format_an_old_row_is_always_read_for_its_key() -> None:
+    """JSON images carry no schema id: a key image and a full old row look alike, so the old key is taken
+    from ``before`` either way."""
+    w = Window(1, T, "s:3", "READ", [(b'{"id":1}', b"r1"), (b'{"id":2}', b"r2")], lambda k: k, framed=False)
+    w.see("UPDATE", b'{"id":9}', b'{"id":1,"v":"old"}', lambda before: b'{"id":1}' if b'"id":1' in before else None)
+    assert w.result() == [(b'{"id":2}', b"r2")]
+
+
 def test_a_truncate_in_the_window_drops_every_row() -> None:
     w = window(1, 2)
     w.unkeyed.append((None, b"unkeyed"))
