@@ -125,11 +125,11 @@ class Backfiller:
                  registrar: Registry | NoRegistry, streamer: Streaming) -> None:  # fmt: skip
         self.cfg, self.state, self.sink, self.registrar, self.streamer = cfg, state, sink, registrar, streamer
         self.mailbox = Mailbox(cfg.state_dir, cfg.slot)
-        self.conn = catalog.connect(dsn)
-        self.conn.autocommit = True
-        self.types = TypeCache(self.conn)
+        self.dsn = dsn
+        self._conn: catalog.Connection | None = None
+        self._types: TypeCache | None = None
+        self._fast: bool | None = None
         self.framed = cfg.format == "avro"
-        self.fast = self.framed and catalog.server_utf8(self.conn)
         self.backfills: dict[int, Backfill] = {}  # unfinished, in the order asked
         self.plans: dict[int, Plan] = {}
         self.candidates: dict[int, Candidates] = {}
@@ -151,8 +151,31 @@ class Backfiller:
     def close(self) -> None:
         for candidates in self.candidates.values():
             candidates.stop.set()
-        self.conn.close()
+        if self._conn is not None:
+            self._conn.close()
         self.mailbox.close()
+
+    @property
+    def conn(self) -> catalog.Connection:
+        """The backfills' own connection (autocommit), made when first needed: streaming starts without it."""
+        if self._conn is None or self._conn.closed:
+            conn = catalog.connect(self.dsn)
+            conn.autocommit = True
+            self._conn, self._types = conn, None
+        return self._conn
+
+    @property
+    def types(self) -> TypeCache:
+        if self._types is None:
+            self._types = TypeCache(self.conn)
+        return self._types
+
+    @property
+    def fast(self) -> bool:
+        """Rows through the compiled Copier: Avro on a UTF8 server."""
+        if self._fast is None:
+            self._fast = self.framed and catalog.server_utf8(self.conn)
+        return self._fast
 
     # ---- start ---------------------------------------------------------------------------
     def start(self, tables: list[TableRef], fresh: bool) -> None:
