@@ -11,6 +11,9 @@ from __future__ import annotations
 import bisect
 import json
 import random
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -231,6 +234,9 @@ def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
         capture.snapshot("orders", "order_items", "--wait", "30")
         saved = wait_for(lambda: _chunking(capture, "public.order_items", 3000), 180, every=0.1)
         assert saved is not None, f"order_items never chunked: {[b.describe() for b in capture.backfills()]}"
+        status = status_of(capture)
+        assert re.search(r"backfills: 1 not finished, 1 finished.*\n    #2 public.order_items: running, \d+/~\d+ rows,"
+                         r" \d+ rows/s(, ETA \d+ s)?", status), status  # fmt: skip
         assert capture.process is not None
         capture.process.kill()
         capture.process.wait()
@@ -256,6 +262,14 @@ def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     worker = worker_factory(capture.cfg.topic_prefix, views=shop.VIEWS_TOML).start(timeout=120)
     topics_reconcile(shop_db, capture, worker, shop.KEYS)
     views_reconciled(shop_db, capture, worker, local_stack.redis_url, timeout=180)
+
+
+def status_of(capture: Capture) -> str:
+    """What ``headwater status`` prints for this capture."""
+    c = capture.cfg
+    argv = [sys.executable, "-m", "headwater.cli", "status", "--dsn", c.dsn.reveal(), "--slot", c.slot,
+            "--state-dir", str(c.state_dir)]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 def _chunking(capture: Capture, table: str, rows: int) -> Backfill | None:
