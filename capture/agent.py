@@ -2,7 +2,8 @@
 
 Promise: ``run`` starts from whatever the slot and the checkpoint say. A new slot
 gets a consistent snapshot (unless skipped) before streaming from its consistent
-point; an interrupted snapshot is started over on a new slot, never left looking
+point; on an existing slot, tables that joined the captured set are backfilled while
+the stream runs (``capture.backfiller``); an interrupted snapshot is started over on a new slot, never left looking
 complete; a slot that was dropped or invalidated, or disagrees with the checkpoint,
 stops the agent with the way out. Transient failures (connection lost, broker down,
 registry unreachable) are retried with backoff from the last confirmed commit, or
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 import psycopg2
 
 from capture import catalog, retract, slot, snapshot
-from capture.catalog import Connection, TableRef, TypeCache
+from capture.backfiller import Backfiller
+from capture.catalog import Connection, TableRef, TypeCache, connection_lost
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import change_writer
@@ -78,14 +80,6 @@ def retry(cfg: CaptureConfig, stop: threading.Event, metrics: CaptureMetrics, pr
             metrics.session_failed(exc, delay)
             stop.wait(delay)
             delay = min(delay * 2, 30.0)
-
-
-def connection_lost(exc: psycopg2.Error) -> bool:
-    """The error says the connection is gone (server restart or shutdown, network), not that SQL failed."""
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
-        return True
-    code = exc.pgcode or ""
-    return not code or code.startswith(("08", "57P"))  # no SQLSTATE: the protocol broke (e.g. "no COPY in progress")
 
 
 def follow(state: State, checkpoint: Checkpoint, slot_lsn: int | None) -> None:
@@ -185,11 +179,14 @@ class Session:
         checkpoint = parts.state.load()
         confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
         heartbeat_conn = catalog.connect(self.dsn)
+        backfiller = Backfiller(self.cfg, self.dsn, parts.state, parts.sink, parts.registrar, streamer)
         self.streamed = True
         try:
+            backfiller.start(parts.tables, fresh=start_lsn != 0)
             Loop(self.cfg, repl, heartbeat_conn, streamer, parts.producer, parts.state, confirmed,
                  self.metrics).run(start_lsn, stop)  # fmt: skip
         finally:
+            backfiller.close()
             heartbeat_conn.close()
 
     def _leave_nothing(self, state: State) -> None:
@@ -257,7 +254,7 @@ class Session:
         consistent_point, snapshot_name = slot.create(repl, cfg.slot)
         self.made.append("slot")
         log.info("created slot %s at %s", cfg.slot, lsn_text(consistent_point))
-        state.start_snapshot(consistent_point, done=cfg.skip_snapshot)
+        state.start_snapshot(consistent_point, done=cfg.skip_snapshot, tables=tuple(t.qualified for t in parts.tables))
         if not cfg.skip_snapshot:
             try:
                 self._snapshot(parts, consistent_point, snapshot_name, stop)
@@ -274,7 +271,8 @@ class Session:
             shape = catalog.table_schema(parts.conn, parts.types, cfg.topic_prefix, table)
             ids[table.qualified] = register_table(registrar, shape)
             shapes.append(shape)
-        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables])
+        parsed = registrar.parsed if isinstance(registrar, Registry) else None
+        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables], parsed)
         chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
         report = self.metrics.snapshot_rows
         progress = snapshot.Progress(estimates, chunks, parts.state, lambda t, n, of: report("snapshot", t, n, of))

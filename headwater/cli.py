@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import psycopg2
@@ -36,7 +37,7 @@ from tables.config import (
     load_component,
     load_traced,
 )
-from tables.errors import FatalError, HeadwaterError
+from tables.errors import ConfigError, FatalError, HeadwaterError
 from tables.registry import shown
 
 
@@ -253,7 +254,94 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not checkpoint.snapshot_done:
         for table, done, estimate, finished in tables:
             print(f"    {table}: {done}/{estimate} rows{' (done)' if finished else ''}")
+    _print_backfills(cfg, unfinished=True)
     return 0
+
+
+def _print_backfills(cfg: CaptureConfig, *, unfinished: bool) -> None:
+    """Backfills from capture's state: those not finished (``headwater status``), or the latest 50."""
+    from capture.state import State
+
+    state = State(cfg.state_dir, cfg.slot)
+    try:
+        backfills = state.backfills(unfinished=unfinished, limit=50)
+        rates = state.backfill_rates()
+        finished = len(state.backfills(limit=10**9)) - len(state.backfills(unfinished=True))
+    finally:
+        state.close()
+    if unfinished and (backfills or finished):
+        print(f"  backfills: {len(backfills)} not finished, {finished} finished (headwater snapshot --status)")
+    else:
+        print("backfills:" if backfills else "no backfills yet")
+    for backfill in backfills:
+        print(f"    {backfill.describe(rates.get(backfill.id, 0.0))}")
+    if not unfinished:
+        _print_requests(cfg)
+
+
+def _print_requests(cfg: CaptureConfig) -> None:
+    """The latest requests (headwater snapshot, the signal table) and what capture made of them."""
+    from capture.state import Mailbox
+
+    mailbox = Mailbox(cfg.state_dir, cfg.slot)
+    try:
+        requests = mailbox.requests(10)
+    finally:
+        mailbox.close()
+    if requests:
+        print("latest requests:")
+    for rid, action, tables, predicate, origin, outcome in requests:
+        what = " ".join([action, *tables] + ([f"where {predicate}"] if predicate else []))
+        print(f"    {rid} ({origin}) {what}: {outcome or 'waiting for capture'}")
+
+
+def _capture_state(cfg: CaptureConfig) -> Path:
+    path = cfg.state_dir / f"{cfg.slot}.sqlite"
+    if not path.exists():
+        raise FatalError(f"no capture state for slot {cfg.slot} in {cfg.state_dir}",
+                         hint="run headwater capture first, or point --state-dir and --slot at its state")  # fmt: skip
+    return path
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Ask the running capture to backfill tables (or pause, resume, cancel backfills); --status lists them."""
+    from capture.backfill import Request, SignalError
+    from capture.state import Mailbox
+
+    cfg = capture_config(args)
+    _capture_state(cfg)
+    if args.status:
+        _print_backfills(cfg, unfinished=False)
+        return 0
+    action = "pause" if args.pause else "resume" if args.resume else "cancel" if args.cancel else "snapshot"
+    try:
+        request = Request(action, tuple(args.tables), args.where)
+    except SignalError as exc:
+        raise ConfigError(str(exc), hint="headwater snapshot TABLE... [--where SQL], or --pause/--resume/--cancel"
+                          " [TABLE...], or --status") from exc  # fmt: skip
+    mailbox = Mailbox(cfg.state_dir, cfg.slot)
+    try:
+        rid = mailbox.request(request.action, request.tables, request.predicate)
+        outcome = _wait_outcome(mailbox, rid, args.wait)
+    finally:
+        mailbox.close()
+    if outcome is None:
+        print(f"request {rid} is waiting for capture (slot {cfg.slot}) to pick it up: it does within a second of"
+              " running; see headwater snapshot --status")  # fmt: skip
+    elif outcome.startswith("refused"):
+        raise ConfigError(f"capture {outcome}")
+    else:
+        print(outcome)
+    return 0
+
+
+def _wait_outcome(mailbox: Any, request_id: int, seconds: float) -> str | None:
+    deadline = time.monotonic() + seconds
+    while True:
+        outcome = mailbox.outcome(request_id)
+        if outcome is not None or time.monotonic() >= deadline:
+            return str(outcome) if outcome is not None else None
+        time.sleep(0.1)
 
 
 # ---- analytics ------------------------------------------------------------------------
@@ -410,6 +498,18 @@ def _capture_commands(commands: Commands) -> None:
     status_cmd = _with_config_flag(commands.add_parser("status", help=text))
     _capture_flags(status_cmd, only=("dsn", "slot", "state_dir"))
     status_cmd.set_defaults(func=cmd_status)
+    text = "backfill tables while capture streams (incremental snapshot), or pause, resume, cancel, list backfills"
+    snap = _with_config_flag(commands.add_parser("snapshot", help=text))
+    snap.add_argument("tables", nargs="*", metavar="TABLE", help="schema.table (or table, in public) to snapshot")
+    snap.add_argument("--where", help="SQL predicate: only the rows it matches (e.g. \"created > '2024-01-01'\")")
+    actions = snap.add_mutually_exclusive_group()
+    actions.add_argument("--status", action="store_true", help="list the backfills and their progress")
+    actions.add_argument("--pause", action="store_true", help="pause the backfills of TABLE... (all if none)")
+    actions.add_argument("--resume", action="store_true", help="resume paused backfills of TABLE... (all if none)")
+    actions.add_argument("--cancel", action="store_true", help="cancel the backfills of TABLE... (all if none)")
+    snap.add_argument("--wait", type=POSITIVE, default=10.0, help="seconds to wait for capture's answer (10)")
+    _capture_flags(snap, only=("dsn", "slot", "state_dir"))
+    snap.set_defaults(func=cmd_snapshot)
 
 
 def _analytics_command(commands: Commands) -> None:

@@ -44,8 +44,9 @@ class Change(NamedTuple):
 
     @property
     def ends_transaction(self) -> bool:
-        """The last change of a streamed transaction, or the end of the snapshot: a consistent point."""
-        return self.op == "SNAPSHOT_END" or (self.op in STREAMED and self.position == self.tx_size - 1)
+        """The last change of a transaction — streamed, or a backfill's chunk (READ rows with a ``tx_size``) — or
+        the end of the snapshot: a consistent point. Snapshot rows have a ``tx_size`` of 0 and end nothing."""
+        return self.op == "SNAPSHOT_END" or (self.tx_size > 0 and self.position == self.tx_size - 1)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Change:

@@ -6,6 +6,12 @@ capture agent that writes them and the stream agents that read them. Row images
 with the table topic's own registered schemas, so a fan-out forwards the bytes.
 ``(commit_lsn, position)`` identifies a change; snapshot rows carry the slot's
 consistent point as ``commit_lsn`` and a ``position`` unique within the snapshot.
+A backfill (an incremental snapshot of one table while the stream runs) writes each
+chunk as one transaction of READ rows (and of DELETEs for keys the table no longer
+holds) at its high watermark's commit: ``commit_lsn``, ``xid`` and ``commit_time`` of
+that commit, ``position``/``tx_size`` within the chunk, and ``backfill`` naming the
+backfill. ``backfill`` was added with a default (null), so records written before it
+read as before; it is the last field, and writers put new fields after it.
 """
 
 from __future__ import annotations
@@ -39,5 +45,7 @@ CHANGE_VALUE_SCHEMA: Final[dict[str, Any]] = {
         {"name": "key", "type": ["null", "bytes"], "default": None, "doc": "Confluent-framed key record"},
         {"name": "before", "type": ["null", "bytes"], "default": None, "doc": "old row or key, when sent"},
         {"name": "after", "type": ["null", "bytes"], "default": None, "doc": "Confluent-framed full new row"},
+        {"name": "backfill", "type": ["null", "long"], "default": None,
+         "doc": "the backfill (incremental snapshot) a READ row or retraction belongs to: its number; else null"},
     ],
 }
