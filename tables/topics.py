@@ -57,6 +57,9 @@ def cuts_topic(prefix: str) -> str:
     return _join(prefix, "views", "cuts")
 
 
+CUTS_PARTITION = 0  # every cut goes to this partition of the cuts topic: one order for all of them
+
+
 def internal_topics(prefix: str) -> set[str]:
     """The topics under ``prefix`` that hold no table: raw, dead letters, checkpoint, cuts."""
     return {changes_topic(prefix), dlq_topic(prefix), progress_topic(prefix), cuts_topic(prefix)}
