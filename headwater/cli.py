@@ -256,9 +256,10 @@ def cmd_analytics(args: argparse.Namespace) -> int:
 
     from analytics.jobs import JOBS, explain, show
     from analytics.session import spark_session
+    from analytics.streamjobs import STREAM_JOBS
 
     cfg = load_analytics_config(args.config, os.environ, flag_values(args, AnalyticsConfig), local=stack_config(args))
-    run = JOBS[args.job]
+    run = {**JOBS, **STREAM_JOBS}[args.job]
     started = SparkSession.getActiveSession() is None  # a session this process already runs is used, left running
     spark = spark_session(cfg, f"headwater {args.job}")
     try:
@@ -399,7 +400,7 @@ def _capture_commands(commands: Commands) -> None:
 
 
 def _analytics_command(commands: Commands) -> None:
-    text = "run a batch job on the topics with PySpark (local[*] by default)"
+    text = "run a batch or streaming job on the topics with PySpark (local[*] by default)"
     analytics_cmd = _with_config_flag(commands.add_parser("analytics", help=text))
     jobs = "; ".join(f"{k}: {v}" for k, v in JOB_HELP.items())
     analytics_cmd.add_argument("job", choices=sorted(JOB_HELP), help=jobs)

@@ -9,6 +9,7 @@ import pytest
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics_config
 from analytics.jobs import JOBS
 from analytics.plan import Request, Slice, split
+from analytics.streamjobs import STREAM_JOBS
 from tables.errors import ConfigError, HeadwaterError
 
 pytestmark = pytest.mark.unit
@@ -67,5 +68,5 @@ def test_partitions_split_into_ranges_of_at_most_task_records() -> None:
 
 
 def test_every_job_the_command_offers_exists() -> None:
-    assert set(JOB_HELP) == set(JOBS)
+    assert set(JOB_HELP) == set(JOBS) | set(STREAM_JOBS)
     assert AnalyticsConfig().master == "local[*]"
