@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.window import Window
 
 from analytics.config import AnalyticsConfig
@@ -67,8 +68,9 @@ def wait(spark: SparkSession, queries: list[StreamingQuery]) -> None:
             q.stop()
 
 
-def read_in(progress: list[dict[str, object]]) -> int:
-    return sum(int(str(p.get("numInputRows", 0))) for p in progress)
+def read_in(progress: Sequence[StreamingQueryProgress]) -> int:
+    """Messages a query read, by its progress reports."""
+    return sum(p.numInputRows for p in progress)
 
 
 # ---- changes --------------------------------------------------------------------------------
@@ -137,7 +139,7 @@ def shop_report_stream(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result
     query = start(frame.writeStream.foreachBatch(keeper.apply), cfg, "shop-report-stream", REPORT_VIEW)
     wait(spark, [query])
     reached = home / "cut.json"
-    ends = [json.loads(p["sources"][0]["endOffset"]) for p in query.recentProgress if p.get("sources")]
+    ends = [json.loads(p.sources[0].endOffset) for p in query.recentProgress if p.sources]
     if ends and "cut" in ends[-1]:
         reached.write_text(json.dumps(ends[-1]["cut"]))
     if not keeper.report.exists():
