@@ -1,0 +1,300 @@
+"""Debezium-format change events, built from raw changes: what Debezium's PostgreSQL connector writes.
+
+Promise: pure (no I/O: registered schema ids and row conversions come from a ``Schemas``
+collaborator). ``Debezium.events(change, offset, now_us)`` gives the records one raw change
+becomes on ``<prefix>.<schema>.<table>`` (``tables.topics.debezium_topic``), keyed by the
+primary key as Debezium keys them: a snapshot read ``r``, an insert ``c``, an update ``u``, a
+delete ``d`` followed by a tombstone of its key, an update that changed the key as ``d`` +
+tombstone of the old key then ``c`` of the new (with Debezium's ``__debezium.newkey`` /
+``__debezium.oldkey`` headers), a TRUNCATE as one ``t`` event without key on partition 0. With
+``transactions``, each streamed event carries its ``transaction`` block (id ``xid:commit LSN``,
+total and per-table order) and ``<prefix>.transaction`` gets BEGIN before a transaction's first
+event and END (event count, per-table counts) after its last; a transaction met in its middle
+(a fan-out resumed inside it) is counted from its earlier changes (``earlier``). Values are
+Avro in the envelope schema ``envelope_schema`` registers: ``{before, after, source, op, ts_ms,
+ts_us, ts_ns, transaction}`` with Debezium's field names and types; row images are forwarded as
+the raw topic's bytes (the table's value schema, renamed ``<prefix>.<schema>.<table>.Value``),
+never decoded, unless a key must be filled out to a row (``Schemas.from_key``). Every record
+carries ``hw.raw`` (offset and its index among the change's records) so a replay is recognised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from streams.fanout import STREAMED, Change, Output, headers
+from tables.partition import partition_for
+from tables.topics import debezium_topic, debezium_transaction_topic
+from tables.types import avro_name
+from tables.wire import FRAME_SIZE, frame, schema_id
+
+CONNECTOR = "postgresql"
+CODES = {"READ": "r", "INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
+NEW_KEY, OLD_KEY = "__debezium.newkey", "__debezium.oldkey"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+SNAPSHOT = {"type": "string", "connect.version": 1, "connect.default": "false", "connect.name": "io.debezium.data.Enum",
+            "connect.parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,"
+                                              "false,incremental"}}  # fmt: skip
+
+
+def _optional(name: str, kind: Any) -> dict[str, Any]:
+    return {"name": name, "type": ["null", kind], "default": None}
+
+
+SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
+    "fields": [
+        {"name": "version", "type": "string"}, {"name": "connector", "type": "string"},
+        {"name": "name", "type": "string"}, {"name": "ts_ms", "type": "long"},
+        {"name": "snapshot", "type": [SNAPSHOT, "null"], "default": "false"}, {"name": "db", "type": "string"},
+        _optional("sequence", "string"), _optional("ts_us", "long"), _optional("ts_ns", "long"),
+        {"name": "schema", "type": "string"}, {"name": "table", "type": "string"}, _optional("txId", "long"),
+        _optional("lsn", "long"), _optional("xmin", "long"), _optional("origin", "string"),
+        _optional("origin_lsn", "long"),
+    ],
+    "connect.name": "io.debezium.connector.postgresql.Source",
+}  # fmt: skip
+BLOCK_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "block", "namespace": "event", "connect.version": 1, "connect.name": "event.block",
+    "fields": [{"name": "id", "type": "string"}, {"name": "total_order", "type": "long"},
+               {"name": "data_collection_order", "type": "long"}],
+}  # fmt: skip
+COMMON = "io.debezium.connector.common"
+TX_KEY_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "TransactionMetadataKey", "namespace": COMMON, "connect.version": 1,
+    "connect.name": f"{COMMON}.TransactionMetadataKey", "fields": [{"name": "id", "type": "string"}],
+}  # fmt: skip
+TX_VALUE_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "TransactionMetadataValue", "namespace": COMMON, "connect.version": 1,
+    "connect.name": f"{COMMON}.TransactionMetadataValue",
+    "fields": [
+        {"name": "status", "type": "string"}, {"name": "id", "type": "string"}, _optional("event_count", "long"),
+        _optional("data_collections", {"type": "array", "items": {
+            "type": "record", "name": "collection", "namespace": "event", "connect.version": 1,
+            "connect.name": "event.collection",
+            "fields": [{"name": "data_collection", "type": "string"}, {"name": "event_count", "type": "long"}]}}),
+        {"name": "ts_ms", "type": "long"},
+    ],
+}  # fmt: skip
+
+
+def namespace(prefix: str, schema: str, table: str) -> str:
+    """``<prefix>.<schema>.<table>`` as an Avro namespace (each part made a valid name, as Debezium does)."""
+    return ".".join(avro_name(part) for part in [*prefix.split("."), schema, table] if part)
+
+
+def envelope_schema(prefix: str, schema: str, table: str, value: dict[str, Any]) -> dict[str, Any]:
+    """The value schema of a table's Debezium events, around the table's own value schema (renamed ``Value``)."""
+    ns = namespace(prefix, schema, table)
+    row = {**value, "name": "Value", "namespace": ns, "connect.name": f"{ns}.Value"}
+    return {
+        "type": "record", "name": "Envelope", "namespace": ns, "connect.version": 2, "connect.name": f"{ns}.Envelope",
+        "fields": [
+            {"name": "before", "type": ["null", row], "default": None}, _optional("after", f"{ns}.Value"),
+            {"name": "source", "type": SOURCE_SCHEMA}, {"name": "op", "type": "string"}, _optional("ts_ms", "long"),
+            _optional("ts_us", "long"), _optional("ts_ns", "long"), _optional("transaction", BLOCK_SCHEMA),
+        ],
+    }  # fmt: skip
+
+
+def key_schema(prefix: str, schema: str, table: str, key: dict[str, Any]) -> dict[str, Any]:
+    """The key schema of a table's Debezium events: the table's key schema, renamed ``Key``."""
+    ns = namespace(prefix, schema, table)
+    return {**key, "name": "Key", "namespace": ns, "connect.name": f"{ns}.Key"}
+
+
+# ---- Avro binary, by hand: the envelope is bytes around bytes ----------------------------------
+NULL, SOME = b"\x00", b"\x02"  # a union's branch 0 and branch 1
+
+
+def long_bytes(n: int) -> bytes:
+    """An Avro ``long`` (zig-zag varint)."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def text_bytes(text: str) -> bytes:
+    """An Avro ``string``."""
+    data = text.encode()
+    return long_bytes(len(data)) + data
+
+
+def micros(instant: Any) -> int:
+    """Microseconds since 1970 of a decoded ``timestamp-micros`` (a datetime, or already an int)."""
+    return instant if isinstance(instant, int) else (instant - EPOCH) // timedelta(microseconds=1)
+
+
+class Schemas(Protocol):
+    """The registered schema ids and row conversions the events need (``streams.dbzrun`` asks the registry)."""
+
+    def envelope(self, change: Change, value_id: int) -> int:
+        """The id of the envelope around value schema ``value_id`` (registered for the change's topic)."""
+
+    def key(self, change: Change, key_id: int) -> int:
+        """The id of the Debezium key schema made of the table's key schema ``key_id``."""
+
+    def transaction_ids(self) -> tuple[int, int]:
+        """The ids of the transaction topic's key and value schemas."""
+
+    def value_id(self, change: Change) -> int:
+        """The id of the table's newest value schema (for an event with no row image)."""
+
+    def from_key(self, key: bytes, value_id: int) -> bytes:
+        """A ``Value`` body holding a framed key's columns, the others null or Debezium's fallback (0, '', ...)."""
+
+    def convert(self, row: bytes, value_id: int) -> bytes:
+        """A framed row's body in value schema ``value_id``."""
+
+
+@dataclass
+class Transaction:
+    """The streamed transaction being written: its id and the events counted so far, per table."""
+
+    lsn: int
+    xid: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.xid}:{self.lsn}"
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass
+class Event:
+    """One Debezium record before framing: key bytes (None: a truncate), value parts, extra headers."""
+
+    key: bytes | None
+    value: bytes | None
+    extra: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+class Debezium:
+    """Turns raw changes into Debezium-format records (see the module's promise)."""
+
+    def __init__(self, prefix: str, database: str, version: str, partitions: int, schemas: Schemas, *,
+                 old_key: Callable[[Change], bytes | None], transactions: bool,
+                 earlier: Callable[[Change, int], list[Change]]) -> None:  # fmt: skip
+        self.prefix, self.partitions, self.schemas = prefix, partitions, schemas
+        self.head = text_bytes(version) + text_bytes(CONNECTOR) + text_bytes(prefix)
+        self.db = text_bytes(database)
+        self.old_key, self.transactions, self.earlier = old_key, transactions, earlier
+        self.tx: Transaction | None = None
+        self.tx_topic = debezium_transaction_topic(prefix)
+
+    def events(self, change: Change, offset: int, now_us: int) -> list[Output]:
+        """The records of one (not duplicate) raw change at raw ``offset``, in the order to write them."""
+        if change.op not in CODES:
+            return []  # the end of the snapshot: no event
+        tx = self._transaction(change, offset) if self.transactions and change.op in STREAMED else None
+        topic = debezium_topic(self.prefix, change.schema, change.table)
+        out: list[tuple[str, int, Event]] = []
+        if tx is not None and change.position == 0:
+            out.append((self.tx_topic, 0, self._boundary(tx, change, "BEGIN")))
+        for event in self._events(change, tx, now_us):
+            partition = 0 if event.key is None else partition_for(event.key, self.partitions)
+            out.append((topic, partition, event))
+        if tx is not None and change.position == change.tx_size - 1:
+            out.append((self.tx_topic, 0, self._boundary(tx, change, "END")))
+        return [Output(t, p, e.key, e.value, headers(change.op, offset, sub, change.commit_lsn, change.position)
+                       + e.extra) for sub, (t, p, e) in enumerate(out)]  # fmt: skip
+
+    # ---- the events of one change -------------------------------------------------------------
+    def _events(self, change: Change, tx: Transaction | None, now: int) -> list[Event]:
+        if change.op == "TRUNCATE":
+            return [Event(None, self._value(change, "t", None, None, tx, now))]
+        key = None if change.key is None else self._key(change, change.key)  # a table without key: no key
+        if change.op in ("READ", "INSERT"):
+            return [Event(key, self._value(change, CODES[change.op], None, change.after, tx, now))]
+        old = self.old_key(change) if change.op == "UPDATE" else None
+        before = self._before(change)
+        if change.op == "UPDATE" and old is None:
+            return [Event(key, self._value(change, "u", before, change.after, tx, now))]
+        gone = key if old is None else self._key(change, old)
+        deleted = Event(gone, self._value(change, "d", before, None, tx, now))
+        if old is None:
+            return [deleted] if gone is None else [deleted, Event(gone, None)]  # a delete, then its tombstone
+        assert key is not None and gone is not None
+        deleted.extra = [(NEW_KEY, key)]
+        created = Event(key, self._value(change, "c", None, change.after, tx, now), [(OLD_KEY, gone)])
+        return [deleted, Event(gone, None), created]
+
+    def _key(self, change: Change, key: bytes) -> bytes:
+        return frame(self.schemas.key(change, schema_id(key))) + key[FRAME_SIZE:]
+
+    def _before(self, change: Change) -> bytes | None:
+        """The old row as a framed ``Value``: the full old row (REPLICA IDENTITY FULL), or the old key filled out."""
+        old = change.before
+        if old is None or change.key is None:
+            return None
+        if old[:FRAME_SIZE] != change.key[:FRAME_SIZE]:
+            return old  # a full row
+        value_id = schema_id(change.after) if change.after is not None else self.schemas.value_id(change)
+        return frame(value_id) + self.schemas.from_key(old, value_id)
+
+    def _value(self, change: Change, code: str, before: bytes | None, after: bytes | None, tx: Transaction | None,
+               now: int) -> bytes:  # fmt: skip
+        image = after or before
+        value_id = schema_id(image) if image else self.schemas.value_id(change)
+        parts = [frame(self.schemas.envelope(change, value_id)), self._image(before, value_id),
+                 self._image(after, value_id), self._source(change), text_bytes(code),
+                 SOME + long_bytes(now // 1000), SOME + long_bytes(now), SOME + long_bytes(now * 1000)]  # fmt: skip
+        parts.append(NULL if tx is None else SOME + self._block(tx, change))  # counts this event
+        return b"".join(parts)
+
+    def _image(self, row: bytes | None, value_id: int) -> bytes:
+        if row is None:
+            return NULL
+        if schema_id(row) != value_id:  # images of two schema versions in one event: the rare path
+            return SOME + self.schemas.convert(row, value_id)
+        return SOME + row[FRAME_SIZE:]
+
+    def _source(self, change: Change) -> bytes:
+        at = micros(change.commit_time)
+        snapshot = "true" if change.op == "READ" else "false"
+        return b"".join((
+            self.head, long_bytes(at // 1000), NULL + text_bytes(snapshot), self.db, NULL,
+            SOME + long_bytes(at), SOME + long_bytes(at * 1000), text_bytes(change.schema), text_bytes(change.table),
+            SOME + long_bytes(change.xid), SOME + long_bytes(change.commit_lsn), NULL, NULL, NULL,
+        ))  # fmt: skip
+
+    # ---- transactions -----------------------------------------------------------------------------
+    def _transaction(self, change: Change, offset: int) -> Transaction:
+        """The change's transaction, its earlier events counted (read back when it is met in its middle)."""
+        tx = self.tx
+        if tx is None or (tx.lsn, tx.xid) != (change.commit_lsn, change.xid):
+            tx = self.tx = Transaction(change.commit_lsn, change.xid)
+            for earlier in self.earlier(change, offset) if change.position > 0 else []:
+                table = f"{earlier.schema}.{earlier.table}"
+                key_changed = earlier.op == "UPDATE" and self.old_key(earlier) is not None
+                tx.counts[table] = tx.counts.get(table, 0) + (2 if key_changed else 1)  # a key change: d and c
+        return tx
+
+    def _block(self, tx: Transaction, change: Change) -> bytes:
+        """The ``transaction`` block of one more event of ``change``'s table: id, total and per-table order."""
+        table = f"{change.schema}.{change.table}"
+        tx.counts[table] = tx.counts.get(table, 0) + 1
+        return text_bytes(tx.name) + long_bytes(tx.total) + long_bytes(tx.counts[table])
+
+    def _boundary(self, tx: Transaction, change: Change, status: str) -> Event:
+        """A BEGIN or END record of the transaction topic (END: the event count, per table)."""
+        key_id, value_id = self.schemas.transaction_ids()
+        body = text_bytes(status) + text_bytes(tx.name)
+        if status == "END":
+            counts = b"".join(text_bytes(t) + long_bytes(n) for t, n in tx.counts.items())
+            body += SOME + long_bytes(tx.total) + SOME + long_bytes(len(tx.counts)) + counts + b"\x00"
+        else:
+            body += NULL + NULL
+        at = long_bytes(micros(change.commit_time) // 1000)
+        return Event(frame(key_id) + text_bytes(tx.name), frame(value_id) + body + at)
