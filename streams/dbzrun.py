@@ -15,6 +15,7 @@ Its collaborators (settings, registry, writer, raw decoder) are passed in.
 from __future__ import annotations
 
 import io
+import logging
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -34,6 +35,8 @@ from tables.kafka import read_to_end, reader
 from tables.registry import Registry
 from tables.topics import debezium_topic, debezium_transaction_topic, key_subject, value_subject
 from tables.wire import avro_body, body, schema_id
+
+log = logging.getLogger("headwater.streams")
 
 
 def version() -> str:
@@ -86,6 +89,8 @@ class DebeziumRun:
 
     def earlier(self, change: Change, offset: int) -> list[Change]:
         """The changes of ``change``'s transaction before it, read back from the raw topic (duplicates once)."""
+        log.info("Debezium topics: counting transaction %d:%d from raw offset %d (met at its change %d)",
+                 change.xid, change.commit_lsn, offset - change.position, change.position)  # fmt: skip
         consumer = reader(clients.reader_settings(self.cfg))
         found: dict[int, Change] = {}
         try:

@@ -234,10 +234,11 @@ class Debezium:
         return frame(self.schemas.key(change, schema_id(key))) + key[FRAME_SIZE:]
 
     def _before(self, change: Change) -> bytes | None:
-        """The old row as a framed ``Value``: the full old row (REPLICA IDENTITY FULL), or the old key filled out."""
-        old = change.before
+        """The old row as a framed ``Value``: the full old row (REPLICA IDENTITY FULL), else the old key (an
+        update's, or a delete's own) filled out; None for an update PostgreSQL sent no old values for."""
+        old = change.before if change.before is not None or change.op != "DELETE" else change.key
         if old is None or change.key is None:
-            return None
+            return old
         if old[:FRAME_SIZE] != change.key[:FRAME_SIZE]:
             return old  # a full row
         value_id = schema_id(change.after) if change.after is not None else self.schemas.value_id(change)
