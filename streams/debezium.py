@@ -14,7 +14,8 @@ event and END (event count, per-table counts) after its last; a transaction met 
 Avro in the envelope schema ``envelope_schema`` registers: ``{before, after, source, op, ts_ms,
 ts_us, ts_ns, transaction}`` with Debezium's field names and types; row images are forwarded as
 the raw topic's bytes (the table's value schema, renamed ``<prefix>.<schema>.<table>.Value``),
-never decoded, unless a key must be filled out to a row (``Schemas.from_key``). Every record
+never decoded, unless a key must be filled out to a row (``Schemas.from_key``); fastavro writes
+the rest after them. Every record
 carries ``hw.raw`` (offset and its index among the change's records) so a replay is recognised.
 """
 
@@ -25,11 +26,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+import fastavro
+
 from streams.fanout import STREAMED, Change, Output, headers
 from tables.partition import partition_for
 from tables.topics import debezium_topic, debezium_transaction_topic
 from tables.types import avro_name
-from tables.wire import FRAME_SIZE, frame, schema_id
+from tables.wire import FRAME_SIZE, avro_body, frame, schema_id
 
 CONNECTOR = "postgresql"
 CODES = {"READ": "r", "INSERT": "c", "UPDATE": "u", "DELETE": "d", "TRUNCATE": "t"}
@@ -106,25 +109,12 @@ def key_schema(prefix: str, schema: str, table: str, key: dict[str, Any]) -> dic
     return {**key, "name": "Key", "namespace": ns, "connect.name": f"{ns}.Key"}
 
 
-# ---- Avro binary, by hand: the envelope is bytes around bytes ----------------------------------
-NULL, SOME = b"\x00", b"\x02"  # a union's branch 0 and branch 1
-
-
-def long_bytes(n: int) -> bytes:
-    """An Avro ``long`` (zig-zag varint)."""
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def text_bytes(text: str) -> bytes:
-    """An Avro ``string``."""
-    data = text.encode()
-    return long_bytes(len(data)) + data
+# ---- Avro binary: the row images' bytes as they are, the rest written by fastavro ------------
+NULL, SOME = b"\x00", b"\x02"  # a union's branch 0 and branch 1: how ``before`` and ``after`` start
+TAIL = fastavro.parse_schema({"type": "record", "name": "Tail", "namespace": "headwater.debezium",
+                              "fields": envelope_schema("p", "s", "t", {"type": "record", "name": "r",
+                                                                        "fields": []})["fields"][2:]})  # fmt: skip
+TX_KEY, TX_VALUE = fastavro.parse_schema(TX_KEY_SCHEMA), fastavro.parse_schema(TX_VALUE_SCHEMA)
 
 
 def micros(instant: Any) -> int:
@@ -187,8 +177,7 @@ class Debezium:
                  old_key: Callable[[Change], bytes | None], transactions: bool,
                  earlier: Callable[[Change, int], list[Change]]) -> None:  # fmt: skip
         self.prefix, self.partitions, self.schemas = prefix, partitions, schemas
-        self.head = text_bytes(version) + text_bytes(CONNECTOR) + text_bytes(prefix)
-        self.db = text_bytes(database)
+        self.version, self.database = version, database
         self.old_key, self.transactions, self.earlier = old_key, transactions, earlier
         self.tx: Transaction | None = None
         self.tx_topic = debezium_transaction_topic(prefix)
@@ -248,11 +237,10 @@ class Debezium:
                now: int) -> bytes:  # fmt: skip
         image = after or before
         value_id = schema_id(image) if image else self.schemas.value_id(change)
-        parts = [frame(self.schemas.envelope(change, value_id)), self._image(before, value_id),
-                 self._image(after, value_id), self._source(change), text_bytes(code),
-                 SOME + long_bytes(now // 1000), SOME + long_bytes(now), SOME + long_bytes(now * 1000)]  # fmt: skip
-        parts.append(NULL if tx is None else SOME + self._block(tx, change))  # counts this event
-        return b"".join(parts)
+        tail = {"source": self._source(change), "op": code, "ts_ms": now // 1000, "ts_us": now, "ts_ns": now * 1000,
+                "transaction": None if tx is None else self._block(tx, change)}  # fmt: skip
+        return b"".join((frame(self.schemas.envelope(change, value_id)), self._image(before, value_id),
+                         self._image(after, value_id), avro_body(TAIL, tail)))  # fmt: skip
 
     def _image(self, row: bytes | None, value_id: int) -> bytes:
         if row is None:
@@ -261,14 +249,12 @@ class Debezium:
             return SOME + self.schemas.convert(row, value_id)
         return SOME + row[FRAME_SIZE:]
 
-    def _source(self, change: Change) -> bytes:
+    def _source(self, change: Change) -> dict[str, Any]:
         at = micros(change.commit_time)
-        snapshot = "true" if change.op == "READ" else "false"
-        return b"".join((
-            self.head, long_bytes(at // 1000), NULL + text_bytes(snapshot), self.db, NULL,
-            SOME + long_bytes(at), SOME + long_bytes(at * 1000), text_bytes(change.schema), text_bytes(change.table),
-            SOME + long_bytes(change.xid), SOME + long_bytes(change.commit_lsn), NULL, NULL, NULL,
-        ))  # fmt: skip
+        return {"version": self.version, "connector": CONNECTOR, "name": self.prefix, "ts_ms": at // 1000,
+                "snapshot": "true" if change.op == "READ" else "false", "db": self.database, "sequence": None,
+                "ts_us": at, "ts_ns": at * 1000, "schema": change.schema, "table": change.table, "txId": change.xid,
+                "lsn": change.commit_lsn, "xmin": None, "origin": None, "origin_lsn": None}  # fmt: skip
 
     # ---- transactions -----------------------------------------------------------------------------
     def _transaction(self, change: Change, offset: int) -> Transaction:
@@ -282,20 +268,17 @@ class Debezium:
                 tx.counts[table] = tx.counts.get(table, 0) + (2 if key_changed else 1)  # a key change: d and c
         return tx
 
-    def _block(self, tx: Transaction, change: Change) -> bytes:
+    def _block(self, tx: Transaction, change: Change) -> dict[str, Any]:
         """The ``transaction`` block of one more event of ``change``'s table: id, total and per-table order."""
         table = f"{change.schema}.{change.table}"
         tx.counts[table] = tx.counts.get(table, 0) + 1
-        return text_bytes(tx.name) + long_bytes(tx.total) + long_bytes(tx.counts[table])
+        return {"id": tx.name, "total_order": tx.total, "data_collection_order": tx.counts[table]}
 
     def _boundary(self, tx: Transaction, change: Change, status: str) -> Event:
         """A BEGIN or END record of the transaction topic (END: the event count, per table)."""
         key_id, value_id = self.schemas.transaction_ids()
-        body = text_bytes(status) + text_bytes(tx.name)
-        if status == "END":
-            counts = b"".join(text_bytes(t) + long_bytes(n) for t, n in tx.counts.items())
-            body += SOME + long_bytes(tx.total) + SOME + long_bytes(len(tx.counts)) + counts + b"\x00"
-        else:
-            body += NULL + NULL
-        at = long_bytes(micros(change.commit_time) // 1000)
-        return Event(frame(key_id) + text_bytes(tx.name), frame(value_id) + body + at)
+        end = status == "END"
+        counts = [{"data_collection": t, "event_count": n} for t, n in tx.counts.items()] if end else None
+        value = {"status": status, "id": tx.name, "event_count": tx.total if end else None, "data_collections": counts,
+                 "ts_ms": micros(change.commit_time) // 1000}  # fmt: skip
+        return Event(frame(key_id) + avro_body(TX_KEY, {"id": tx.name}), frame(value_id) + avro_body(TX_VALUE, value))
