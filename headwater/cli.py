@@ -24,7 +24,7 @@ import psycopg2
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics, load_analytics_config
 from capture.config import CaptureConfig, load_capture, load_capture_config
 from headwater import __version__, shop, stack
-from tables import logs
+from tables import extras, logs
 from tables.config import (
     Loaded,
     PipelineConfig,
@@ -58,6 +58,7 @@ def _connect(cfg: stack.StackConfig) -> psycopg2.extensions.connection:
 
 # ---- stack ----------------------------------------------------------------------------
 def cmd_stack_up(args: argparse.Namespace) -> int:
+    extras.require("local", "the embedded stack (headwater stack up)")
     cfg = stack_config(args)
     started = stack.up(cfg)
     print(f"started: {', '.join(started)}" if started else "already running: nothing to start")
@@ -125,6 +126,8 @@ def _print_counts(counts: dict[str, int]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's first command: bring everything up, seed, capture, run a little load, show it."""
+    extras.require("local", "the demo")
+    extras.require("analytics", "the demo (it runs the Spark report)")
     from headwater import demo
 
     print("== bringing up the local stack")
@@ -252,6 +255,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---- analytics ------------------------------------------------------------------------
 def cmd_analytics(args: argparse.Namespace) -> int:
+    extras.require("analytics", f"headwater analytics {args.job}")
     from pyspark.sql import SparkSession
 
     from analytics.jobs import JOBS, explain, show
