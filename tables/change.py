@@ -6,10 +6,12 @@ capture agent that writes them and the stream agents that read them. Row images
 with the table topic's own registered schemas, so a fan-out forwards the bytes.
 ``(commit_lsn, position)`` identifies a change; snapshot rows carry the slot's
 consistent point as ``commit_lsn`` and a ``position`` unique within the snapshot.
+``decode_change`` reads a message as plain data, its row images decoded too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 OPS: Final = ("READ", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "SNAPSHOT_END")
@@ -41,3 +43,17 @@ CHANGE_VALUE_SCHEMA: Final[dict[str, Any]] = {
         {"name": "after", "type": ["null", "bytes"], "default": None, "doc": "Confluent-framed full new row"},
     ],
 }
+
+IMAGES: Final = ("key", "before", "after")
+
+
+def decode_change(value: bytes, decode: Callable[[bytes | None], Any]) -> dict[str, Any]:
+    """A raw-topic message as plain data: the change record with its row images decoded as well.
+
+    ``decode`` reads one Confluent-framed record, None staying None: ``tables.registry.Registry(url)``
+    is one (schemas fetched once per id), as is confluent-kafka's ``AvroDeserializer`` wrapped.
+    """
+    record = dict(decode(value))
+    for name in IMAGES:
+        record[name] = decode(record.get(name))
+    return record
