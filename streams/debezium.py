@@ -186,7 +186,8 @@ class Debezium:
         """The records of one (not duplicate) raw change at raw ``offset``, in the order to write them."""
         if change.op not in CODES:
             return []  # the end of the snapshot: no event
-        tx = self._transaction(change, offset) if self.transactions and change.op in STREAMED else None
+        streamed = change.op in STREAMED and change.tx_size > 0  # a snapshot's DELETEs of stale keys: tx_size 0
+        tx = self._transaction(change, offset) if self.transactions and streamed else None
         topic = debezium_topic(self.prefix, change.schema, change.table)
         out: list[tuple[str, int, Event]] = []
         if tx is not None and change.position == 0:

@@ -186,6 +186,8 @@ def test_truncate_and_snapshot_read_events() -> None:
     [read] = dbz.events(change("READ", after=row()), 14, NOW)
     assert schemas.decode(read.value)["op"] == "r" and schemas.decode(read.value)["source"]["snapshot"] == "true"
     assert dbz.events(Change("SNAPSHOT_END", "", "", "", 1, 0, None, None, None), 15, NOW) == []
+    stale = debezium(schemas, transactions=True).events(change("DELETE", size=0), 16, NOW)  # a snapshot's clean-up
+    assert [o.topic for o in stale] == [f"{PREFIX}.public.customers"] * 2  # no BEGIN without an END
 
 
 def test_transaction_metadata_begin_blocks_end_with_counts_per_table_as_documented() -> None:
