@@ -99,7 +99,8 @@ def test_starting_offsets_earliest_latest_and_per_partition(
                         tmp_path / "chosen"))  # fmt: skip
     assert sorted(offsets_in(spark, tmp_path / "chosen" / "out")) == [(0, o) for o in range(4, 10)] + [(2, o)
                                                                                                 for o in range(10)]
-    assert finished(to_parquet(stream(spark, cfg, topic=many.topic, startingOffsets="latest"), tmp_path / "late")) == []
+    late_start = stream(spark, cfg, topic=many.topic, metadata="true", startingOffsets="latest")
+    assert finished(to_parquet(late_start, tmp_path / "late")) == []
     put(many, 30, 6)
     late = finished(to_parquet(stream(spark, cfg, topic=many.topic, metadata="true"), tmp_path / "late"))
     assert sum(b["numInputRows"] for b in late) == 6  # the checkpoint began at the ends as they were
