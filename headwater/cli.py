@@ -25,7 +25,7 @@ import psycopg2
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics, load_analytics_config
 from capture.config import CaptureConfig, load_capture, load_capture_config
 from headwater import __version__, shop, stack
-from tables import logs
+from tables import extras, logs
 from tables.config import (
     Loaded,
     PipelineConfig,
@@ -59,6 +59,7 @@ def _connect(cfg: stack.StackConfig) -> psycopg2.extensions.connection:
 
 # ---- stack ----------------------------------------------------------------------------
 def cmd_stack_up(args: argparse.Namespace) -> int:
+    extras.require("local", "the embedded stack (headwater stack up)")
     cfg = stack_config(args)
     started = stack.up(cfg)
     print(f"started: {', '.join(started)}" if started else "already running: nothing to start")
@@ -126,6 +127,8 @@ def _print_counts(counts: dict[str, int]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's first command: bring everything up, seed, capture, run a little load, show it."""
+    extras.require("local", "the demo")
+    extras.require("analytics", "the demo (it runs the Spark report)")
     from headwater import demo
 
     print("== bringing up the local stack")
@@ -346,13 +349,15 @@ def _wait_outcome(mailbox: Any, request_id: int, seconds: float) -> str | None:
 
 # ---- analytics ------------------------------------------------------------------------
 def cmd_analytics(args: argparse.Namespace) -> int:
+    extras.require("analytics", f"headwater analytics {args.job}")
     from pyspark.sql import SparkSession
 
     from analytics.jobs import JOBS, explain, show
     from analytics.session import spark_session
+    from analytics.streamjobs import STREAM_JOBS
 
     cfg = load_analytics_config(args.config, os.environ, flag_values(args, AnalyticsConfig), local=stack_config(args))
-    run = JOBS[args.job]
+    run = {**JOBS, **STREAM_JOBS}[args.job]
     started = SparkSession.getActiveSession() is None  # a session this process already runs is used, left running
     spark = spark_session(cfg, f"headwater {args.job}")
     try:
@@ -513,7 +518,7 @@ def _capture_commands(commands: Commands) -> None:
 
 
 def _analytics_command(commands: Commands) -> None:
-    text = "run a batch job on the topics with PySpark (local[*] by default)"
+    text = "run a batch or streaming job on the topics with PySpark (local[*] by default)"
     analytics_cmd = _with_config_flag(commands.add_parser("analytics", help=text))
     jobs = "; ".join(f"{k}: {v}" for k, v in JOB_HELP.items())
     analytics_cmd.add_argument("job", choices=sorted(JOB_HELP), help=jobs)

@@ -29,7 +29,7 @@ from tables.config import (
     read_file,
     setting,
 )
-from tables.topics import changes_topic, cuts_topic, dlq_topic, progress_topic, view_topic
+from tables.topics import changes_topic, cuts_topic, debezium_prefix, dlq_topic, progress_topic, view_topic
 from tables.views import ViewSpec, parse_views
 
 APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -62,6 +62,14 @@ class StreamsConfig:
     redis_url: str = setting("", "Redis of the views (default: [pipeline]'s, else the local stack's; 'none': off)")
     cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
                                     "WARNING (0: never)")  # fmt: skip
+    debezium: bool = setting(False, "also write every change as Debezium's PostgreSQL connector would, to "
+                                    "<debezium_prefix>.<schema>.<table> (README 'Debezium-format topics')")  # fmt: skip
+    debezium_prefix: str = setting("", "prefix of the Debezium-format topics, Debezium's topic.prefix and "
+                                       "source.name (default: <topic_prefix>.debezium)")  # fmt: skip
+    debezium_database: str = setting("", "source.db of the Debezium-format events: the captured database's name "
+                                         "(default with the local stack: its database)")  # fmt: skip
+    debezium_transactions: bool = setting(False, "with debezium: each event's transaction block and BEGIN/END "
+                                                 "records on <debezium_prefix>.transaction")  # fmt: skip
 
     __repr__ = masked_repr
 
@@ -88,6 +96,11 @@ class StreamsConfig:
     @property
     def changes_topic(self) -> str:
         return changes_topic(self.topic_prefix)
+
+    @property
+    def dbz_prefix(self) -> str:
+        """The Debezium-format topics' prefix: ``debezium_prefix``, else ``<topic_prefix>.debezium``."""
+        return self.debezium_prefix or debezium_prefix(self.topic_prefix)
 
     @property
     def dlq_topic(self) -> str:
@@ -118,14 +131,17 @@ class StreamsConfig:
 
 def load_streams(environ: Mapping[str, str] | None = None, explicit: str | None = None) -> Loaded[StreamsConfig]:
     """[streams] over [pipeline] (config file and environment), with where each value came from;
-    ``broker_profile = auto`` resolved against the local stack's broker."""
+    ``broker_profile = auto`` resolved against the local stack's broker, and on the local stack an
+    unset ``debezium_database`` is its database."""
     env = os.environ if environ is None else environ
     loaded = load_component(StreamsConfig, "streams", path=config_path(explicit, env), environ=env)
+    on_local = loaded.local is not None and loaded.config.bootstrap == loaded.local.bootstrap
+    if on_local and loaded.local is not None and not loaded.config.debezium_database:
+        loaded = loaded.replace("debezium_database", loaded.local.database, Source("stack", "database"))
     if loaded.config.broker_profile != "auto" or loaded.local is None:
         return loaded
-    local = loaded.config.bootstrap == loaded.local.bootstrap
-    why = "the broker is the local stack's" if local else "the broker is not the local stack's"
-    return loaded.replace("broker_profile", "tansu" if local else "kafka", Source("auto", why))
+    why = "the broker is the local stack's" if on_local else "the broker is not the local stack's"
+    return loaded.replace("broker_profile", "tansu" if on_local else "kafka", Source("auto", why))
 
 
 def load_streams_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:

@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, Producer
 
 from streams.writer import Pending, produce
 from tables.errors import FatalError
+from tables.topics import CUTS_PARTITION
 from tables.views import CUT_PARSED
 from tables.wire import HEADER_LSN, avro_body
 
@@ -120,7 +121,7 @@ class Cuts:
             value = value_frame + avro_body(CUT_PARSED, {"view": name, "commit_lsn": point.lsn, "topic": topic,
                                                          "ends": ends})  # fmt: skip
             key = key_frame + avro_body(KEY_STRING, name)
-            produce(self.producer, self.topic, 0, key, value, [(HEADER_LSN, b"%d" % point.lsn)])
+            produce(self.producer, self.topic, CUTS_PARTITION, key, value, [(HEADER_LSN, b"%d" % point.lsn)])
         with self.lock:
             self.cut = point.lsn
 

@@ -12,10 +12,12 @@ holds) at its high watermark's commit: ``commit_lsn``, ``xid`` and ``commit_time
 that commit, ``position``/``tx_size`` within the chunk, and ``backfill`` naming the
 backfill. ``backfill`` was added with a default (null), so records written before it
 read as before; it is the last field, and writers put new fields after it.
+``decode_change`` reads a message as plain data, its row images decoded too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 OPS: Final = ("READ", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "SNAPSHOT_END")
@@ -49,3 +51,17 @@ CHANGE_VALUE_SCHEMA: Final[dict[str, Any]] = {
          "doc": "the backfill (incremental snapshot) a READ row or retraction belongs to: its number; else null"},
     ],
 }
+
+IMAGES: Final = ("key", "before", "after")
+
+
+def decode_change(value: bytes, decode: Callable[[bytes | None], Any]) -> dict[str, Any]:
+    """A raw-topic message as plain data: the change record with its row images decoded as well.
+
+    ``decode`` reads one Confluent-framed record, None staying None: ``tables.registry.Registry(url)``
+    is one (schemas fetched once per id), as is confluent-kafka's ``AvroDeserializer`` wrapped.
+    """
+    record = dict(decode(value))
+    for name in IMAGES:
+        record[name] = decode(record.get(name))
+    return record
