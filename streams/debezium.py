@@ -253,7 +253,7 @@ class Debezium:
     def _source(self, change: Change) -> dict[str, Any]:
         at = micros(change.commit_time)
         return {"version": self.version, "connector": CONNECTOR, "name": self.prefix, "ts_ms": at // 1000,
-                "snapshot": "true" if change.op == "READ" else "false", "db": self.database, "sequence": None,
+                "snapshot": snapshot_flag(change), "db": self.database, "sequence": None,
                 "ts_us": at, "ts_ns": at * 1000, "schema": change.schema, "table": change.table, "txId": change.xid,
                 "lsn": change.commit_lsn, "xmin": None, "origin": None, "origin_lsn": None}  # fmt: skip
 
@@ -283,3 +283,11 @@ class Debezium:
         value = {"status": status, "id": tx.name, "event_count": tx.total if end else None, "data_collections": counts,
                  "ts_ms": micros(change.commit_time) // 1000}  # fmt: skip
         return Event(frame(key_id) + avro_body(TX_KEY, {"id": tx.name}), frame(value_id) + avro_body(TX_VALUE, value))
+
+
+def snapshot_flag(change: Change) -> str:
+    """``source.snapshot`` as Debezium sets it: ``incremental`` for a backfill's rows (its incremental
+    snapshots), ``true`` for the initial snapshot's, ``false`` for streamed changes."""
+    if change.op != "READ":
+        return "false"
+    return "true" if change.backfill is None else "incremental"

@@ -43,6 +43,7 @@ class Change(NamedTuple):
     tx_size: int = 0
     xid: int = 0
     commit_time: Any = None  # a datetime as decoded (timestamp-micros)
+    backfill: int | None = None  # the backfill (incremental snapshot) a READ row or retraction belongs to
 
     @property
     def ends_transaction(self) -> bool:
@@ -54,7 +55,8 @@ class Change(NamedTuple):
     def from_record(cls, record: dict[str, Any]) -> Change:
         return cls(record["op"], record["schema"], record["table"], record["topic"], record["commit_lsn"],
                    record["position"], record["key"], record["before"], record["after"],
-                   record.get("tx_size", 0), record.get("xid", 0), record.get("commit_time"))  # fmt: skip
+                   record.get("tx_size", 0), record.get("xid", 0), record.get("commit_time"),
+                   record.get("backfill"))  # fmt: skip
 
 
 class Output(NamedTuple):

@@ -185,6 +185,8 @@ def test_truncate_and_snapshot_read_events() -> None:
     assert (value["op"], value["before"], value["after"], value["source"]["lsn"]) == ("t", None, None, 46523128)
     [read] = dbz.events(change("READ", after=row()), 14, NOW)
     assert schemas.decode(read.value)["op"] == "r" and schemas.decode(read.value)["source"]["snapshot"] == "true"
+    [backfilled] = dbz.events(change("READ", after=row())._replace(backfill=3, tx_size=1), 14, NOW)
+    assert schemas.decode(backfilled.value)["source"]["snapshot"] == "incremental"  # as Debezium's incremental reads
     assert dbz.events(Change("SNAPSHOT_END", "", "", "", 1, 0, None, None, None), 15, NOW) == []
     stale = debezium(schemas, transactions=True).events(change("DELETE", size=0), 16, NOW)  # a snapshot's clean-up
     assert [o.topic for o in stale] == [f"{PREFIX}.public.customers"] * 2  # no BEGIN without an END
