@@ -209,10 +209,16 @@ class ChangeWriter:
               backfill: int) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
         """(Kafka key, value) of a backfill chunk's changes (``rows``: key and after images), positions from 0:
         what ``records`` writes for them, by the compiled ``envelopes``."""
+        kafka_key, head, size, rows, tail = self.chunk_parts(op, schema, table, topic, transaction, rows, backfill)
+        return zip(repeat(kafka_key), envelopes(head, size, rows, tail))
+
+    def chunk_parts(self, op: str, schema: str, table: str, topic: str, transaction: bytes, rows: list[Image],
+                    backfill: int) -> tuple[bytes, bytes, bytes, list[Image], bytes]:  # fmt: skip
+        """(Kafka key, head, size, rows, tail) of a backfill chunk's changes, counted: what ``envelopes`` (or
+        ``send_envelopes``) writes ``chunk``'s values from."""
         kafka_key, head, count = self._head(op, schema, table, topic)
         count[0] += len(rows)
-        values = envelopes(head + transaction, self.size(len(rows)), rows, backfill_tail(backfill))
-        return zip(repeat(kafka_key), values)
+        return kafka_key, head + transaction, self.size(len(rows)), rows, backfill_tail(backfill)
 
 
 def change_writer(fmt: str, key_id: int, value_id: int) -> ChangeWriter | JsonChangeWriter:
