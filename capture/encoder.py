@@ -18,9 +18,9 @@ from typing import Any
 import fastavro
 
 from capture._copier import envelopes
-from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
 from capture.jsonformat import Change, JsonChangeWriter, JsonRowWriter
+from tables.avro import compile_schema, long_bytes
 from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, OPS
 from tables.types import (
