@@ -313,3 +313,76 @@ def plain(schema: Any) -> Any:
         out.pop("precision", None)
         out.pop("scale", None)
     return out
+
+
+NAMED = frozenset({"record", "error", "enum", "fixed"})
+
+
+def _fullname(node: Mapping[str, Any], namespace: str | None) -> str:
+    name, ns = node["name"], node.get("namespace", namespace)
+    return name if "." in name or not ns else f"{ns}.{name}"
+
+
+def named_types(schema: Any, namespace: str | None = None, found: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every named type ``schema`` defines, by full name (the first definition of each)."""
+    found = {} if found is None else found
+    if isinstance(schema, list):
+        for branch in schema:
+            named_types(branch, namespace, found)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind in NAMED:
+            full = _fullname(schema, namespace)
+            found.setdefault(full, schema)
+            namespace = full.rpartition(".")[0] or None
+            for f in schema.get("fields", ()):
+                named_types(f["type"], namespace, found)
+        elif kind == "array":
+            named_types(schema["items"], namespace, found)
+        elif kind == "map":
+            named_types(schema["values"], namespace, found)
+        elif isinstance(kind, dict | list):
+            named_types(kind, namespace, found)
+    return found
+
+
+def define_once(schema: Any, known: Mapping[str, Any] | None = None) -> Any:
+    """``schema`` with every named type defined at its first use and named (by full name) after it, as
+    Avro requires; ``known`` (full name -> definition) gives the definitions of names used before or
+    without one, so a record taken out of a larger schema stands alone again."""
+    return _Once(dict(known or named_types(schema))).walk(schema, None)
+
+
+class _Once:
+    def __init__(self, known: dict[str, Any]) -> None:
+        self.known, self.seen = known, set[str]()
+
+    def walk(self, node: Any, namespace: str | None) -> Any:
+        if isinstance(node, list):
+            return [self.walk(branch, namespace) for branch in node]
+        if isinstance(node, str):
+            full = node if "." in node or not namespace else f"{namespace}.{node}"
+            found = self.known.get(full, self.known.get(node))
+            return node if found is None or full in self.seen or node in self.seen else self.walk(found, namespace)
+        if not isinstance(node, dict):
+            return node
+        kind = node.get("type")
+        if kind in NAMED:
+            return self.named(node, namespace)
+        if kind == "array":
+            return {**node, "items": self.walk(node["items"], namespace)}
+        if kind == "map":
+            return {**node, "values": self.walk(node["values"], namespace)}
+        if isinstance(kind, dict | list):
+            return {**node, "type": self.walk(kind, namespace)}
+        return node
+
+    def named(self, node: dict[str, Any], namespace: str | None) -> Any:
+        full = _fullname(node, namespace)
+        if full in self.seen:
+            return full
+        self.seen.add(full)
+        if "fields" not in node:
+            return node
+        inner = full.rpartition(".")[0] or None
+        return {**node, "fields": [{**f, "type": self.walk(f["type"], inner)} for f in node["fields"]]}
