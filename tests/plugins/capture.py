@@ -104,6 +104,7 @@ class Capture:
         read = ChangeReader(Registry(self.cfg.registry_url))
         out = []
         for record in read_topic(self.cfg.bootstrap, self.cfg.changes_topic):
+            assert record.value is not None, f"a raw message without value at offset {record.offset}"
             change = read(record.value)
             change["_offset"] = record.offset
             out.append(change)

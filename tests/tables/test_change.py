@@ -87,7 +87,7 @@ def test_a_nested_message_is_read_whole_by_confluents_deserializer_or_fastavro_a
 
     plain = [fastavro.schemaless_reader(io.BytesIO(v[5:]), schema_of(int.from_bytes(v[1:5], "big")), None)
              for v in raw]  # fmt: skip
-    assert images_of(plain) == EXPECTED  # type: ignore[arg-type]
+    assert images_of(plain) == EXPECTED
     topic = capture.cfg.changes_topic  # its value schemas by record name (TopicRecordNameStrategy): none as -value
     subjects = sorted(s for s in httpx.get(f"{capture.cfg.registry_url}/subjects").json() if s.startswith(topic + "-"))
     assert subjects == [f"{topic}-headwater.Marker", f"{topic}-headwater.public.t.Change", f"{topic}-key"]
