@@ -124,7 +124,11 @@ class Session:
     def run(self, stop: threading.Event) -> None:
         cfg = self.cfg
         conn = catalog.connect(self.dsn)
-        state = State(cfg.state_dir, cfg.slot)
+        try:
+            state = State(cfg.state_dir, cfg.slot)
+        except BaseException:
+            conn.close()
+            raise
         registrar: Registry | NoRegistry = Registry(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
         sink: ChangeSink | None = None
@@ -164,8 +168,10 @@ class Session:
                 self.metrics.session_ended(sink, producer)
                 producer.abandon()
             registrar.close()
-            self._leave_nothing(state)
-            state.close()
+            try:
+                self._leave_nothing(state)
+            finally:
+                state.close()
 
     def _stream(self, parts: Parts, repl: Connection, start_lsn: int, stop: threading.Event) -> None:
         """Stream from the slot until stopped (``capture.stream``)."""
@@ -174,14 +180,16 @@ class Session:
         checkpoint = parts.state.load()
         confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
         heartbeat_conn = catalog.connect(self.dsn)
-        backfiller = Backfiller(self.cfg, self.dsn, parts.state, parts.sink, parts.registrar, streamer)
-        self.streamed = True
         try:
-            backfiller.start(parts.tables, fresh=start_lsn != 0)
-            Loop(self.cfg, repl, heartbeat_conn, streamer, parts.producer, parts.state, confirmed,
-                 self.metrics).run(start_lsn, stop)  # fmt: skip
+            backfiller = Backfiller(self.cfg, self.dsn, parts.state, parts.sink, parts.registrar, streamer)
+            self.streamed = True
+            try:
+                backfiller.start(parts.tables, fresh=start_lsn != 0)
+                Loop(self.cfg, repl, heartbeat_conn, streamer, parts.producer, parts.state, confirmed,
+                     self.metrics).run(start_lsn, stop)  # fmt: skip
+            finally:
+                backfiller.close()
         finally:
-            backfiller.close()
             heartbeat_conn.close()
 
     def _leave_nothing(self, state: State) -> None:

@@ -124,7 +124,6 @@ class Backfiller:
     def __init__(self, cfg: CaptureConfig, dsn: str, state: State, sink: ChangeSink,
                  registrar: Registry | NoRegistry, streamer: Streaming) -> None:  # fmt: skip
         self.cfg, self.state, self.sink, self.registrar, self.streamer = cfg, state, sink, registrar, streamer
-        self.mailbox = Mailbox(cfg.state_dir, cfg.slot)
         self.dsn = dsn
         self._conn: catalog.Connection | None = None
         self._types: TypeCache | None = None
@@ -146,6 +145,7 @@ class Backfiller:
         self.signal_at = (0, -1)
         self.applied = state.signal_position()
         self.polled = self.logged = time.monotonic()
+        self.mailbox = Mailbox(cfg.state_dir, cfg.slot)  # last: nothing after it can fail and leave it open
         streamer.backfills = self
 
     def close(self) -> None:

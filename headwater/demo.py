@@ -111,7 +111,7 @@ def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> 
 def show_changes(capture: CaptureConfig) -> None:
     decode = Registry(capture.registry_url)
     read = ChangeReader(decode)  # images framed, whichever raw_images capture writes
-    changes = [read(r.value) for r in read_topic(capture.bootstrap, capture.changes_topic)]
+    changes = [read(r.value) for r in read_topic(capture.bootstrap, capture.changes_topic) if r.value is not None]
     ops = Counter(c["op"] for c in changes)
     print(f"  {len(changes)} changes: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items())))
     print("  the last three, decoded:")
