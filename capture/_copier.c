@@ -22,7 +22,8 @@
  * chunk's rows until the chunk's high watermark, ``capture.backfiller``), and
  * ``envelopes`` writes those rows' raw-topic changes once the chunk is due. With ``nested``
  * set (``raw_images = "nested"``), the key and value go into the change as nested records:
- * their union branch and their Avro body, without the frame and the length of a bytes field.
+ * their union branch and their Avro body, without the frame and the length of a bytes field,
+ * after ``tail`` (the nested change record ends with its images: ``tables.change``).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -477,16 +478,24 @@ static int image(Buf *m, PyObject *o, int nested) {
                : 0;
 }
 
+/* One change with no old image into m: head, position, size, then the images and the tail (framed), or the tail
+ * and the images (nested) */
+static int changed(Buf *m, PyObject *head, long long position, PyObject *size, PyObject *key, PyObject *after,
+                   PyObject *tail, int nested) {
+    if (buf_add(m, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)) < 0 || buf_long(m, position) < 0 ||
+        buf_add(m, PyBytes_AS_STRING(size), PyBytes_GET_SIZE(size)) < 0 ||
+        (nested && buf_add(m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0) || image(m, key, nested) < 0 ||
+        buf_byte(m, 0) < 0 || image(m, after, nested) < 0 ||
+        (!nested && buf_add(m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0))
+        return -1;
+    return 0;
+}
+
 /* The raw-topic READ change around a row, into self->msg: what ChangeWriter.read_encoder writes */
 static int envelope(Copier *self, PyObject *key, PyObject *after) {
     Buf *m = &self->msg;
     m->n = 0;
-    if (buf_add(m, PyBytes_AS_STRING(self->head), PyBytes_GET_SIZE(self->head)) < 0 || buf_long(m, self->position) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(self->size), PyBytes_GET_SIZE(self->size)) < 0 ||
-        image(m, key, self->nested) < 0 || buf_byte(m, 0) < 0 || image(m, after, self->nested) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(self->tail), PyBytes_GET_SIZE(self->tail)) < 0)
-        return -1;
-    return 0;
+    return changed(m, self->head, self->position, self->size, key, after, self->tail, self->nested);
 }
 
 /* The row itself, (key, value), into the batch (rows mode) */
@@ -650,11 +659,7 @@ static PyObject *envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
         if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2) {
             PyErr_SetString(PyExc_TypeError, "rows must be (key, value) tuples");
             Py_CLEAR(out);
-        } else if (buf_add(&m, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)) < 0 || buf_long(&m, i) < 0 ||
-                   buf_add(&m, PyBytes_AS_STRING(size), PyBytes_GET_SIZE(size)) < 0 ||
-                   image(&m, PyTuple_GET_ITEM(row, 0), nested) < 0 || buf_byte(&m, 0) < 0 ||
-                   image(&m, PyTuple_GET_ITEM(row, 1), nested) < 0 ||
-                   buf_add(&m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0) {
+        } else if (changed(&m, head, i, size, PyTuple_GET_ITEM(row, 0), PyTuple_GET_ITEM(row, 1), tail, nested) < 0) {
             Py_CLEAR(out);
         } else {
             PyObject *msg = PyBytes_FromStringAndSize(m.p, m.n);

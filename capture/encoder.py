@@ -291,8 +291,8 @@ class NestedChangeWriter(ChangeWriter):
         head = self.read_head(schema, table, topic, transaction)
 
         def encode(position: int, key: bytes | None, after: bytes) -> bytes:
-            return b"".join((head, long_bytes(position), size, b"\x00" if key is None else b"\x02", key[5:] if key
-                             else b"", b"\x00\x02", after[5:], NO_BACKFILL))  # fmt: skip
+            return b"".join((head, long_bytes(position), size, NO_BACKFILL, b"\x00" if key is None else b"\x02",
+                             key[5:] if key else b"", b"\x00\x02", after[5:]))  # fmt: skip
 
         return encode
 
@@ -318,15 +318,15 @@ class NestedChangeWriter(ChangeWriter):
 
 def _nested(shape: Shape, head: bytes, transaction: bytes, position: int, size: bytes, key: bytes | None,
             before: bytes | None, after: bytes | None, tail: bytes) -> list[bytes]:  # fmt: skip
-    """The parts of one nested change: each image's union branch, then its body (the framed image less its frame)."""
-    parts = [head, transaction, long_bytes(position), size]
+    """The parts of one nested change: the fields up to ``backfill`` (``tail``), then each image's union branch and
+    its body (the framed image less its frame)."""
+    parts = [head, transaction, long_bytes(position), size, tail]
     parts += (b"\x00",) if key is None else (b"\x02", key[5:])
     if before is None:
         parts.append(b"\x00")
     else:
         parts += (KEY_BRANCH if before[:5] == shape.key_frame else ROW_BRANCH, before[5:])
     parts += (b"\x00",) if after is None else (b"\x02", after[5:])
-    parts.append(tail)
     return parts
 
 

@@ -85,12 +85,10 @@ def _fullname(record: dict[str, Any]) -> str:
 
 
 def _with_images(name: str, namespace: str, doc: str, types: dict[str, list[Any]]) -> dict[str, Any]:
-    """The change record with ``types`` for its image fields (the other fields as ``CHANGE_VALUE_SCHEMA``'s)."""
-    fields = [
-        {"name": f["name"], "type": types[f["name"]], "default": None, "doc": IMAGE_DOCS[f["name"]]}
-        if f["name"] in types else f
-        for f in CHANGE_VALUE_SCHEMA["fields"]
-    ]  # fmt: skip
+    """The change record with ``types`` for its image fields, which come last (``after`` ends the record: a reader
+    cuts it out without reading it), after ``CHANGE_VALUE_SCHEMA``'s other fields."""
+    fields = [f for f in CHANGE_VALUE_SCHEMA["fields"] if f["name"] not in IMAGES]
+    fields += [{"name": n, "type": types[n], "default": None, "doc": IMAGE_DOCS[n]} for n in IMAGES]
     fields[0] = {"name": "op", "type": {**fields[0]["type"], "namespace": "headwater"}}  # headwater.Op, as in framed
     return define_once({"type": "record", "name": name, "namespace": namespace, "doc": doc, "fields": fields})
 
@@ -137,15 +135,18 @@ class Registrar(Protocol):
 class ChangeReader:
     """Reads raw-topic messages of either image encoding as change records whose images are framed bytes.
 
-    A framed change is the record as decoded. A nested one is read with its writer schema (the images
-    without logical types: raw ints and bytes) and each image is written again with the table's own
-    schema (``tables.avro``, byte for byte what capture writes with ``framed``) behind the id the registry
-    gives that schema under ``<topic>-value`` / ``<topic>-key`` — the ids capture registered. Plans are
-    made once per schema id; a message no plan reads is an ``UndecodableMessage``.
+    A framed change is the record as decoded. A nested one's images are each the table's own record, whose
+    Avro body is what ``framed`` carries behind the frame: they are cut out of the message (the fields up to
+    the images decoded, the key and a full old row read to find where they end, ``after`` running to the end
+    of the record) and framed with the id the registry gives the table's schema under ``<topic>-value`` /
+    ``<topic>-key`` — the ids capture registered. A nested schema whose images do not end the record is read
+    whole instead (images without logical types) and each image written again with the table's schema
+    (``tables.avro``): the same bytes (``cut=False`` reads every nested record so: the reference the tests hold
+    the cut to). Plans are made once per schema id; a message no plan reads is an ``UndecodableMessage``.
     """
 
-    def __init__(self, registry: Registrar) -> None:
-        self.registry = registry
+    def __init__(self, registry: Registrar, *, cut: bool = True) -> None:
+        self.registry, self.cut = registry, cut
         self._plans: dict[int, _Nested | None] = {}
 
     def __call__(self, value: bytes) -> dict[str, Any]:
@@ -161,36 +162,66 @@ class ChangeReader:
         images = [types.get(name) for name in IMAGES]
         nested = any(isinstance(t, list) and any(isinstance(b, dict | str) and b not in ("null", "bytes")
                                                   for b in t) for t in images)  # fmt: skip
-        self._plans[writer] = plan = _Nested.of(schema) if nested else None
+        self._plans[writer] = plan = _Nested.of(schema, self.cut) if nested else None
         return plan
+
+
+DECODE_ERRORS = (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError)
+Branches = dict[int, tuple[Any, bool]]  # an image's union tag byte -> (its record's plain parse, the key record?)
 
 
 @dataclass
 class _Nested:
-    """How to read one nested change schema: its parse (images plain) and each image's table schema."""
+    """How to read one nested change schema: its parses and each image's table schema."""
 
-    parsed: Any
+    parsed: Any  # the whole record, images plain
     value: dict[str, Any] | None  # the table topic's value schema, standing alone
     key: dict[str, Any] | None
     encode_value: Callable[[Any], bytes] | None
     encode_key: Callable[[Any], bytes] | None
+    head: Any = None  # the fields before the images, when the images end the record (else None: read whole)
+    branches: tuple[Branches, Branches] = ({}, {})  # key's, before's
     frames: tuple[bytes, bytes] | None = None  # (value frame, key frame), once the topic is known
 
     @classmethod
-    def of(cls, schema: dict[str, Any]) -> _Nested:
+    def of(cls, schema: dict[str, Any], cut: bool = True) -> _Nested:
         known = named_types(schema)
         fields = [{**f, "type": plain(f["type"])} if f["name"] in IMAGES else f for f in schema["fields"]]
         parsed = fastavro.parse_schema({**schema, "fields": fields})
         value, key = _branch(schema, "after", known), _branch(schema, "key", known)
-        return cls(parsed, value, key, _encoder(value), _encoder(key))
+        plan = cls(parsed, value, key, _encoder(value), _encoder(key))
+        if cut and [f["name"] for f in schema["fields"][-3:]] == list(IMAGES):
+            plan.head = fastavro.parse_schema({**schema, "fields": schema["fields"][:-3]})
+            plan.branches = (_tags(schema["fields"][-3], known, key), _tags(schema["fields"][-2], known, key))
+        return plan
 
     def read(self, data: bytes, registry: Registrar) -> dict[str, Any]:
         try:
-            record: Any = fastavro.schemaless_reader(
-                io.BytesIO(memoryview(data)[FRAME_SIZE:]), self.parsed, None, return_record_name=True,
-                return_record_name_override=True)  # fmt: skip
-        except (EOFError, ValueError, IndexError, KeyError, UnicodeDecodeError, TypeError) as exc:
+            return self._cut(data, registry) if self.head is not None else self._whole(data, registry)
+        except DECODE_ERRORS as exc:
             raise UndecodableMessage(f"Avro body does not match schema {schema_id(data)}: {exc!r}") from exc
+
+    def _cut(self, data: bytes, registry: Registrar) -> dict[str, Any]:
+        stream = io.BytesIO(data)
+        stream.seek(FRAME_SIZE)
+        record: Any = fastavro.schemaless_reader(stream, self.head, None)
+        at = stream.tell()
+        if data[at:] == b"\x00\x00\x00":  # no image: a truncate
+            record.update(key=None, before=None, after=None)
+            return dict(record)
+        value_frame, key_frame = self.frames or self._frames(record, registry)
+        frames = (value_frame, key_frame)
+        record["key"], at = _take(data, stream, at, self.branches[0], frames)
+        record["before"], at = _take(data, stream, at, self.branches[1], frames)
+        tag = data[at]
+        if tag not in (0, 2):
+            raise ValueError(f"union branch {tag >> 1} of after")
+        record["after"] = value_frame + data[at + 1 :] if tag else None
+        return dict(record)
+
+    def _whole(self, data: bytes, registry: Registrar) -> dict[str, Any]:
+        record: Any = fastavro.schemaless_reader(io.BytesIO(memoryview(data)[FRAME_SIZE:]), self.parsed, None,
+                                                 return_record_name=True, return_record_name_override=True)  # fmt: skip
         if record["key"] is None and record["before"] is None and record["after"] is None:
             return record
         value_frame, key_frame = self.frames or self._frames(record, registry)
@@ -214,6 +245,31 @@ class _Nested:
         key_id = registry.register(key_subject(topic), self.key, table=table) if self.key else 0
         self.frames = frame(value_id), frame(key_id)
         return self.frames
+
+
+def _take(data: bytes, stream: io.BytesIO, at: int, branches: Branches, frames: tuple[bytes, bytes]
+          ) -> tuple[bytes | None, int]:  # fmt: skip
+    """The framed image at ``at`` (null, or the record of its union branch, read to find its end) and the offset
+    after it."""
+    tag = data[at]
+    if tag == 0:
+        return None, at + 1
+    parsed, is_key = branches[tag]
+    stream.seek(at + 1)
+    fastavro.schemaless_reader(stream, parsed, None)
+    end = stream.tell()
+    return (frames[1] if is_key else frames[0]) + data[at + 1 : end], end
+
+
+def _tags(field: dict[str, Any], known: dict[str, Any], key: dict[str, Any] | None) -> Branches:
+    """An image field's union branches: tag byte (the branch index, zig-zag) -> the record's plain parse."""
+    out: Branches = {}
+    for index, branch in enumerate(field["type"]):
+        if branch != "null":
+            record = define_once(known[branch] if isinstance(branch, str) else branch, known)
+            is_key = key is not None and _fullname(record) == _fullname(key)
+            out[index << 1] = fastavro.parse_schema(plain(record)), is_key
+    return out
 
 
 def _encoder(schema: dict[str, Any] | None) -> Callable[[Any], bytes] | None:

@@ -17,7 +17,7 @@ from tables.catalog import ColumnInfo, TableSchema
 from tables.change import ChangeReader
 from tables.config import StackConfig
 from tables.registry import Registry
-from tables.wire import body, schema_id
+from tables.wire import UndecodableMessage, body, schema_id
 from tests.capture.test_transcoder import COLUMNS, ROW
 
 pytestmark = pytest.mark.usefixtures("local_stack")
@@ -59,16 +59,17 @@ def changes(encoder: RowEncoder) -> list[tuple[Any, ...]]:
 
 
 def same_both_ways(registry: Registry, framed: list[bytes], nested: list[bytes]) -> None:
-    """Each nested record re-framed equals the framed one; fastavro alone reads its images as the framed decode."""
-    read = ChangeReader(registry)
+    """Each nested record re-framed (cut out, or read whole and written again) equals the framed one; fastavro
+    alone reads its images as the framed decode."""
+    read, whole = ChangeReader(registry), ChangeReader(registry, cut=False)
     for f, n in zip(framed, nested, strict=True):
-        assert read(n) == read(f) == registry.decode(f)
-        whole = fastavro.schemaless_reader(io.BytesIO(body(n)), fastavro.parse_schema(registry.schema(schema_id(n))),
+        assert read(n) == whole(n) == read(f) == registry.decode(f)
+        alone = fastavro.schemaless_reader(io.BytesIO(body(n)), fastavro.parse_schema(registry.schema(schema_id(n))),
                                            None)  # fmt: skip
         plain = registry.decode(f)
         for image in ("key", "before", "after"):
-            assert whole[image] == registry.decode(plain[image]), image
-        assert {k: v for k, v in whole.items() if k not in ("key", "before", "after")} == {
+            assert alone[image] == registry.decode(plain[image]), image
+        assert {k: v for k, v in alone.items() if k not in ("key", "before", "after")} == {
             k: v for k, v in plain.items() if k not in ("key", "before", "after")}  # fmt: skip
 
 
@@ -104,3 +105,14 @@ def test_a_record_without_a_learned_shape_is_refused(local_stack: StackConfig, u
         list(nested.records([("INSERT", "public", "elsewhere", "x", None, None, None)], b"", b"\x02"))
     subjects = httpx.get(f"{local_stack.registry_url}/subjects").json()
     assert f"{unique_name}.changes-headwater.public.every.Change" in subjects
+
+
+def test_a_nested_message_cut_short_is_undecodable(local_stack: StackConfig, unique_name: str) -> None:
+    registry, encoder, _, nested = writers(local_stack, unique_name, KEYED)
+    value = next(nested.records(changes(encoder)[3:4], ChangeWriter.transaction(1, 2, 3), b"\x02"))[1]
+    for read in (ChangeReader(registry), ChangeReader(registry, cut=False)):
+        with pytest.raises(UndecodableMessage, match="does not match schema"):
+            read(value[:40])  # inside the fields before the images
+        with pytest.raises(UndecodableMessage, match="does not match schema"):
+            read(value[: len(value) - len(encoder.encode_value(encoder.convert([TEXTS[c.name] for c in
+                                                                                encoder.table.columns])))])  # fmt: skip
