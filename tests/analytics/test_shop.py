@@ -154,3 +154,5 @@ def test_the_shop_with_nested_raw_images_and_a_schema_change_reconciles_everywhe
     view = read(spark, cfg, view=REPORT_VIEW, cut="latest").drop("hw_commit_lsn").collect()
     docs = {(str(r.id),): to_json(plain(r)) for r in view}
     assert not compare_docs(view_docs_sql(shop_db, SQL), docs, "spark")
+    failure = error_of(lambda: read(spark, cfg, topic=raw).count())  # one schema per table: no one DataFrame
+    assert "registers a schema per record type" in str(failure) and "raw_images = 'framed'" in str(failure)
