@@ -33,7 +33,7 @@ import psycopg2
 
 from capture import slot
 from capture.config import CaptureConfig
-from capture.producer import DEFAULTS, SnapshotSender
+from capture.producer import DEFAULTS, SnapshotSender, ensure_changes_topic
 from capture.state import snapshot_done
 from headwater import shop, stack
 from tables.kafka import read_topic
@@ -186,7 +186,8 @@ def _produce(bootstrap: str, prefix: str, count: int, size: int) -> None:
 def kafka_alone(cfg: stack.StackConfig, messages: int, workers: int, size: int = 110) -> float:
     """Seconds for ``workers`` processes to produce ``messages`` pre-encoded messages (the snapshot's
     producer and settings, no database, no encoding): the ceiling of one message per row here."""
-    ctx = multiprocessing.get_context("spawn")
+    ensure_changes_topic(CaptureConfig(bootstrap=cfg.bootstrap, topic_prefix="ceiling"))  # capture's producer
+    ctx = multiprocessing.get_context("spawn")  # does not make topics (allow.auto.create.topics = false)
     procs = [ctx.Process(target=_produce, args=(cfg.bootstrap, "ceiling", messages // workers, size))
              for _ in range(workers)]  # fmt: skip
     start = time.monotonic()
