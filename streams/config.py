@@ -56,6 +56,10 @@ class StreamsConfig:
     web_host: str = setting("127.0.0.1", "address the query endpoint binds to and advertises")
     web_port: int = setting(6066, "port of the query endpoint (faust worker --web-port overrides it)")
     canonical_url: str = setting("", "URL other workers use to reach this one (default http://web_host:web_port)")
+    group_instance_id: str = setting(
+        "", "static group membership (KIP-345): a stable id unique to this worker; a restart takes its "
+        "partitions back at once, a stop holds them for the session (10 s); empty: off"
+    )
     batch_size: int = setting(2000, "raw changes the fan-out handles per batch")
     batch_wait: float = setting(0.005, "seconds an agent waits to fill a batch (latency against per-batch work)")
     state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory (default: <data_dir>/streams)")
@@ -75,8 +79,10 @@ class StreamsConfig:
 
     def __post_init__(self) -> None:
         check_shared(self.topic_prefix, self.registry_url, self.redis_url)
-        if not APP_ID.match(self.app_id):
-            raise InvalidSetting("app_id", f"must be letters, digits, '.', '_' or '-', got {self.app_id!r}")
+        for key in ("app_id", "group_instance_id"):
+            value = getattr(self, key)
+            if (value or key == "app_id") and not APP_ID.match(value):
+                raise InvalidSetting(key, f"must be letters, digits, '.', '_' or '-', got {value!r}")
         if self.broker_profile not in PROFILES:
             raise InvalidSetting("broker_profile", f"must be one of {', '.join(PROFILES)}, got {self.broker_profile!r}")
         for key in ("partitions", "replication_factor", "batch_size"):

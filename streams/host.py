@@ -26,6 +26,7 @@ import faust
 from streams import endpoint, profile
 from streams.config import StreamsConfig, load_views
 from streams.engine import Catalog, Engine, open_catalog
+from streams.memory import Trimmer
 from streams.store import TableStore
 from streams.viewstore import ViewStore
 from streams.writer import TableWriter
@@ -125,16 +126,20 @@ def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
 
 
 def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLoop]) -> None:
-    """Rebalances, revocations and shutdown drive the engine."""
+    """Rebalances, revocations and shutdown drive the engine; from the first assignment on, the worker
+    hands the memory it freed back to the system (``streams.memory``)."""
+    trimmer = Trimmer()
 
     async def rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
         loop[:] = [asyncio.get_running_loop()]
         engine.assigned({(tp.topic, tp.partition) for tp in app.consumer.assignment()})
+        trimmer.start()
 
     async def revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
         await asyncio.to_thread(engine.revoked)
 
     async def shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
+        trimmer.stopping.set()
         await asyncio.to_thread(engine.close)
         log.warning("streams worker stopped: its readers and stores are closed")
 

@@ -34,11 +34,22 @@ def test_profile_follows_the_broker_and_only_tansu_gets_its_settings(tmp_path: P
     real = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "kafka1:9092,kafka2:9092"})
     assert real.broker_profile == "kafka"
     settings = profile.faust_settings(real)
-    assert not set(profile.TANSU_FAUST) & set(settings)
+    assert {k: settings[k] for k in profile.TANSU_FAUST if k in settings} != profile.TANSU_FAUST
     assert profile.app_class(real) is profile.App
     assert settings["broker"] == ["kafka://kafka1:9092", "kafka://kafka2:9092"]
     forced = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "tansu"})
     assert forced.tansu
+
+
+def test_on_kafka_a_dead_worker_holds_its_partitions_10_s_and_static_membership_is_asked_for() -> None:
+    real = {"HEADWATER_STREAMS_BOOTSTRAP": "kafka1:9092"}
+    settings = profile.faust_settings(load_streams_config(real))
+    assert (settings["broker_session_timeout"], settings["broker_heartbeat_interval"]) == (10.0, 3.0)
+    assert "consumer_group_instance_id" not in settings
+    static = load_streams_config({**real, "HEADWATER_STREAMS_GROUP_INSTANCE_ID": "orders-worker-0"})
+    assert profile.faust_settings(static)["consumer_group_instance_id"] == "orders-worker-0"
+    with pytest.raises(ConfigError, match="group_instance_id"):
+        load_streams_config({**real, "HEADWATER_STREAMS_GROUP_INSTANCE_ID": "a b"})
 
 
 def test_readers_fetch_little_at_once_except_the_table_feed_on_the_local_broker() -> None:
