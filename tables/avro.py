@@ -125,7 +125,7 @@ class _Compiler:
         if isinstance(schema, str):
             if schema in PRIMITIVES:
                 return PRIMITIVES[schema]
-            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+            full = full_name(schema, namespace)
             return self.named.get(full) or self.named[schema]
         if isinstance(schema, list):
             return self._union(schema, namespace)
@@ -147,21 +147,15 @@ class _Compiler:
             return self._map(self.compile(schema["values"], namespace))
         if kind == "fixed":
             self._name(schema, namespace, lambda v, out: out.append(bytes(v)), "fixed")
-            return self.named[self._full(schema, namespace)]
+            return self.named[_defined_name(schema, namespace)]
         raise ValueError(f"unsupported Avro type {kind!r}")
 
-    @staticmethod
-    def _full(schema: Mapping[str, Any], namespace: str | None) -> str:
-        name = schema["name"]
-        ns = schema.get("namespace", namespace)
-        return name if "." in name or not ns else f"{ns}.{name}"
-
     def _name(self, schema: Mapping[str, Any], namespace: str | None, encoder: Encoder, kind: str) -> None:
-        self.named[self._full(schema, namespace)] = encoder
-        self.kinds[self._full(schema, namespace)] = kind
+        self.named[_defined_name(schema, namespace)] = encoder
+        self.kinds[_defined_name(schema, namespace)] = kind
 
     def _record(self, schema: Mapping[str, Any], namespace: str | None) -> Encoder:
-        full = self._full(schema, namespace)
+        full = _defined_name(schema, namespace)
         inner_ns = full.rpartition(".")[0] or None
         compiled: list[Encoder] = []
 
@@ -318,31 +312,40 @@ def plain(schema: Any) -> Any:
 NAMED = frozenset({"record", "error", "enum", "fixed"})
 
 
-def _fullname(node: Mapping[str, Any], namespace: str | None) -> str:
-    name, ns = node["name"], node.get("namespace", namespace)
-    return name if "." in name or not ns else f"{ns}.{name}"
+def full_name(name: str, namespace: str | None) -> str:
+    """A named type's full name: ``name`` as is when dotted or without ``namespace``, else ``namespace.name``."""
+    return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
-def named_types(schema: Any, namespace: str | None = None, found: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every named type ``schema`` defines, by full name (the first definition of each)."""
-    found = {} if found is None else found
+def _defined_name(node: Mapping[str, Any], namespace: str | None) -> str:
+    return full_name(node["name"], node.get("namespace", namespace))
+
+
+def walk_named(schema: Any, visit: Callable[[dict[str, Any], str], None], namespace: str | None = None) -> None:
+    """Call ``visit(definition, full name)`` on every named type ``schema`` defines, in order, each before
+    its fields are walked (so ``visit`` may check a definition before its fields are read)."""
     if isinstance(schema, list):
         for branch in schema:
-            named_types(branch, namespace, found)
+            walk_named(branch, visit, namespace)
     elif isinstance(schema, dict):
         kind = schema.get("type")
         if kind in NAMED:
-            full = _fullname(schema, namespace)
-            found.setdefault(full, schema)
-            namespace = full.rpartition(".")[0] or None
+            full = _defined_name(schema, namespace)
+            visit(schema, full)
             for f in schema.get("fields", ()):
-                named_types(f["type"], namespace, found)
+                walk_named(f["type"], visit, full.rpartition(".")[0] or None)
         elif kind == "array":
-            named_types(schema["items"], namespace, found)
+            walk_named(schema["items"], visit, namespace)
         elif kind == "map":
-            named_types(schema["values"], namespace, found)
+            walk_named(schema["values"], visit, namespace)
         elif isinstance(kind, dict | list):
-            named_types(kind, namespace, found)
+            walk_named(kind, visit, namespace)
+
+
+def named_types(schema: Any) -> dict[str, Any]:
+    """Every named type ``schema`` defines, by full name (the first definition of each)."""
+    found: dict[str, Any] = {}
+    walk_named(schema, lambda node, full: found.setdefault(full, node))
     return found
 
 
@@ -361,7 +364,7 @@ class _Once:
         if isinstance(node, list):
             return [self.walk(branch, namespace) for branch in node]
         if isinstance(node, str):
-            full = node if "." in node or not namespace else f"{namespace}.{node}"
+            full = full_name(node, namespace)
             found = self.known.get(full, self.known.get(node))
             return node if found is None or full in self.seen or node in self.seen else self.walk(found, namespace)
         if not isinstance(node, dict):
@@ -378,7 +381,7 @@ class _Once:
         return node
 
     def named(self, node: dict[str, Any], namespace: str | None) -> Any:
-        full = _fullname(node, namespace)
+        full = _defined_name(node, namespace)
         if full in self.seen:
             return full
         self.seen.add(full)
