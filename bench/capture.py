@@ -147,19 +147,28 @@ def snapshot(cfg: stack.StackConfig, dsn: str, rows: int, work: Path) -> tuple[f
     copy = "; ".join(f"COPY (SELECT * FROM {t}) TO STDOUT" for t in shop.TABLES)  # noqa: S608 - fixed names
     copy_seconds = sh([str(bindir() / "psql"), dsn, "-qc", copy], stdout=subprocess.DEVNULL)
     env = {**os.environ, "HEADWATER_CAPTURE_DSN": dsn}
-    log = (work / "capture-snapshot.log").open("ab")
-    start = time.monotonic()
-    proc = subprocess.Popen(capture_argv(cfg, "snap", "bench_snapshot", work / "state-snap"),
-                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    while not snapshot_done(work / "state-snap", "bench_snapshot"):
-        if proc.poll() is not None:
-            raise RuntimeError(f"capture exited with {proc.returncode}")
-        time.sleep(0.05)
-    ours = time.monotonic() - start
-    proc.terminate()
-    proc.wait()
+    ours = timed_snapshot(capture_argv(cfg, "snap", "bench_snapshot", work / "state-snap"), env,
+                          work / "capture-snapshot.log")  # fmt: skip
     conn.close()
     return copy_seconds, ours, total, _snapshot_phase(work / "capture-snapshot.log")
+
+
+def timed_snapshot(argv: list[str], env: dict[str, str], log: Path) -> float:
+    """Seconds from starting capture (``argv``, its output appended to ``log``) until its state records the
+    snapshot done; capture is stopped then."""
+    state, slot_name = Path(argv[argv.index("--state-dir") + 1]), argv[argv.index("--slot") + 1]
+    start = time.monotonic()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while not snapshot_done(state, slot_name):
+            if proc.poll() is not None:
+                raise RuntimeError(f"capture exited with {proc.returncode}: see {log}")
+            time.sleep(0.05)
+        return time.monotonic() - start
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def _snapshot_phase(log: Path) -> float:
@@ -272,17 +281,7 @@ def images_snapshot(cfg: stack.StackConfig, dsn: str, work: Path) -> tuple[dict[
     out: dict[str, list[tuple[float, float]]] = {m: [] for m in IMAGES}
     for n, mode in enumerate(map(mode_of, RUNS)):
         name, state, log = f"bench_snap_{n}", work / f"state-snap-{n}", work / f"capture-snap-{n}.log"
-        start = time.monotonic()
-        with log.open("ab") as out_log:
-            proc = subprocess.Popen(capture_argv(cfg, f"snap{n}", name, state, "--raw-images", mode), env=env,
-                                    stdout=out_log, stderr=subprocess.STDOUT)  # fmt: skip
-        while not snapshot_done(state, name):
-            if proc.poll() is not None:
-                raise RuntimeError(f"capture exited with {proc.returncode}")
-            time.sleep(0.05)
-        seconds = time.monotonic() - start
-        proc.terminate()
-        proc.wait()
+        seconds = timed_snapshot(capture_argv(cfg, f"snap{n}", name, state, "--raw-images", mode), env, log)
         out[mode].append((seconds, _snapshot_phase(log)))
         _drop_slot(dsn, name)
     return out, rows
