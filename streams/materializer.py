@@ -59,6 +59,7 @@ from streams.publisher import Publisher
 from streams.viewstore import MemoryViewStore
 from streams.viewtopic import ViewTopic
 from streams.writer import TableWriter
+from tables.change import ChangeReader
 from tables.registry import Registry
 from tables.views import CUT_SCHEMA, TableShape
 from tables.wire import UndecodableMessage, frame, lsn_text
@@ -86,6 +87,7 @@ class Materializer:
         self.store = store
         self.writer = writer  # for topics and reading back
         self.schemas = schemas
+        self.read = ChangeReader(schemas)  # framed or nested images, as framed bytes
         # its own producer: its deliveries drive the cuts; a short linger, rows wait for nothing else
         producer = Producer({**clients.producer_settings(cfg), "linger.ms": 1})
         self.cuts = Cuts(producer, cfg.cuts_topic, {n: v.topic for n, v in views.items()}, self._cut_frames)
@@ -208,7 +210,7 @@ class Materializer:
             if value is None:
                 continue
             try:
-                change = Change.from_record(self.schemas.decode(value))
+                change = Change.from_record(self.read(value))
             except (UndecodableMessage, KeyError, TypeError):
                 continue
             if change.op in STREAMED:

@@ -6,8 +6,9 @@ checkpoint ``.fanout``; a table's topic ``[prefix.][schema.]table`` (schema left
 ``public``, as in Bottled Water); a view's ``<prefix>.views.<view>`` and the views' cuts
 ``<prefix>.views.cuts``; the Debezium-format topics ``<dbz>.<schema>.<table>`` and
 ``<dbz>.transaction`` (``<dbz>`` by default ``<prefix>.debezium``); the registry subjects
-``<topic>-key`` / ``<topic>-value``; and Redis keys under ``<prefix>`` (``headwater`` when the
-prefix is empty). Pure: no I/O.
+``<topic>-key`` / ``<topic>-value`` (and ``<topic>-<record name>`` for a topic whose records are
+registered per record type, Confluent's TopicRecordNameStrategy); and Redis keys under
+``<prefix>`` (``headwater`` when the prefix is empty). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def key_subject(topic: str) -> str:
 
 def value_subject(topic: str) -> str:
     return f"{topic}-value"
+
+
+def record_subject(topic: str, record: str) -> str:
+    """``<topic>-<record full name>``: Confluent's TopicRecordNameStrategy, for a topic that holds several
+    record types (the raw topic with nested row images: one change record per table)."""
+    return f"{topic}-{record}"
 
 
 def redis_prefix(prefix: str) -> str:
