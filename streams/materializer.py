@@ -54,7 +54,7 @@ from streams.cursor import Cursor, Raw
 from streams.cuts import Cuts, Frames
 from streams.fanout import STREAMED, Change
 from streams.joins import Joiner
-from streams.metrics import StreamsMetrics
+from streams.metrics import StreamsMetrics, clock
 from streams.publisher import Publisher
 from streams.viewstore import MemoryViewStore
 from streams.viewtopic import ViewTopic
@@ -152,7 +152,7 @@ class Materializer:
     def handle(self, batch: Sequence[Raw]) -> None:
         """Apply a batch of (raw offset, key, value); publish at its last consistent point; commit the state."""
         joiner = self.joiner or self.load()
-        started = time.monotonic()
+        started = clock()
         rows = self.stats["rows"]
         changes = self._admit(batch)
         if not changes:
@@ -172,7 +172,7 @@ class Materializer:
         self.at_point = (changes[-1][0], changes[-1][1].commit_lsn) if ends else None
         self.stats["changes"] += len(changes)
         self.stats["batches"] += 1
-        self.stats["busy_s"] += time.monotonic() - started
+        self.stats["busy_s"] += self.metrics.spent("views", started)
         self.metrics.applied(len(changes), int(self.stats["rows"] - rows))
         self.unpublished = joiner.waiting() or bool(self.cuts.pending)
         self.report(batch[-1][0])
@@ -186,10 +186,11 @@ class Materializer:
         """Nothing new to read: publish what waits, if the state is at a consistent point and it is time."""
         if self.at_point is not None and self.joiner is not None and self._due():
             if self.joiner.waiting():
-                rows = self.stats["rows"]
+                rows, started = self.stats["rows"], clock()
                 self.publish(*self.at_point)
                 self.store.commit()
                 self.metrics.applied(0, int(self.stats["rows"] - rows))
+                self.stats["busy_s"] += self.metrics.spent("views", started)
             self.at_point = None
         self.unpublished = (self.joiner is not None and self.joiner.waiting()) or bool(self.cuts.pending)
 

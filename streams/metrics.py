@@ -6,9 +6,11 @@ its own with the process's CPU, memory and file descriptors; the endpoint serves
 ``/metrics``. Counters are added per batch, never per message (``fanned``, ``applied``). What the
 engine already knows — how far each reader is in the raw topic, the table partitions' rows and
 offsets, the published cut, what Redis shows — is read when Prometheus scrapes (``Sources``), so
-it costs nothing on the hot paths. ``CutWatch`` is the age of the views' cut: 0 while the cut
-holds everything the views applied, else the seconds since it last moved with changes waiting;
-past ``[streams] cut_warn_after`` it logs a WARNING once, and once more when the cut moves again.
+it costs nothing on the hot paths; each stage (fan-out, views, Redis mirror) counts the seconds it
+was busy and the CPU its thread spent (``spent``), so its capacity is what it handled over them.
+``CutWatch`` is the age of the views' cut: 0 while the cut holds everything the views applied,
+else the seconds since it last moved with changes waiting; past ``[streams] cut_warn_after`` it
+logs a WARNING once, and once more when the cut moves again.
 ``Watcher`` runs the workers' periodic checks (the cut's age, Kafka unreachable) on a thread of
 its own, every second, so they are made even while a feed is stuck. Nothing here imports Faust.
 """
@@ -76,6 +78,14 @@ class StreamsMetrics:
                                 ["page", "status"], registry=r)  # fmt: skip
         self.redis_errors = Counter("headwater_streams_redis_errors", "times the Redis mirror found Redis away",
                                     registry=r)  # fmt: skip
+        self.redis_records = Counter("headwater_streams_redis_records", "view records the Redis mirror read and "
+                                     "staged", registry=r)  # fmt: skip
+        self.busy = Counter("headwater_streams_busy_seconds", "seconds each stage spent handling batches (not "
+                            "waiting for them): its capacity is what it handled divided by this",
+                            ["stage"], registry=r)  # fmt: skip
+        self.cpu = Counter("headwater_streams_cpu_seconds", "CPU seconds each stage's thread spent handling "
+                           "batches (busy time without waiting for a core or the GIL)", ["stage"],
+                           registry=r)  # fmt: skip
         self._fanned: tuple[Any, tuple[int, ...]] = (None, ())  # (the fan-out's counters, their values added)
 
     def fanned(self, counters: Any) -> None:
@@ -93,11 +103,23 @@ class StreamsMetrics:
     def _families(self) -> tuple[Counter, ...]:
         return self.changes, self.records, self.duplicates, self.replayed, self.skipped, self.dead_letters
 
+    def spent(self, stage: str, since: tuple[float, float]) -> float:
+        """Count a stage's work begun at ``since`` (``clock()``): busy and CPU seconds; the busy seconds."""
+        wall, cpu = time.monotonic() - since[0], time.thread_time() - since[1]
+        self.busy.labels(stage).inc(wall)
+        self.cpu.labels(stage).inc(cpu)
+        return wall
+
     def applied(self, changes: int, rows: int) -> None:
         """A batch of the views: raw changes applied, view rows written."""
         self.view_changes.inc(changes)
         if rows:
             self.view_rows.inc(rows)
+
+
+def clock() -> tuple[float, float]:
+    """Where a piece of work begins: (monotonic, this thread's CPU) seconds (``StreamsMetrics.spent``)."""
+    return time.monotonic(), time.thread_time()
 
 
 class CutWatch:
