@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from streams import docbytes
+from streams.docbytes import Encoders
 from streams.fanout import Change
 from tables.views import LSN_FIELD, Join, TableShape, ViewSpec
 from tables.wire import SCHEMA_BASE, SCHEMA_VIEW
@@ -46,6 +48,8 @@ class Store(Protocol):
 
 def canon(values: Sequence[Any]) -> bytes:
     """A key's identity in the store and indexes: the key columns' values as compact JSON."""
+    if len(values) == 1 and type(values[0]) is int:  # the common key, 20 times faster than json.dumps
+        return b"[%d]" % values[0]
     return json.dumps(list(values), default=str, separators=(",", ":")).encode()
 
 
@@ -68,14 +72,17 @@ class Node:
     parent: Node | None
     columns: tuple[str, ...] = ()  # the columns the document holds here
     children: list[Node] = field(default_factory=list)
+    path: str = ""  # the join's path ('' for the base row)
 
 
 class Joiner:
     """Rows of the joined tables, their join indexes and the dirty view rows."""
 
     def __init__(self, views: Sequence[ViewSpec], shapes: Mapping[str, TableShape], store: Store,
-                 decode: Decode, cached: int = CACHED_ROWS) -> None:  # fmt: skip
+                 decode: Decode, cached: int = CACHED_ROWS,
+                 encoders: Mapping[str, Encoders] | None = None) -> None:  # fmt: skip
         self.views = {v.name: v for v in views}
+        self.encoders = dict(encoders or {})  # view -> its rows' encoders (``content``)
         self.shapes = shapes
         self.store = store
         self.decode = decode
@@ -90,6 +97,8 @@ class Joiner:
                        for t, nodes in self.nodes.items()}  # fmt: skip
         self.cache: OrderedDict[tuple[str, bytes], Row | None] = OrderedDict()
         self.cached = cached
+        self.encoded: OrderedDict[tuple[Node, bytes], bytes] = OrderedDict()  # a row's own columns, encoded
+        self.lists: OrderedDict[bytes, list[bytes]] = OrderedDict()  # an index prefix -> its keys in value order
         self.dirty: dict[str, set[bytes]] = {name: set() for name in self.views}
         self.deferred: set[tuple[Node, bytes]] = set()  # looked-up rows that changed, not yet followed up
 
@@ -100,7 +109,8 @@ class Joiner:
         by_path = {"": root}
         for join in spec.joins:
             parent = by_path[join.parent]
-            node = Node(spec.name, join.table, join, parent, spec.kept(join.path, self.shapes[join.table]))
+            node = Node(spec.name, join.table, join, parent, spec.kept(join.path, self.shapes[join.table]),
+                        path=join.path)
             parent.children.append(node)
             by_path[join.path] = node
             self.nodes.setdefault(join.table, []).append(node)
@@ -145,6 +155,18 @@ class Joiner:
         prefix = index_prefix(table, column, value)
         return [entry[len(prefix) :] for entry, _ in self.store.scan(prefix)]
 
+    def collected(self, table: str, column: str, value: bytes) -> list[bytes]:
+        """``matching`` in the order of the keys' values (a collect's order), kept while the index stays."""
+        prefix = index_prefix(table, column, value)
+        found = self.lists.get(prefix)
+        if found is not None:
+            self.lists.move_to_end(prefix)
+            return found
+        found = self.lists[prefix] = sorted(self.matching(table, column, value), key=json.loads)
+        if len(self.lists) > self.cached:
+            self.lists.popitem(last=False)
+        return found
+
     # ---- changes ------------------------------------------------------------------------
     def key_of(self, table: str, record: Row) -> bytes:
         return canon([record[c] for c in self.shapes[table].key])
@@ -160,18 +182,22 @@ class Joiner:
             return
         if change.key is None or change.op not in ("READ", "INSERT", "UPDATE", "DELETE"):
             return
-        key = self.key_of(table, self.decode(change.key))
+        after = None if change.op == "DELETE" or change.after is None else self.decode(change.after)
+        key = self.key_of(table, self.decode(change.key) if after is None else after)
         if change.op == "UPDATE" and change.before is not None:
             old_key = self.key_of(table, self.decode(change.before))  # an old key, or the old row (FULL)
             if old_key != key:
                 self._set(table, old_key, None)
-        if change.op == "DELETE" or change.after is None:
+        if after is None:
             self._set(table, key, None)
         else:
-            self._set(table, key, self._kept(table, self.decode(change.after)), change.after)
+            self._set(table, key, self._kept(table, after), change.after)
 
     def _set(self, table: str, key: bytes, row: Row | None, image: bytes | None = None) -> None:
         old = self.row(table, key)
+        if row is not None and image is not None and row == old:  # no column a view keeps changed
+            self.store[store_key(b"r", table, key)] = image  # (the image stays current: a column list may grow)
+            return
         affected = self._affected(table, key, old)
         self._index(table, key, old, row)
         if image is None or row is None:
@@ -179,8 +205,12 @@ class Joiner:
             self.store.pop(store_key(b"u", table, key), None)
         else:
             self.store[store_key(b"r", table, key)] = image
-            self.store[store_key(b"u", table, key)] = canon([row.get(c) for c in self.linked[table]])
+            links = [row.get(c) for c in self.linked[table]]
+            if old is None or links != [old.get(c) for c in self.linked[table]]:
+                self.store[store_key(b"u", table, key)] = canon(links)
         self._cache((table, key), row)
+        for node in self.nodes[table]:
+            self.encoded.pop((node, key), None)
         affected |= self._affected(table, key, row)
         for view, root in affected:
             self.dirty[view].add(root)
@@ -190,10 +220,16 @@ class Joiner:
         for column in self.indexed.get(table, ()):
             before = None if old is None else old.get(column)
             after = None if new is None else new.get(column)
-            if before is not None and before != after:
-                self.store.pop(index_prefix(table, column, canon([before])) + key, None)
+            if before == after:
+                continue
+            if before is not None:
+                prefix = index_prefix(table, column, canon([before]))
+                self.store.pop(prefix + key, None)
+                self.lists.pop(prefix, None)
             if after is not None:
-                self.store[index_prefix(table, column, canon([after])) + key] = b""
+                prefix = index_prefix(table, column, canon([after]))
+                self.store[prefix + key] = b""
+                self.lists.pop(prefix, None)
 
     def _affected(self, table: str, key: bytes, row: Row | None) -> set[tuple[str, bytes]]:
         """(view, base key) of every view row that shows this row (or would)."""
@@ -260,8 +296,7 @@ class Joiner:
             assert join is not None
             if join.many:
                 parent_key = canon([row[self.shapes[node.table].key[0]]])
-                keys = sorted(self.matching(child.table, join.column, parent_key), key=json.loads)
-                items = [self._child(child, k) for k in keys]
+                items = [self._child(child, k) for k in self.collected(child.table, join.column, parent_key)]
                 present = [item for item in items if item is not None]
                 if join.inner and not present:
                     return None
@@ -277,6 +312,54 @@ class Joiner:
     def _child(self, node: Node, key: bytes) -> Row | None:
         found = self.row(node.table, key)
         return None if found is None else self._doc(node, found)
+
+    # ---- contents (the documents' Avro, from the rows' own encodings) ----------------------
+    def content(self, view: str, key: bytes) -> bytes | None:
+        """The view row's Avro content now (``streams.docbytes``), None when there is no view row:
+        ``document`` encoded, each row's own columns encoded once while the row stays the same."""
+        root = self.roots[view]
+        row = self.row(root.table, key)
+        return None if row is None else self._content(self.encoders[view], root, key, row)
+
+    def _content(self, encoders: Encoders, node: Node, key: bytes, row: Row) -> bytes | None:
+        parts = [self._own(encoders, node, key, row)]
+        for child in node.children:
+            join = child.join
+            assert join is not None
+            if join.many:
+                parent_key = canon([row[self.shapes[node.table].key[0]]])
+                keys = self.collected(child.table, join.column, parent_key)
+                items = [c for k in keys if (c := self._child_content(encoders, child, k)) is not None]
+                if join.inner and not items:
+                    return None
+                parts.append(docbytes.collect(items))
+            else:
+                value = row.get(join.column)
+                sub = None if value is None else self._child_content(encoders, child, canon([value]))
+                if sub is None and join.inner:
+                    return None
+                parts.append(docbytes.lookup(sub))
+        return b"".join(parts)
+
+    def _child_content(self, encoders: Encoders, node: Node, key: bytes) -> bytes | None:
+        found = self.row(node.table, key)
+        return None if found is None else self._content(encoders, node, key, found)
+
+    def _own(self, encoders: Encoders, node: Node, key: bytes, row: Row) -> bytes:
+        """A row's own columns at ``node``, encoded (from the cache while the row is unchanged)."""
+        at = (node, key)
+        found = self.encoded.get(at)
+        if found is not None:
+            self.encoded.move_to_end(at)
+            return found
+        found = self.encoded[at] = encoders.own(node.path, row)
+        if len(self.encoded) > self.cached:
+            self.encoded.popitem(last=False)
+        return found
+
+    def base_row(self, view: str, key: bytes) -> Row | None:
+        """The base row of a view row (its kept columns), None when there is none."""
+        return self.row(self.roots[view].table, key)
 
     def base_keys(self, view: str) -> Iterator[bytes]:
         """The keys of every base row of ``view`` (each may have a view row)."""

@@ -52,6 +52,7 @@ from streams import clients
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.cuts import Cuts, Frames
+from streams.docbytes import Encoders
 from streams.fanout import STREAMED, Change
 from streams.joins import Joiner
 from streams.metrics import StreamsMetrics, clock
@@ -87,9 +88,10 @@ class Materializer:
         self.writer = writer  # for topics and reading back
         self.schemas = schemas
         # its own producer: its deliveries drive the cuts; a short linger, rows wait for nothing else
-        producer = Producer({**clients.producer_settings(cfg), "linger.ms": 1})
+        producer = Producer(clients.producer_settings(cfg))
         self.cuts = Cuts(producer, cfg.cuts_topic, {n: v.topic for n, v in views.items()}, self._cut_frames)
         self.publisher = Publisher(cfg, views, store, self.cuts)
+        self.encoders = {name: Encoders(view.schema) for name, view in views.items()}
         self.joiner: Joiner | None = None
         self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic))
         self.watermark = (-1, -1)
@@ -107,7 +109,7 @@ class Materializer:
         saved = self.store.get(PROGRESS)
         start, lsn, position = PROGRESS_FORMAT.unpack(saved) if saved else (0, -1, -1)
         self.joiner = joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store,
-                                      self.schemas.decode)  # fmt: skip
+                                      self.schemas.decode, encoders=self.encoders)  # fmt: skip
         high = self.store.get(HIGH)
         self.quiet_until = int.from_bytes(high, "big", signed=True) if high else -1
         kept = set(json.loads(self.store.get(TABLES_KEY) or b"[]"))
@@ -120,7 +122,7 @@ class Materializer:
             sent = self.publisher.read_back(view)
             joiner.dirty[name] = set()
             for key in {*joiner.base_keys(name), *sent}:
-                changed, _, content = self.publisher.changed(joiner.document, view, key)
+                changed, content = self.publisher.changed(joiner, view, key)
                 if changed:
                     joiner.dirty[name].add(key)
                 else:
@@ -228,7 +230,7 @@ class Materializer:
         self.joiner.expand()
         for name, view in self.views.items():
             for n, key in enumerate(sorted(self.joiner.dirty[name]), 1):
-                self.stats["rows"] += self.publisher.write(self.joiner.document, view, key, lsn)
+                self.stats["rows"] += self.publisher.write(self.joiner, view, key, lsn)
                 if n % COMMIT_EVERY == 0:  # a snapshot's end publishes every row: its copies go in parts
                     self.store.commit()
             self.joiner.dirty[name].clear()

@@ -2,8 +2,9 @@
 
 Promise: a ``Publisher`` knows, per view, the latest record its topic holds for each row — the
 commit LSN and a digest of its content (the value without the LSN) — read back from the topic at
-start (``read_back``) and kept by every write. ``write`` builds a dirty row's document now and
-sends it only if it differs from that record: to the view topic (through ``streams.cuts``, whose
+start (``read_back``) and kept by every write. ``write`` builds a dirty row's content now (the
+joiner's ``content``: the document's Avro without its LSN) and sends it only if it differs from
+that record: to the view topic (through ``streams.cuts``, whose
 deliveries drive the cuts) and to the endpoint's copy in the view store; a row that did not
 change gets its endpoint copy mended instead (a kill may have lost only the copy). So a replay
 adds nothing to the view topics.
@@ -13,8 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
@@ -29,8 +29,13 @@ from tables.partition import partition_for
 from tables.wire import HEADER_LSN, HEADER_VIEW, body
 
 Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the content written; b"" = tombstone)
-Doc = dict[str, Any] | None
-Document = Callable[[str, bytes], Doc]  # (view, row key) -> the row's document now, or None
+
+
+class Rows(Protocol):
+    """What the publisher asks of the join state (``streams.joins.Joiner``)."""
+
+    def content(self, view: str, key: bytes) -> bytes | None: ...  # the row's Avro now (no frame, no LSN) or None
+    def base_row(self, view: str, key: bytes) -> dict[str, Any] | None: ...  # the base row now
 
 
 def digest(value: bytes | None) -> bytes:
@@ -62,12 +67,11 @@ class Publisher:
         self.sent[view.spec.name] = sent
         return sent
 
-    def changed(self, document: Document, view: ViewTopic, key: bytes) -> tuple[bool, Doc, bytes | None]:
-        """Whether the view row's document now differs from what was last sent, the document, and
-        its content (``ViewTopic.content``; None without a document)."""
-        doc = document(view.spec.name, key)
-        content = None if doc is None else view.content(doc)
-        return digest(content) != self.sent[view.spec.name].get(key, (0, b""))[1], doc, content
+    def changed(self, rows: Rows, view: ViewTopic, key: bytes) -> tuple[bool, bytes | None]:
+        """Whether the view row now differs from what was last sent, and its content (None: no view row)."""
+        found = rows.content(view.spec.name, key)
+        content = None if found is None else view.value_frame + found
+        return digest(content) != self.sent[view.spec.name].get(key, (0, b""))[1], content
 
     def mend(self, view: ViewTopic, key: bytes, content: bytes | None) -> None:
         """The endpoint's copy of a row the view topic holds as built (a kill may have lost only the copy).
@@ -85,20 +89,21 @@ class Publisher:
         if self.store.get(doc_key) != value:
             self.store[doc_key] = value
 
-    def write(self, document: Document, view: ViewTopic, key: bytes, lsn: int) -> bool:
+    def write(self, rows: Rows, view: ViewTopic, key: bytes, lsn: int) -> bool:
         """Write one dirty view row if it changed, to the view topic and the endpoint's copy: whether it did."""
-        changed, doc, content = self.changed(document, view, key)
+        changed, content = self.changed(rows, view, key)
         if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
             self.mend(view, key, content)
             return False
         doc_key = store_key(b"v", view.spec.name, key)
-        if doc is None or content is None:
+        base = None if content is None else rows.base_row(view.spec.name, key)
+        if content is None or base is None:
             stored = self.store.get(doc_key)
             key_bytes = view.key(view.decode(unpack(stored)[2])) if stored else self.key_bytes(view, key)
             value = None
             self.store.pop(doc_key, None)
         else:
-            key_bytes, value = view.key(doc), view.at(content, lsn)
+            key_bytes, value = view.key(base), view.at(content, lsn)
             self.store[doc_key] = pack(lsn, 0, value)
         headers = [(HEADER_LSN, b"%d" % lsn), (HEADER_VIEW, view.spec.name.encode())]
         self.cuts.write(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers)
