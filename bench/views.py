@@ -127,14 +127,15 @@ def commit(cur: Any, order: int, token: str) -> float:
 
 def connection_load(dsn: str, orders: list[int], numbers: list[int], rate: float | None, tag: str,
                     start_at: float) -> dict[str, float]:  # fmt: skip
-    """One connection's share of a load (run in a process of its own): token -> commit time."""
+    """One connection's share of a load (run in a process of its own) on its own ``orders``, round-robin:
+    token -> commit time."""
     conn = psycopg2.connect(dsn)
     committed: dict[str, float] = {}
     time.sleep(max(start_at - time.monotonic(), 0))  # CLOCK_MONOTONIC: the same clock in every process
     with conn.cursor() as cur:
         for done, n in enumerate(numbers):
             token = f"bench-{tag}-{n}"
-            committed[token] = commit(cur, orders[n % len(orders)], token)
+            committed[token] = commit(cur, orders[done % len(orders)], token)
             if rate:
                 delay = start_at + (done + 1) / rate - time.monotonic()
                 if delay > 0:
@@ -147,13 +148,14 @@ def run_load(dsn: str, orders: list[int], count: int, rate: float | None, tag: s
              connections: int) -> tuple[dict[str, float], list[str]]:  # fmt: skip
     """``count`` transactions from ``connections`` processes (in all ``rate`` per second, or as fast as they
     can): token -> commit time, and each connection's last token. Connection i commits transactions
-    i, i + C, ... on orders of its own (C divides the number of orders, or orders are shared)."""
+    i, i + C, ... on orders i, i + C, ... (its own: no token is overwritten by another connection's)."""
     shares = [list(range(i, count, connections)) for i in range(connections)]
     each = None if rate is None else rate / connections
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(connections) as pool:
         start_at = time.monotonic() + 2.0  # every process has imported and connected by then
-        parts = pool.starmap(connection_load, [(dsn, orders, share, each, tag, start_at) for share in shares if share])
+        work = [(dsn, orders[i::connections], share, each, tag, start_at) for i, share in enumerate(shares) if share]
+        parts = pool.starmap(connection_load, work)
     committed = {token: at for part in parts for token, at in part.items()}
     return committed, [f"bench-{tag}-{share[-1]}" for share in shares if share]
 
