@@ -33,7 +33,8 @@ from tests.streams.test_workers import wait_for
 
 ENGINE = ["streams", "streams.engine", "streams.fanrun", "streams.fanout", "streams.joins", "streams.materializer",
           "streams.cuts", "streams.cursor", "streams.feed", "streams.tablefeed", "streams.writer", "streams.mirror",
-          "streams.store", "streams.viewstore", "streams.catalog", "streams.clients"]  # fmt: skip
+          "streams.store", "streams.viewstore", "streams.catalog", "streams.clients", "streams.frontier",
+          "streams.leader", "streams.placement", "streams.docbytes"]  # fmt: skip
 NO_IO = """
 import socket, sys
 def refuse(*args, **kwargs):
@@ -106,12 +107,13 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
     fatal: list[tuple[str, FatalError]] = []
     engine = Engine(cfg, schemas, writer, catalog, TableStore(tmp_path / "tables"), ViewStore(tmp_path / "views"),
                     lambda part, exc: fatal.append((part, exc)))  # fmt: skip
-    assert engine.mirror is not None
     before = set(threading.enumerate())
-    parts = {(t.topic, p) for t in catalog.tables for p in range(cfg.partitions)}
+    topics = [*(t.topic for t in catalog.tables), *(v.topic for v in catalog.views.values())]
+    parts = {(topic, p) for topic in topics for p in range(cfg.partitions)}
     try:
         engine.assigned(parts | {engine.raw})
         settled(shop_db, engine)
+        assert engine.mirror is not None  # the raw partition's owner mirrors the views
         assert engine.mirror.staged >= len(view_docs_sql(shop_db, SQL))  # every row went through staging
         work = ShopWriter(pg_database, rate=200).start()
         wait_for(lambda: work.work.committed >= 400, 60)
