@@ -157,7 +157,7 @@ class Views:
             return
         self.feed.stop()
         self.feed = None
-        if not self.views.cuts.drain():
+        if not self.views.drain():
             log.warning("views: Kafka did not acknowledge every view row within 60 s of giving partitions up")
 
 

@@ -58,7 +58,7 @@ from streams.docbytes import Encoders
 from streams.fanout import STREAMED, Change
 from streams.frontier import Points, fragment_value, read_point
 from streams.joins import Joiner, Space
-from streams.leader import Subjects
+from streams.leader import Subjects, coordination_producer
 from streams.metrics import StreamsMetrics, clock
 from streams.publisher import Publisher
 from streams.viewstore import MemoryViewStore
@@ -94,6 +94,7 @@ class Materializer:
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}"
         self.subjects = Subjects(cfg)
         self.cuts = Cuts(Producer(clients.producer_settings(cfg)), {n: v.topic for n, v in views.items()}, self._handed)
+        self.fragments = coordination_producer(clients.producer_settings(cfg))  # fragments wait for no linger
         self.publisher = Publisher(cfg, views, store, self.cuts)
         self.encoders = {name: Encoders(view.schema) for name, view in views.items()}
         self.key_columns = {name: view.key_columns for name, view in views.items()}
@@ -321,7 +322,8 @@ class Materializer:
     def _handed(self, point: Point, ends: Ends) -> None:
         """A point's rows are all acknowledged (the cuts' poller thread): its fragment goes out."""
         value = fragment_value(self.subjects.fragment(), self.writer_id, point.lsn, point.offset, point.seconds, ends)
-        produce(self.cuts.producer, self.cfg.fragments_topic, 0, None, value, [])
+        produce(self.fragments, self.cfg.fragments_topic, 0, None, value, [])
+        self.fragments.poll(0)
         if self.on_fragment is not None:
             self.on_fragment(self.writer_id, point.lsn, point.seconds, ends)
 
@@ -349,9 +351,15 @@ class Materializer:
         handed = self.cuts.last()
         return "none" if handed is None else lsn_text(handed)
 
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Until Kafka acknowledged every view row written and every fragment (False: not within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        return self.cuts.drain(timeout) and self.fragments.flush(max(deadline - time.monotonic(), 0.0)) == 0
+
     def close(self) -> None:
         """Stop handing points on (the poller thread ends; the next run publishes what is left)."""
         self.cuts.close()
+        self.fragments.flush(10)
 
     def describe(self) -> dict[str, Any]:
         handed = self.cuts.last()

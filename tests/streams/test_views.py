@@ -146,40 +146,66 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
     assert len(read_topic(capture.cfg.bootstrap, topic)) == before
 
 
-def test_two_workers_killed_twelve_times_under_load_converge_within_a_minute(
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_killed_twelve_times_under_load_converge_within_a_minute(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, workers: int,
 ) -> None:  # fmt: skip
     capture, first = start(shop_db, pg_database, capture_factory, worker_factory)
     app_id = first.env["HEADWATER_STREAMS_APP_ID"]
-    workers = [first, worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()]
+    group = [first, *(worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()
+                      for _ in range(workers - 1))]  # fmt: skip
     writer = ShopWriter(pg_database, rate=50).start()
     rng = random.Random(12)
-    for n in range(12):  # kill -9 each in turn; each comes back on its own state (the views move between them)
+    for n in range(12):  # kill -9 each in turn; each comes back on its own state (view partitions move between them)
         time.sleep(rng.uniform(0.5, 3))
-        state_dir = workers[n % 2].env["HEADWATER_STREAMS_STATE_DIR"]
-        workers[n % 2].kill()
-        workers[n % 2] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
-                                        state_dir=state_dir).start()  # fmt: skip
+        state_dir = group[n % workers].env["HEADWATER_STREAMS_STATE_DIR"]
+        group[n % workers].kill()
+        group[n % workers] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
+                                            state_dir=state_dir).start()  # fmt: skip
     assert writer.stop() > 100
-    views_reconciled(shop_db, capture, workers[0], local_stack.redis_url, timeout=60)
-    views_reconciled(shop_db, capture, workers[1], local_stack.redis_url, timeout=5)  # either endpoint answers
+    views_reconciled(shop_db, capture, group[0], local_stack.redis_url, timeout=60)
+    for worker in group[1:]:
+        views_reconciled(shop_db, capture, worker, local_stack.redis_url, timeout=5)  # any endpoint answers any row
 
 
+class Killer:
+    """kill -9 a random worker of a group every few seconds and start it again on its own state."""
+
+    def __init__(self, workers: list[Worker], factory: Callable[..., Worker], prefix: str, seed: int) -> None:
+        self.workers, self.factory, self.prefix = workers, factory, prefix
+        self.rng = random.Random(seed)
+        self.kills = 0
+
+    def round(self) -> None:
+        n = self.rng.randrange(len(self.workers))
+        worker = self.workers[n]
+        worker.kill()
+        self.kills += 1
+        self.workers[n] = self.factory(self.prefix, app_id=worker.env["HEADWATER_STREAMS_APP_ID"], views=VIEWS,
+                                       state_dir=worker.env["HEADWATER_STREAMS_STATE_DIR"]).start()  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
 def test_a_transaction_is_never_half_visible_at_a_published_cut(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, workers: int,
 ) -> None:  # fmt: skip
+    """One transaction moves a customer and six of its orders (rows of several view partitions, so of several
+    workers) to the next generation; Redis and the view topic read at any cut show one generation, while
+    workers are killed -9 and come back."""
     with shop_db, shop_db.cursor() as cur:
         cur.execute("INSERT INTO customers (email, name, region) VALUES ('cut@x', 'gen-0', 'north') RETURNING id")
         customer = cur.fetchone()[0]
-        cur.execute("INSERT INTO orders (customer_id, note) VALUES (%s, 'gen-0'), (%s, 'gen-0') RETURNING id",
-                    (customer, customer))  # fmt: skip
+        cur.execute("INSERT INTO orders (customer_id, note) SELECT %s, 'gen-0' FROM generate_series(1, 6) "
+                    "RETURNING id", (customer,))  # fmt: skip
         orders = [row[0] for row in cur.fetchall()]
-    capture, _ = start(shop_db, pg_database, capture_factory, worker_factory)
+    capture, first = start(shop_db, pg_database, capture_factory, worker_factory)
     prefix = capture.cfg.topic_prefix
+    group = [first, *(worker_factory(prefix, app_id=first.env["HEADWATER_STREAMS_APP_ID"], views=VIEWS).start()
+                      for _ in range(workers - 1))]  # fmt: skip
     client = redis.Redis.from_url(local_stack.redis_url)
-    seen: list[tuple[int, list[str]]] = []
+    seen: list[tuple[int, list[list[str]]]] = []
     stop = threading.Event()
 
     def sample() -> None:  # read Redis atomically, as the README tells readers to
@@ -192,40 +218,63 @@ def test_a_transaction_is_never_half_visible_at_a_published_cut(
             if cut is not None and all(docs):
                 seen.append((int(cut), [generations(json.loads(d)) for d in docs]))
 
-    reader = threading.Thread(target=sample)
-    reader.start()
-    conn = psycopg2.connect(pg_database)
-    try:
-        for n in range(1, 151):  # one transaction: the customer and both orders move to generation n
+    def load() -> None:
+        conn = psycopg2.connect(pg_database)
+        for n in range(1, last + 1):  # one transaction: the customer and its orders move to generation n
             with conn, conn.cursor() as cur:
-                cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", orders[0]))
                 cur.execute("UPDATE customers SET name = %s WHERE id = %s", (f"gen-{n}", customer))
-                cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", orders[1]))
+                for order in orders:
+                    cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", order))
             time.sleep(0.03)
-        assert wait_for(lambda: seen and seen[-1][1] == [["gen-150", "gen-150"]] * 2, 60), seen[-3:]
+        conn.close()
+
+    last = 150 if workers == 1 else 700
+    killer = Killer(group, worker_factory, prefix, seed=workers)
+    reader, writer = threading.Thread(target=sample), threading.Thread(target=load)
+    reader.start()
+    writer.start()
+    try:
+        while writer.is_alive() and workers > 1:
+            time.sleep(killer.rng.uniform(1.0, 2.5))
+            killer.round()
+        writer.join()
+        final = [[f"gen-{last}", f"gen-{last}"]] * len(orders)
+        assert wait_for(lambda: seen and seen[-1][1] == final, 90), (seen[-3:], killer.workers[0].tail())
     finally:
         stop.set()
         reader.join()
-        conn.close()
+        writer.join()
+    assert workers == 1 or killer.kills >= 3, killer.kills
     assert len({tuple(map(tuple, g)) for _, g in seen}) > 5, "too few generations seen to mean anything"
     mixed = [(cut, g) for cut, g in seen if len({x for pair in g for x in pair}) != 1]
     assert not mixed, mixed[:5]
-    # the topic: read to each published cut's ends, both rows show one generation
+    topic_read_at_every_cut_shows_one_generation(capture, orders)
+
+
+def topic_read_at_every_cut_shows_one_generation(capture: Capture, orders: list[int]) -> None:
+    """The view topic read to each published cut's ends: every order at one generation; no row ever goes back
+    to an older commit LSN."""
+    prefix = capture.cfg.topic_prefix
     records = read_topic(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched")
     decode = Registry(capture.cfg.registry_url)
     cuts = [decode_cut(r.value) for r in read_topic(capture.cfg.bootstrap, f"{prefix}.views.cuts") if r.value]
     assert len(cuts) > 10
+    docs = {(r.partition, r.offset): decode(r.value) for r in records if r.value is not None}
+    newest: dict[bytes, int] = {}
+    for r in records:  # per key, in offset order (one key is in one partition)
+        lsn = int(dict(r.headers)["hw.lsn"])
+        assert lsn >= newest.get(r.key, -1), (r.partition, r.offset, lsn, newest.get(r.key))
+        newest[r.key] = lsn
     for cut in cuts:
         ends = {e["partition"]: e["offset"] for e in cut["ends"]}
         latest: dict[int, Any] = {}
         for r in records:
-            if r.offset < ends.get(r.partition, 0) and r.value is not None:
-                doc = decode(r.value)
-                if doc["id"] in orders:
-                    assert doc["hw_commit_lsn"] <= cut["commit_lsn"]
-                    latest[doc["id"]] = generations(to_json(doc))
+            doc = docs.get((r.partition, r.offset))
+            if r.offset < ends.get(r.partition, 0) and doc is not None and doc["id"] in orders:
+                assert doc["hw_commit_lsn"] <= cut["commit_lsn"]
+                latest[doc["id"]] = generations(to_json(doc))
         gens = {x for pair in latest.values() for x in pair}
-        assert len(latest) == 2 and len(gens) == 1, (cut, latest)
+        assert len(latest) == len(orders) and len(gens) == 1, (cut, latest)
 
 
 def generations(doc: dict[str, Any]) -> list[str]:
