@@ -54,13 +54,21 @@ def canon(values: Sequence[Any]) -> bytes:
     return json.dumps(list(values), default=str, separators=(",", ":")).encode()
 
 
+def joined(row: Row | None, columns: Sequence[str]) -> list[Any] | None:
+    """A row's values of join columns, None when there is no row or one of them is null (it joins nothing)."""
+    if row is None:
+        return None
+    values = [row.get(c) for c in columns]
+    return None if None in values else values
+
+
 def store_key(kind: bytes, name: str, key: bytes) -> bytes:
     return kind + SEP + name.encode() + SEP + key
 
 
-def index_prefix(table: str, column: str, value: bytes) -> bytes:
-    """Where the keys of ``table``'s rows whose ``column`` holds ``value`` (``canon``-ed) are listed."""
-    return store_key(b"i", table, column.encode() + SEP + value + SEP)
+def index_prefix(table: str, columns: Sequence[str], value: bytes) -> bytes:
+    """Where the keys of ``table``'s rows whose ``columns`` hold ``value`` (their values ``canon``-ed) are listed."""
+    return store_key(b"i", table, ",".join(columns).encode() + SEP + value + SEP)
 
 
 Space = int | None  # a view partition's share of the split tables, or None: the replicated tables
@@ -101,12 +109,12 @@ class Joiner:
         self.held: set[int] = {0} if held is None else set(held)  # the view partitions this worker publishes
         self.roots: dict[str, Node] = {}
         self.nodes: dict[str, list[Node]] = {}  # table -> every place it appears
-        self.indexed: dict[str, set[str]] = {}  # table -> join columns to index
+        self.indexed: dict[str, set[tuple[str, ...]]] = {}  # table -> the join columns to index
         for spec in views:
             self.roots[spec.name] = self._tree(spec)
         self.kept = {t: {c for n in nodes for c in n.columns} for t, nodes in self.nodes.items()}
         # the columns by which a table's rows sit in a parent's list (read by _up without decoding)
-        self.linked = {t: sorted({n.join.column for n in nodes if n.join is not None and n.join.many})
+        self.linked = {t: sorted({c for n in nodes if n.join is not None and n.join.many for c in n.join.on})
                        for t, nodes in self.nodes.items()}  # fmt: skip
         self.cache: OrderedDict[tuple[str, bytes], Row | None] = OrderedDict()
         self.cached = cached
@@ -128,7 +136,7 @@ class Joiner:
             by_path[join.path] = node
             self.nodes.setdefault(join.table, []).append(node)
             holder = join.table if join.many else parent.table
-            self.indexed.setdefault(holder, set()).add(join.column)
+            self.indexed.setdefault(holder, set()).add(join.on)
         return root
 
     @property
@@ -180,19 +188,19 @@ class Joiner:
         for entry, _ in self.store.scan(prefix):
             yield entry[len(prefix) :]
 
-    def matching(self, table: str, column: str, value: bytes, space: Space = None) -> list[bytes]:
-        """The keys of ``table``'s rows in ``space`` whose ``column`` holds ``value`` (``canon``-ed), in byte order."""
-        prefix = index_prefix(space_name(table, space), column, value)
+    def matching(self, table: str, columns: Sequence[str], value: bytes, space: Space = None) -> list[bytes]:
+        """The keys of ``table``'s rows in ``space`` whose ``columns`` hold ``value`` (``canon``-ed), in byte order."""
+        prefix = index_prefix(space_name(table, space), columns, value)
         return [entry[len(prefix) :] for entry, _ in self.store.scan(prefix)]
 
-    def collected(self, table: str, column: str, value: bytes, space: Space = None) -> list[bytes]:
+    def collected(self, table: str, columns: Sequence[str], value: bytes, space: Space = None) -> list[bytes]:
         """``matching`` in the order of the keys' values (a collect's order), kept while the index stays."""
-        prefix = index_prefix(space_name(table, space), column, value)
+        prefix = index_prefix(space_name(table, space), columns, value)
         found = self.lists.get(prefix)
         if found is not None:
             self.lists.move_to_end(prefix)
             return found
-        found = self.lists[prefix] = sorted(self.matching(table, column, value, space), key=json.loads)
+        found = self.lists[prefix] = sorted(self.matching(table, columns, value, space), key=json.loads)
         if len(self.lists) > self.cached:
             self.lists.popitem(last=False)
         return found
@@ -274,15 +282,15 @@ class Joiner:
 
     def _index(self, table: str, key: bytes, old: Row | None, new: Row | None, space: Space) -> None:
         """Move ``key``'s index entries from the old row's join-column values to the new row's."""
-        for column in self.indexed.get(table, ()):
-            before = None if old is None else old.get(column)
-            after = None if new is None else new.get(column)
+        for columns in self.indexed.get(table, ()):
+            before = joined(old, columns)
+            after = joined(new, columns)
             if before == after:
                 continue
-            for value, present in ((before, False), (after, True)):
-                if value is None:
+            for values, present in ((before, False), (after, True)):
+                if values is None:
                     continue
-                prefix = index_prefix(space_name(table, space), column, canon([value]))
+                prefix = index_prefix(space_name(table, space), columns, canon(values))
                 if present:
                     self.store[prefix + key] = b""
                 else:
@@ -308,9 +316,9 @@ class Joiner:
         if not join.many:  # every parent row whose join column holds this row's key: found when published
             self.deferred.add((node, key))
             return
-        value = None if row is None else row.get(join.column)  # the parent whose key its column holds
-        if value is not None:
-            yield from self._above(parent, [(canon([value]), [value])], space)
+        values = joined(row, join.on)  # the parent whose key its columns hold
+        if values is not None:
+            yield from self._above(parent, [(canon(values), values)], space)
 
     def _above(self, parent: Node, parents: Sequence[tuple[bytes, Sequence[Any] | None]],
                space: Space) -> Iterator[tuple[bytes, int]]:  # fmt: skip
@@ -363,7 +371,7 @@ class Joiner:
                 parent, join = node.parent, node.join
                 assert parent is not None and join is not None
                 for space in self.spaces(parent.table):
-                    found = [(k, None) for k in self.matching(parent.table, join.column, key, space)]
+                    found = [(k, None) for k in self.matching(parent.table, join.on, key, space)]
                     for root, partition in self._above(parent, found, space):
                         self.dirty[node.view].setdefault(partition, set()).add(root)
 
@@ -385,16 +393,16 @@ class Joiner:
             assert join is not None
             space = self.space_of(child.table, partition)
             if join.many:
-                parent_key = canon([row[self.shapes[node.table].key[0]]])
-                found = [self._child(child, k, partition) for k in self.collected(child.table, join.column,
+                parent_key = canon([row[k] for k in self.shapes[node.table].key])
+                found = [self._child(child, k, partition) for k in self.collected(child.table, join.on,
                                                                                     parent_key, space)]  # fmt: skip
                 present = [item for item in found if item is not None]
                 if join.inner and not present:
                     return None
                 doc[join.name] = present
             else:
-                value = row.get(join.column)
-                sub = None if value is None else self._child(child, canon([value]), partition)
+                values = joined(row, join.on)
+                sub = None if values is None else self._child(child, canon(values), partition)
                 if sub is None and join.inner:
                     return None
                 doc[join.name] = sub
@@ -418,15 +426,15 @@ class Joiner:
             join = child.join
             assert join is not None
             if join.many:
-                parent_key = canon([row[self.shapes[node.table].key[0]]])
-                keys = self.collected(child.table, join.column, parent_key, self.space_of(child.table, partition))
+                parent_key = canon([row[k] for k in self.shapes[node.table].key])
+                keys = self.collected(child.table, join.on, parent_key, self.space_of(child.table, partition))
                 items = [c for k in keys if (c := self._child_content(encoders, child, k, partition)) is not None]
                 if join.inner and not items:
                     return None
                 parts.append(docbytes.collect(items))
             else:
-                value = row.get(join.column)
-                sub = None if value is None else self._child_content(encoders, child, canon([value]), partition)
+                values = joined(row, join.on)
+                sub = None if values is None else self._child_content(encoders, child, canon(values), partition)
                 if sub is None and join.inner:
                     return None
                 parts.append(docbytes.lookup(sub))
@@ -519,10 +527,10 @@ def view_schema(spec: ViewSpec, value_schemas: Mapping[str, dict[str, Any]],
             sub = record(join.path, join.table, f"{name}_{join.name}")
             if join.many:
                 fields.append({"name": join.name, "type": {"type": "array", "items": sub}, "default": [],
-                               "pg.join": f"collect {join.table} on {join.column}"})  # fmt: skip
+                               "pg.join": f"collect {join.table} on {', '.join(join.on)}"})  # fmt: skip
             else:
                 fields.append({"name": join.name, "type": ["null", sub], "default": None,
-                               "pg.join": f"lookup {join.table} on {join.column}"})  # fmt: skip
+                               "pg.join": f"lookup {join.table} on {', '.join(join.on)}"})  # fmt: skip
         return {"type": "record", "name": name, "namespace": namespace, "fields": fields, "pg.table": table}
 
     root = record("", spec.base, spec.name)

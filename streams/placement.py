@@ -37,7 +37,7 @@ def placements(views: Sequence[ViewSpec], shapes: Mapping[str, TableShape]) -> d
         for join in spec.joins:
             placed = None
             if join.parent == "" and join.many:
-                columns = (join.column,)
+                columns = join.on
                 placed = Placement(spec.name, columns, set(columns) <= set(shapes[join.table].key))
             seen.setdefault(join.table, set()).add(placed)
     return {table: only for table, found in seen.items() if len(found) == 1 and (only := next(iter(found)))}

@@ -4,15 +4,17 @@ exactly as one worker keeping everything would."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
 
+from streams.fanout import Change
 from streams.joins import Joiner, canon, space_name
 from streams.placement import Placement, placements
 from streams.viewstore import MemoryViewStore
 from tests.streams.test_joins import change, history_of
-from tests.tables.test_views import GOOD, SHOP, specs
+from tests.tables.test_views import COMPOSITE, GOOD, NOTED, SHOP, specs
 
 pytestmark = pytest.mark.unit
 PARTITIONS = 4
@@ -112,3 +114,65 @@ def test_a_space_that_is_not_live_skips_the_change() -> None:
     assert list(j.keys("public.customers")) == []
     assert space_name("public.orders", 3) != space_name("public.orders", None)
 
+
+
+def noted_change(rng: random.Random, n: int) -> tuple[str, str, dict[str, Any]]:
+    """A random change of the composite-key shop: (op, table, row)."""
+    table = rng.choice(["orders", "warehouses", "order_items", "item_notes"])
+    if table == "orders":
+        row: dict[str, Any] = {"id": rng.randint(1, 6), "customer_id": 1, "status": "paid", "total": "1",
+                               "region": rng.choice(["n", "s", None]), "wh_code": rng.choice(["a", "b"])}  # fmt: skip
+    elif table == "warehouses":
+        row = {"region": rng.choice(["n", "s"]), "code": rng.choice(["a", "b"]), "name": f"w{n}"}
+    elif table == "order_items":
+        row = {"order_id": rng.randint(1, 6), "line_no": rng.randint(1, 2), "product_id": 1, "quantity": n}
+    else:
+        row = {"order_id": rng.randint(1, 6), "line_no": rng.randint(1, 2), "n": rng.randint(1, 3), "body": f"b{n}"}
+    return rng.choice(["INSERT", "UPDATE", "DELETE"]) if n > 40 else "INSERT", table, row
+
+
+def oracle(tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]], key: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The items_noted document of one item, computed from the rows by scanning (no indexes)."""
+    item = tables["order_items"].get(key)
+    if item is None:
+        return None
+    notes = sorted((k, r) for k, r in tables["item_notes"].items() if k[:2] == key)
+    order = tables["orders"].get((item["order_id"],))
+    doc: dict[str, Any] = {**item, "notes": [{c: r[c] for c in ("order_id", "line_no", "n", "body")} for _, r in notes],
+                           "order": None if order is None else {**order, "warehouse": None}}  # fmt: skip
+    if order is not None and order["region"] is not None:
+        found = tables["warehouses"].get((order["region"], order["wh_code"]))
+        doc["order"]["warehouse"] = found
+    return doc
+
+
+def test_composite_lookups_and_collects_match_a_scan_of_the_rows_split_or_not() -> None:
+    keys = {"orders": ("id",), "warehouses": ("region", "code"), "order_items": ("order_id", "line_no"),
+            "item_notes": ("order_id", "line_no", "n")}  # fmt: skip
+
+    def make(held: set[int] | None) -> Joiner:
+        partition = None if held is None else (lambda view, values: (values[0] + values[1]) % PARTITIONS)
+        return Joiner(specs(NOTED), COMPOSITE, MemoryViewStore(), json.loads, cached=5, partition_of=partition,
+                      held=held)  # fmt: skip
+
+    whole, shares = make(None), [make({0, 3}), make({1, 2})]
+    assert set(shares[0].placed) == {"public.order_items", "public.item_notes"}
+    tables: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in keys}
+    rng = random.Random(8)
+    for n in range(500):
+        op, table, row = noted_change(rng, n)
+        key = tuple(row[c] for c in keys[table])
+        if op == "DELETE":
+            tables[table].pop(key, None)
+        else:
+            tables[table][key] = row
+        c = Change(op, "public", table, table, n, 0, json.dumps(dict(zip(keys[table], key, strict=True))).encode(),
+                   None, None if op == "DELETE" else json.dumps(row).encode(), 1)  # fmt: skip
+        for j in (whole, *shares):
+            j.apply(c)
+        for item in ((o, line) for o in range(1, 7) for line in (1, 2)):
+            expected = oracle(tables, item)
+            assert whole.document("items_noted", canon(list(item))) == expected, (n, item)
+            p = (item[0] + item[1]) % PARTITIONS
+            owner = next(j for j in shares if p in j.held)
+            assert owner.document("items_noted", canon(list(item)), p) == expected, (n, item)

@@ -33,6 +33,7 @@ from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import free_port
 from tests.plugins.streams import Worker
 from tests.streams.test_workers import wait_for
+from tests.tables.test_views import NOTED
 
 pytestmark = pytest.mark.slow
 
@@ -41,27 +42,28 @@ SHAPES = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in sho
 SQL = parse_views(tomllib.loads(VIEWS), VIEWS)[0].sql(SHAPES)
 
 
-def view_problems(conn: Any, capture: Capture, worker: Worker, redis_url: str | None) -> list[str]:
+def view_problems(conn: Any, capture: Capture, worker: Worker, redis_url: str | None, view: str = "orders_enriched",
+                  sql: str = SQL) -> list[str]:  # fmt: skip
     """The SQL join in PostgreSQL against the view topic, the endpoint and Redis."""
-    expected = view_docs_sql(conn, SQL)
+    expected = view_docs_sql(conn, sql)
     prefix = capture.cfg.topic_prefix
-    topic = latest_view_docs(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched",
-                             Registry(capture.cfg.registry_url))  # fmt: skip
+    topic = latest_view_docs(capture.cfg.bootstrap, f"{prefix}.views.{view}", Registry(capture.cfg.registry_url))
     found = compare_docs(expected, topic, "topic")
     if found:
         return found
-    found += compare_docs(expected, endpoint_view_docs(worker.url, "orders_enriched", sorted(expected)), "endpoint")
+    found += compare_docs(expected, endpoint_view_docs(worker.url, view, sorted(expected)), "endpoint")
     if redis_url is not None:
-        found += compare_docs(expected, redis_view_docs(redis_url, prefix, "orders_enriched")[0], "redis")
+        found += compare_docs(expected, redis_view_docs(redis_url, prefix, view)[0], "redis")
     return found
 
 
-def views_reconciled(conn: Any, capture: Capture, worker: Worker, redis_url: str | None, timeout: float = 90) -> None:
+def views_reconciled(conn: Any, capture: Capture, worker: Worker, redis_url: str | None, timeout: float = 90,
+                     view: str = "orders_enriched", sql: str = SQL) -> None:  # fmt: skip
     last: list[str] = []
 
     def check() -> bool:
         nonlocal last
-        last = view_problems(conn, capture, worker, redis_url)
+        last = view_problems(conn, capture, worker, redis_url, view, sql)
         return not last
 
     assert wait_for(check, timeout, every=1.0), "\n".join(last[:20]) + "\n" + worker.tail()
@@ -340,3 +342,55 @@ def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_top
                             state_dir=state_dir).start()  # fmt: skip
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)  # items and products came from offset 0
     assert "whose rows were not kept: replaying" in worker.log.read_text()
+
+
+def composite_workload(dsn: str, transactions: int, seed: int) -> None:
+    """Warehouses (keyed by region and code), notes of order items (keyed by item and number) and the orders'
+    warehouse columns, inserted, changed and deleted at random."""
+    conn = psycopg2.connect(dsn)
+    rng = random.Random(seed)
+    for n in range(transactions):
+        with conn, conn.cursor() as cur:
+            region, code = rng.choice(["north", "south"]), rng.choice(["a", "b", "c"])
+            if rng.random() < 0.3:
+                cur.execute("INSERT INTO warehouses VALUES (%s, %s, %s) ON CONFLICT (region, code) DO UPDATE SET "
+                            "name = excluded.name", (region, code, f"w{n}"))  # fmt: skip
+            elif rng.random() < 0.1:
+                cur.execute("DELETE FROM warehouses WHERE region = %s AND code = %s", (region, code))
+            cur.execute("UPDATE orders SET region = %s, wh_code = %s WHERE id = (SELECT id FROM orders ORDER BY "
+                        "random() LIMIT 1)", (rng.choice([region, None]), code))  # fmt: skip
+            cur.execute("SELECT order_id, line_no FROM order_items ORDER BY random() LIMIT 1")
+            item = cur.fetchone()
+            if item is not None and rng.random() < 0.8:
+                cur.execute("INSERT INTO item_notes VALUES (%s, %s, %s, %s) ON CONFLICT (order_id, line_no, n) DO "
+                            "UPDATE SET body = excluded.body", (*item, rng.randint(1, 3), f"note {n}"))  # fmt: skip
+            if item is not None and rng.random() < 0.2:
+                cur.execute("DELETE FROM item_notes WHERE order_id = %s AND line_no = %s", item)
+    conn.close()
+
+
+def test_views_joined_on_composite_keys_equal_the_sql_join_with_two_workers(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("CREATE TABLE warehouses (region text, code text, name text NOT NULL, PRIMARY KEY (region, code))")
+        cur.execute("CREATE TABLE item_notes (order_id bigint, line_no integer, n integer, body text, "
+                    "PRIMARY KEY (order_id, line_no, n))")  # fmt: skip
+        cur.execute("ALTER TABLE orders ADD COLUMN region text, ADD COLUMN wh_code text")
+    composite_workload(pg_database, 50, seed=1)
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    first = worker_factory(capture.cfg.topic_prefix, views=NOTED).start()
+    second = worker_factory(capture.cfg.topic_prefix, app_id=first.env["HEADWATER_STREAMS_APP_ID"], views=NOTED).start()
+    writer = ShopWriter(pg_database, rate=100).start()
+    composite_workload(pg_database, 400, seed=2)
+    assert writer.stop() > 50
+    shapes = {**SHAPES, "public.warehouses": TableShape("public.warehouses", (), ("region", "code")),
+              "public.item_notes": TableShape("public.item_notes", (), ("order_id", "line_no", "n"))}  # fmt: skip
+    sql = parse_views(tomllib.loads(NOTED), NOTED)[0].sql(shapes)
+    for worker in (first, second):  # either endpoint answers every row (routed to its partition's worker)
+        views_reconciled(shop_db, capture, worker, local_stack.redis_url, view="items_noted", sql=sql)
+    expected = view_docs_sql(shop_db, sql)
+    assert sum(len(d["notes"]) for d in expected.values()) > 20  # composite collects were seen
+    assert sum(1 for d in expected.values() if d["order"] and d["order"]["warehouse"]) > 10  # and lookups
