@@ -84,9 +84,14 @@ class Cuts:
         produce(self.producer, topic, partition, key, value, headers, self.current.delivered)
 
     def point(self, lsn: int, offset: int, parts: list[tuple[str, int]], seconds: float) -> None:
-        """Close the current point: it is handed on once its rows are acknowledged."""
-        self.pending.append(Point(lsn, offset, parts, seconds, self.current))
+        """Close the current point: it is handed on once its rows are acknowledged (at once when it wrote no
+        row and no earlier point waits: a partition without changes is not held back by the poller's wait)."""
+        point = Point(lsn, offset, parts, seconds, self.current)
         self.current = Delivered()
+        if not self.pending and point.delivered.outstanding == 0:
+            self._hand_on(point)
+            return
+        self.pending.append(point)
         if self.poller is None:
             self.poller = threading.Thread(target=self._poll, name="headwater-view-cuts", daemon=True)
             self.poller.start()
@@ -116,7 +121,7 @@ class Cuts:
 
     def _poll(self) -> None:
         while not self.stopping.is_set():
-            self.producer.poll(0.005)
+            self.producer.poll(0.05)  # a delivery ends the wait
             while self.pending and self.pending[0].delivered.outstanding <= 0:
                 point = self.pending[0]
                 if point.delivered.failed is not None:

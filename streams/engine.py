@@ -93,14 +93,26 @@ class Owner:
     def start(self) -> None:
         if self.feeds:
             return
-        self.feeds.append(self._feed("fan-out", self.run.resume, self.run.handle, self.run.tick))
         views, producer = self.views, self.producer
-        if views is not None and producer is not None:
+        if views is None or producer is None:
+            self.feeds.append(self._feed("fan-out", self.run.resume, self.run.handle, self.run.tick))
+        else:
             subjects, topics = views.subjects, {n: v.topic for n, v in views.views.items()}
+            announcer = Announcer(self.cfg, producer, subjects, self.pace, views.writer_id)
+            fanned: list[Feed] = []  # the points ride on the fan-out's reader: its fetches tell the raw end
+
+            def handle(batch: list[Raw]) -> None:
+                self.run.handle(batch)
+                announcer.saw(fanned[0].end)
+
+            def tick() -> None:
+                self.run.tick()
+                announcer.saw(fanned[0].end)
+
+            fanned.append(self._feed("fan-out", self.run.resume, handle, tick))
             self.assembler = Assembler(self.cfg, producer, subjects, self.pace, topics, self._fatal("cuts"))
             views.on_fragment = self.assembler.add
-            self.feeds += [self.assembler, Announcer(self.cfg, producer, subjects, self.pace, views.writer_id,
-                                                     self._fatal("points"))]  # fmt: skip
+            self.feeds += [fanned[0], self.assembler]
             if self.make_mirror is not None:
                 self.mirror = self.make_mirror()
                 self.mirror.start()

@@ -1,19 +1,18 @@
 """The raw partition's owner's part in the views: it announces the publication points and makes the cuts.
 
 Promise: runs on the worker that owns the raw partition (the one Faust assigns it), next to the
-fan-out. ``Announcer`` reads the raw topic from its true end (a reader of its own, decoding
-nothing) and after each batch it receives writes ``{raw_end, point}`` to
-``<prefix>.views.cuts.points`` (``streams.frontier``): the offset after the batch's last, and
-whether a publication is due (``streams.frontier.Pace``); when the raw topic goes quiet and the
-last record asked for no point, it asks for one as soon as one is due, so the last changes are
-published without waiting for more. ``Assembler`` reads ``<prefix>.views.cuts.fragments`` (from
-its last ``WINDOW`` records at start: a new owner finishes the cuts its predecessor was making)
-and the fragments this worker's own views hand it in memory (``add``), and writes a view's cut to
-``<prefix>.views.cuts`` in the one format Redis, the endpoint and Spark read
-(``tables.views.CUT_SCHEMA``) as soon as every partition of the view has a fragment at one point;
-it tells the pace how long each worker's publications take. Both write with a producer of their
-own that lingers for nothing: every worker's next step waits for these records. ``Subjects``
-registers the records' schemas when first needed.
+fan-out. ``Announcer``, after each batch the fan-out reads, writes ``{raw_end, point}`` to
+``<prefix>.views.cuts.points`` (``streams.frontier``): the raw topic's end as that fetch reported it
+(its high watermark: every offset below it exists), and whether a publication is due
+(``streams.frontier.Pace``); when the raw topic goes quiet and the last record asked for no point,
+it asks for one as soon as one is due, so the last changes are published without waiting for more.
+``Assembler`` reads ``<prefix>.views.cuts.fragments`` (from its last ``WINDOW`` records at start: a
+new owner finishes the cuts its predecessor was making) and the fragments this worker's own views
+hand it in memory (``add``), and writes a view's cut to ``<prefix>.views.cuts`` in the one format
+Redis, the endpoint and Spark read (``tables.views.CUT_SCHEMA``) as soon as every partition of the
+view has a fragment at one point; it tells the pace how long each worker's publications take. Both
+write with a producer of their own that lingers for nothing: every worker's next step waits for
+these records. ``Subjects`` registers the records' schemas when first needed.
 """
 
 from __future__ import annotations
@@ -25,14 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 import fastavro
-from confluent_kafka import KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
-from streams.feed import GONE, Follower, gone
+from streams.feed import Follower
 from streams.frontier import FRAGMENT_SCHEMA, POINT_SCHEMA, Assembly, Cut, Pace, point_value, read_fragment
 from streams.writer import produce
-from tables.errors import FatalError, RetryableError
+from tables.errors import FatalError
 from tables.kafka import bounds, read_to_end, reader
 from tables.registry import Registry
 from tables.views import CUT_PARSED, CUT_SCHEMA, decode_cut
@@ -77,44 +76,25 @@ def coordination_producer(settings: dict[str, Any]) -> Producer:
     return Producer({**settings, "linger.ms": 0})
 
 
-class Announcer(Follower):
-    """Writes the raw topic's end after each batch read, with whether views publish there (module promise)."""
+class Announcer:
+    """Writes the raw topic's end after each batch the fan-out reads, with whether views publish there
+    (module promise); it rides on the fan-out's reader, whose fetches tell the raw topic's end."""
 
-    def __init__(self, cfg: StreamsConfig, producer: Producer, subjects: Subjects, pace: Pace, writer: str,
-                 on_fatal: Fatal) -> None:  # fmt: skip
-        super().__init__("points", on_fatal)
+    def __init__(self, cfg: StreamsConfig, producer: Producer, subjects: Subjects, pace: Pace, writer: str) -> None:
         self.cfg, self.producer, self.subjects, self.pace, self.writer = cfg, producer, subjects, pace, writer
         self.end = 0  # the raw topic's end as last announced
         self.asked = False  # whether the last record asked for a point
 
-    def _follow(self) -> None:
-        raw = self.cfg.changes_topic
-        consumer = reader(reader_settings(self.cfg))
-        try:
-            self.end = bounds(consumer, raw, 0)[1]
-            consumer.assign([TopicPartition(raw, 0, self.end)])
-            self.announce(self.end, None)  # workers waiting at the barrier go on
-            while not self.stopping.is_set():
-                batch = consumer.consume(self.cfg.batch_size, self.cfg.batch_wait)
-                offsets = [int(m.offset() or 0) for m in batch if self._fine(m)]
-                if offsets:
-                    self.end = max(self.end, max(offsets) + 1)
-                    self.announce(self.end, None)
-                elif not self.asked and self.pace.due(time.monotonic()):
-                    self.announce(self.end, True)
-                self.producer.poll(0)
-        finally:
-            consumer.close()
-
-    def _fine(self, msg: Any) -> bool:
-        error = msg.error()
-        if error is None:
-            return True
-        if error.code() in GONE:
-            raise gone(self.cfg.changes_topic, error.str())
-        if error.code() != KafkaError._PARTITION_EOF:
-            raise RetryableError(f"reading {self.cfg.changes_topic}: {error}")
-        return False
+    def saw(self, end: int) -> None:
+        """The raw topic ends at ``end`` (the high watermark of the fan-out's last fetch: every offset below
+        it exists): announce it when it moved; when it did not and no point was asked for, ask for one as
+        soon as one is due."""
+        if end > self.end:
+            self.end = end
+            self.announce(end, None)
+        elif end > 0 and not self.asked and self.pace.due(time.monotonic()):
+            self.announce(self.end, True)
+        self.producer.poll(0)
 
     def announce(self, end: int, point: bool | None) -> None:
         """Write ``{raw_end: end, point}``; ``point`` None: whether one is due."""

@@ -87,6 +87,7 @@ class StreamsMetrics:
                            "batches (busy time without waiting for a core or the GIL)", ["stage"],
                            registry=r)  # fmt: skip
         self._fanned: tuple[Any, tuple[int, ...]] = (None, ())  # (the fan-out's counters, their values added)
+        self._spent: dict[str, tuple[Any, Any]] = {}  # stage -> its busy and CPU counters
 
     def fanned(self, counters: Any) -> None:
         """Add the fan-out's counters (``streams.fanout.Counters``) since the last batch."""
@@ -106,8 +107,11 @@ class StreamsMetrics:
     def spent(self, stage: str, since: tuple[float, float]) -> float:
         """Count a stage's work begun at ``since`` (``clock()``): busy and CPU seconds; the busy seconds."""
         wall, cpu = time.monotonic() - since[0], time.thread_time() - since[1]
-        self.busy.labels(stage).inc(wall)
-        self.cpu.labels(stage).inc(cpu)
+        counters = self._spent.get(stage)
+        if counters is None:
+            counters = self._spent[stage] = (self.busy.labels(stage), self.cpu.labels(stage))
+        counters[0].inc(wall)
+        counters[1].inc(cpu)
         return wall
 
     def applied(self, changes: int, rows: int) -> None:
