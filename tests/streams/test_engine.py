@@ -99,10 +99,9 @@ def settled(conn: Any, engine: Engine, timeout: float = 90, tables: bool = True)
     assert wait_for(check, timeout, every=1.0), "\n".join(last[:20])
 
 
-@pytest.mark.slow
-def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
-    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
-) -> None:  # fmt: skip
+def shop_engine(pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig,
+                tmp_path: Path) -> tuple[Engine, list[tuple[str, FatalError]]]:  # fmt: skip
+    """Capture of the test's shop, and an engine (no host) keeping the shop's view: the engine and its fatal errors."""
     capture = capture_factory(pg_database).start()
     capture.wait_caught_up(pg_database)
     cfg = engine_config(local_stack, capture.cfg.topic_prefix, tmp_path / "state")
@@ -111,6 +110,15 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
     fatal: list[tuple[str, FatalError]] = []
     engine = Engine(cfg, schemas, writer, catalog, TableStore(tmp_path / "tables"), ViewStore(tmp_path / "views"),
                     lambda part, exc: fatal.append((part, exc)))  # fmt: skip
+    return engine, fatal
+
+
+@pytest.mark.slow
+def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
+) -> None:  # fmt: skip
+    engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path)
+    cfg, catalog = engine.cfg, engine.catalog
     before = set(threading.enumerate())
     topics = [*(t.topic for t in catalog.tables), *(v.topic for v in catalog.views.values())]
     parts = {(topic, p) for topic in topics for p in range(cfg.partitions)}
@@ -143,14 +151,8 @@ def test_a_revocation_returns_only_once_kafka_has_every_view_row_written(
 ) -> None:  # fmt: skip
     """The revoked-partition window: once ``revoked`` returns, nothing of this worker's is on its way to a view
     topic (the next holder reads the partition back complete), whatever was being published at that moment."""
-    capture = capture_factory(pg_database).start()
-    capture.wait_caught_up(pg_database)
-    cfg = engine_config(local_stack, capture.cfg.topic_prefix, tmp_path / "state")
-    schemas, writer = Registry(cfg.registry_url), TableWriter(cfg)
-    catalog = open_catalog(cfg, parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML), schemas, writer)
-    fatal: list[tuple[str, FatalError]] = []
-    engine = Engine(cfg, schemas, writer, catalog, TableStore(tmp_path / "tables"), ViewStore(tmp_path / "views"),
-                    lambda part, exc: fatal.append((part, exc)))  # fmt: skip
+    engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path)
+    cfg = engine.cfg
     topic = cfg.view_topic("orders_enriched")
     parts = {(topic, p) for p in range(cfg.partitions)} | {engine.raw}
     assert engine.views is not None
