@@ -1,4 +1,6 @@
-"""Analytics: the PySpark Python Data Source over Headwater topics and batch jobs.
+"""Analytics: the PySpark Python Data Source over Headwater topics, and the jobs on top.
 
-Not built yet: see issue "Analytics".
+Batch reads and Structured Streaming (``analytics.source``, ``analytics.stream``), the batch
+jobs (``analytics.jobs``) and the streaming jobs (``analytics.streamjobs``). Needs the
+``analytics`` extra (``pip install 'headwater[analytics]'``); ``analytics.config`` does not.
 """

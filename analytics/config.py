@@ -4,7 +4,8 @@ Promise: one frozen, validated object, loaded like every other component's
 (``tables.config.load_component``): the broker, Kafka client settings, registry and topic prefix
 come from ``[pipeline]`` unless ``[analytics]`` sets its own, and broker and registry nobody sets
 are the local stack's. Kafka SASL/TLS go through ``kafka`` (librdkafka names, secret values print
-as ``***``), Spark settings through ``spark``. ``source_options`` turns it into the data source's
+as ``***``), Spark settings through ``spark``; ``follow``, ``stream_interval`` and
+``batch_records`` shape the streaming jobs. ``source_options`` turns it into the data source's
 options.
 """
 
@@ -31,6 +32,8 @@ from tables.config import (
 JOB_HELP = {  # the jobs of analytics.jobs.JOBS, named here so the command line does not import Spark
     "shop-report": "sample shop: revenue by day, customer region and product category (Parquet too)",
     "tables": "latest state of every table topic, as Parquet",
+    "changes": "streaming: every table topic's changes appended to Parquet, each once (catch up and stop, or --follow)",
+    "shop-report-stream": "streaming: the shop report kept up to date from the view, cut by cut (Parquet)",
 }
 
 
@@ -47,6 +50,11 @@ class AnalyticsConfig:
     spark: Settings = setting(Settings(), "Spark settings for the session (spark.executor.memory=4g, ...)")
     task_records: int = setting(1_000_000, "most messages one Spark task reads; bigger partitions are split")
     timeout: float = setting(300.0, "seconds a task may take to reach its planned end before it fails")
+    follow: bool = setting(False, "streaming jobs keep running (a micro-batch every stream_interval s) until "
+                                  "interrupted, instead of catching up and stopping")  # fmt: skip
+    stream_interval: float = setting(10.0, "streaming jobs with follow: seconds between micro-batches")
+    batch_records: int = setting(0, "streaming jobs: most messages one micro-batch reads (0: no bound); "
+                                    "a view's batch still ends at a cut")  # fmt: skip
 
     __repr__ = masked_repr
 
@@ -56,6 +64,10 @@ class AnalyticsConfig:
             raise InvalidSetting("task_records", f"must be at least 1, got {self.task_records}")
         if self.timeout <= 0:
             raise InvalidSetting("timeout", "must be a positive number of seconds")
+        if self.stream_interval <= 0:
+            raise InvalidSetting("stream_interval", "must be a positive number of seconds")
+        if self.batch_records < 0:
+            raise InvalidSetting("batch_records", f"must be 0 (no bound) or more, got {self.batch_records}")
         if not self.master:
             raise InvalidSetting("master", "must name a Spark master, e.g. local[*]")
 

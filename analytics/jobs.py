@@ -73,17 +73,26 @@ def view_at_rest(cfg: AnalyticsConfig, view: str = REPORT_VIEW) -> bool:
 
 def shop_report_frame(spark: SparkSession, cfg: AnalyticsConfig, cut: Cut) -> DataFrame:
     orders = read(spark, cfg, view=REPORT_VIEW, cut=str(cut.commit_lsn))
+    return report_of(contributions(orders))
+
+
+def contributions(orders: DataFrame) -> DataFrame:
+    """Each order item's part of the report: (id, day, region, category, revenue, units); cancelled orders none."""
     items = orders.where(F.col("status") != "cancelled").select(
-        F.to_date("placed_at").alias("day"), F.col("customer.region").alias("region"), F.col("id"),
+        F.col("id"), F.to_date("placed_at").alias("day"), F.col("customer.region").alias("region"),
         F.explode("items").alias("item"),
     )  # fmt: skip
+    return items.select(
+        "id", "day", "region", F.col("item.product.category").alias("category"),
+        (F.col("item.quantity") * F.col("item.unit_price")).alias("revenue"), F.col("item.quantity").alias("units"),
+    )  # fmt: skip
+
+
+def report_of(parts: DataFrame) -> DataFrame:
+    """The report from its ``contributions``: revenue, orders and units by day, region and category."""
     return (
-        items.groupBy("day", "region", F.col("item.product.category").alias("category"))
-        .agg(
-            F.sum(F.col("item.quantity") * F.col("item.unit_price")).alias("revenue"),
-            F.countDistinct("id").alias("orders"),
-            F.sum("item.quantity").alias("units"),
-        )
+        parts.groupBy("day", "region", "category")
+        .agg(F.sum("revenue").alias("revenue"), F.countDistinct("id").alias("orders"), F.sum("units").alias("units"))
         .orderBy("day", "region", "category")
     )
 

@@ -48,6 +48,7 @@ class Request:
     prefix: str
     task_records: int
     timeout: float
+    view: str | None = None  # the view's name when the topic is a view's
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> Request:
@@ -68,8 +69,8 @@ class Request:
         return cls(
             topic=topic, mode=mode, cut=cut, metadata=_flag(opts, "metadata", topic), kafka=kafka,
             registry=opts.get("registry", cfg.registry_url), prefix=prefix,
-            task_records=_number(opts, "task_records", cfg.task_records, topic),
-            timeout=float(_number(opts, "timeout", cfg.timeout, topic)),
+            task_records=number(opts, "task_records", cfg.task_records, topic),
+            timeout=float(number(opts, "timeout", cfg.timeout, topic)), view=opts.get("view") or None,
         )  # fmt: skip
 
     @property
@@ -118,7 +119,8 @@ def _flag(opts: Mapping[str, str], name: str, topic: str) -> bool:
     return text == "true"
 
 
-def _number(opts: Mapping[str, str], name: str, default: float, topic: str) -> int:
+def number(opts: Mapping[str, str], name: str, default: float, topic: str) -> int:
+    """Option ``name`` as a whole number of at least 1 (``default`` when it is not given)."""
     try:
         value = int(float(opts.get(name, default)))
     except ValueError:
@@ -161,7 +163,8 @@ class Slice(InputPartition):
     end: int
 
 
-def _consumer(req: Request) -> Consumer:
+def open_consumer(req: Request) -> Consumer:
+    """A reader with the request's Kafka settings (``SourceError`` if librdkafka refuses them)."""
     try:
         return reader(req.kafka)
     except KafkaException as exc:
@@ -175,7 +178,7 @@ def _using(req: Request, consumer: Consumer | None) -> Iterator[Consumer]:
     if consumer is not None:
         yield consumer
         return
-    made = _consumer(req)
+    made = open_consumer(req)
     try:
         yield made
     finally:
@@ -201,7 +204,7 @@ def partitions(req: Request, consumer: Consumer | None = None) -> list[int]:
 
 def plan(req: Request) -> list[Slice]:
     """The slices of the read: the planned offsets of every partition, split in ``changes`` mode."""
-    consumer = _consumer(req)
+    consumer = open_consumer(req)
     try:
         numbers = partitions(req, consumer)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(req.topic, p), timeout=15) for p in numbers}
@@ -216,10 +219,11 @@ def plan(req: Request) -> list[Slice]:
     finally:
         consumer.close()
     step = req.task_records if req.mode == "changes" else None
-    return [s for p in numbers for s in _split(req.topic, p, starts[p], ends.get(p, 0), step)]
+    return [s for p in numbers for s in split(req.topic, p, starts[p], ends.get(p, 0), step)]
 
 
-def _split(topic: str, partition: int, start: int, end: int, step: int | None) -> list[Slice]:
+def split(topic: str, partition: int, start: int, end: int, step: int | None) -> list[Slice]:
+    """Offsets ``start`` to ``end - 1`` of a partition as slices of at most ``step`` messages (None: one)."""
     if end <= start:
         return []
     step = step or end - start

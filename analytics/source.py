@@ -1,4 +1,4 @@
-"""The ``headwater`` Spark data source: Headwater topics as typed DataFrames.
+"""The ``headwater`` Spark data source: Headwater topics as typed DataFrames, in batches or as streams.
 
 Promise: after ``register(spark)``, ``spark.read.format("headwater")`` with the option
 ``topic`` (or ``table`` = ``schema.table``, or ``view`` = a view's name) loads the topic
@@ -8,6 +8,9 @@ commit LSN: a view exactly at a published cut), ``metadata``, ``bootstrap``,
 ``registry``, ``prefix``, ``config`` (a headwater.toml), ``task_records``, ``timeout`` and
 ``kafka.<librdkafka setting>``. Planning happens here (``analytics.plan``); the tasks
 read with ``analytics.reader``. Both are Python: no JVM connector is needed.
+``spark.readStream.format("headwater")`` takes the same options and reads the topic's
+changes micro-batch by micro-batch (``analytics.stream``: starting offsets, offsets in
+Spark's checkpoint, availableNow, views cut by cut).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from analytics.errors import SourceError
 from analytics.plan import Request, Slice, plan, value_schema
 from analytics.reader import SliceReader
+from analytics.stream import stream_reader
 
 NAME = "headwater"
 
@@ -39,13 +43,19 @@ class HeadwaterSource(DataSource):
         return SliceReader(req, value_schema(req)).schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        return TopicReader(self._slices(schema))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return stream_reader(self.options, self._slices(schema))
+
+    def _slices(self, schema: StructType) -> SliceReader:
         req = Request.from_options(self.options)
         found = SliceReader(req, value_schema(req))
         if found.schema != schema:
             raise SourceError("the columns asked for are not the value schema's", topic=req.topic,
                               hint="leave out .schema(...): the columns come from the registry; if the topic's "
                                    "schema changed while the read was planned, run it again")  # fmt: skip
-        return TopicReader(found)
+        return found
 
 
 class TopicReader(DataSourceReader):

@@ -1,19 +1,20 @@
-"""``python -m bench [capture|fanout|tables|views|shopview|analytics] [--changes N] [--rows N] [--scale N]
-[--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--messages N] [--customers N] [--orders N]``
-(or ``./dev bench``)."""
+"""``python -m bench [capture|fanout|debezium|tables|views|shopview|analytics] [--changes N] [--rows N]
+[--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--messages N] [--customers N]
+[--orders N]`` (or ``./dev bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import analytics, capture, fanout, shopview, tables, views
+from bench import analytics, capture, debezium, fanout, shopview, tables, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("which", nargs="?", default="all",
-                        choices=["all", "capture", "fanout", "tables", "views", "shopview", "analytics"])  # fmt: skip
+                        choices=["all", "capture", "fanout", "debezium", "tables", "views", "shopview",
+                                 "analytics"])  # fmt: skip
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
     parser.add_argument("--scale", type=int, default=10, help="pgbench scale of the tables benchmark (x 100,000 rows)")
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         capture.main(changes=args.changes, rows=args.rows)
     if args.which in ("all", "fanout"):
         fanout.main(changes=args.changes)
+    if args.which in ("all", "debezium"):
+        debezium.main(changes=min(args.changes, 200_000))
     if args.which in ("all", "tables"):
         tables.main(scale=args.scale)
     if args.which in ("all", "views"):

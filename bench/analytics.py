@@ -8,7 +8,10 @@ written once. Then, on the same broker and machine:
    the end, decoding every value with fastavro (schema fetched once from the registry,
    logical types as fastavro gives them: Decimal, datetime);
 2. ours: ``spark.read.format("headwater").option("topic", ...).load().count()`` on
-   ``local[*]`` (2 cores here) — planning, tasks, decoding into Arrow, counting.
+   ``local[*]`` (2 cores here) — planning, tasks, decoding into Arrow, counting;
+3. the same topic as a stream, in the same session: ``spark.readStream.format("headwater")``
+   with ``trigger(availableNow=True)`` into Spark's ``noop`` sink, once in one micro-batch
+   and once in ten (``maxOffsetsPerTrigger``), against a batch read into the same sink.
 
 Spark's session start-up is left out; its first query (Python workers starting) is
 shown apart from the second, which is the figure compared.
@@ -19,9 +22,11 @@ from __future__ import annotations
 import io
 import json
 import random
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import fastavro
 import httpx
@@ -106,30 +111,60 @@ def plain_consumer(cfg: stack.StackConfig) -> tuple[float, int]:
     return seconds, count
 
 
-def spark_count(cfg: stack.StackConfig) -> tuple[float, float, int]:
-    """(first query seconds, second query seconds, rows) of ``count()`` on the topic."""
+def spark_count(cfg: stack.StackConfig, messages: int) -> dict[str, tuple[float, int]]:
+    """Seconds and rows of each Spark read of the topic, by name, in one session."""
     settings = AnalyticsConfig(bootstrap=cfg.bootstrap, registry_url=cfg.registry_url, topic_prefix="bench")
     spark = spark_session(settings, "headwater-bench")
+    out: dict[str, tuple[float, int]] = {}
     try:
-        times, rows = [], 0
-        for _ in range(2):
+        for name in ("count, 1st", "count, 2nd"):
             start = time.monotonic()
             rows = read(spark, settings, topic=TOPIC).count()
-            times.append(time.monotonic() - start)
-        return times[0], times[1], rows
+            out[name] = (time.monotonic() - start, rows)
+        start = time.monotonic()
+        read(spark, settings, topic=TOPIC).write.format("noop").mode("overwrite").save()
+        out["batch -> noop"] = (time.monotonic() - start, messages)
+        out["stream, 1 batch -> noop"] = stream_to_noop(spark, settings, None)
+        out["stream, 10 batches -> noop"] = stream_to_noop(spark, settings, max(messages // 10, 1))
+        return out
     finally:
         spark.stop()
 
 
+def stream_to_noop(spark: Any, settings: AnalyticsConfig, per_batch: int | None) -> tuple[float, int]:
+    """(seconds, rows) of an availableNow stream of the topic from its start into the noop sink."""
+    options = {**settings.source_options(), "topic": TOPIC}
+    if per_batch:
+        options["maxOffsetsPerTrigger"] = str(per_batch)
+    with tempfile.TemporaryDirectory(prefix="headwater-bench-stream-") as checkpoint:
+        start = time.monotonic()
+        query = (spark.readStream.format("headwater").options(**options).load().writeStream.format("noop")
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())  # fmt: skip
+        query.awaitTermination()
+        seconds = time.monotonic() - start
+    if query.exception() is not None:
+        raise RuntimeError(f"the stream failed: {query.exception()}")
+    return seconds, sum(p.numInputRows for p in query.recentProgress)
+
+
 def main(messages: int) -> None:
     with capture.seeded_stack() as (cfg, _, _):
-        wrote = write(cfg, messages)
-        print(f"\nwrote {messages} Avro order records into {PARTITIONS} partitions of {TOPIC} in {wrote:.1f} s")
-        base, counted = plain_consumer(cfg)
-        first, second, rows = spark_count(cfg)
-    assert counted == rows == messages, (counted, rows, messages)
+        report(cfg, messages)
+
+
+def report(cfg: stack.StackConfig, messages: int) -> None:
+    """Write the topic on ``cfg``'s stack, read it every way, print the rates."""
+    wrote = write(cfg, messages)
+    print(f"\nwrote {messages} Avro order records into {PARTITIONS} partitions of {TOPIC} in {wrote:.1f} s")
+    base, counted = plain_consumer(cfg)
+    reads = spark_count(cfg, messages)
+    assert counted == messages and all(rows == messages for _, rows in reads.values()), (counted, reads)
     print(f"  plain confluent-kafka consumer + fastavro decode: {base:6.1f} s  {messages / base:9.0f} rows/s")
-    print(f"  spark.read.format('headwater') ... .count(), 1st: {first:6.1f} s  {messages / first:9.0f} rows/s"
-          " (Python workers starting)")  # fmt: skip
-    print(f"  spark.read.format('headwater') ... .count(), 2nd: {second:6.1f} s  {messages / second:9.0f} rows/s")
-    print(f"  ratio (2nd query): {base / second:.0%} of the plain consumer; 1st query: {base / first:.0%}")
+    for name, (seconds, _) in reads.items():
+        note = " (Python workers starting)" if name.endswith("1st") else ""
+        print(f"  spark {name + ':':<31} {seconds:6.1f} s  {messages / seconds:9.0f} rows/s{note}")
+    second, batch = reads["count, 2nd"][0], reads["batch -> noop"][0]
+    one, ten = reads["stream, 1 batch -> noop"][0], reads["stream, 10 batches -> noop"][0]
+    print(f"  ratio (count, 2nd): {base / second:.0%} of the plain consumer; 1st: {base / reads['count, 1st'][0]:.0%}")
+    print(f"  stream's rate against the batch read into the same sink: one batch {batch / one:.0%},"
+          f" ten {batch / ten:.0%}")

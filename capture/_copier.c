@@ -15,7 +15,12 @@
  * lists of ``{"value", "key"}`` dicts (``Producer.produce_batch``'s shape), with
  * the values long enough to be TOASTed as ``(key, column index, text)``. Given a
  * ``Sender``, the Copier sends each message itself, from its own buffer, and hands
- * ``on_batch`` the number of messages sent instead of the list.
+ * ``on_batch`` the number of messages sent instead of the list. Every message ends
+ * with ``tail``: the record's fields after ``after`` (by default one null byte, the
+ * ``backfill`` field of a snapshot row). With ``rows`` set the Copier writes no
+ * messages: ``on_batch`` gets lists of ``(key, value)`` tuples (a backfill holds its
+ * chunk's rows until the chunk's high watermark, ``capture.backfiller``), and
+ * ``envelopes`` writes those rows' raw-topic changes once the chunk is due.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,7 +65,8 @@ typedef struct {
     PyObject_HEAD
     Column *cols;
     Py_ssize_t ncols;
-    PyObject *value_prefix, *key_prefix, *head, *size, *kafka_key;
+    PyObject *value_prefix, *key_prefix, *head, *size, *kafka_key, *tail;
+    int rows_only; /* hand (key, value) tuples to on_batch instead of messages */
     PyObject *fallback, *on_batch, *sender; /* sender: a Sender, or NULL for batches of dicts */
     PyObject *batch, *large, *pool; /* pool: message dicts to reuse once on_batch let go of them */
     long long position, stride;
@@ -466,9 +472,18 @@ static int envelope(Copier *self, PyObject *key, PyObject *after) {
         return -1;
     }
     if (buf_add(m, "\x00\x02", 2) < 0 || buf_long(m, PyBytes_GET_SIZE(after)) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(after), PyBytes_GET_SIZE(after)) < 0)
+        buf_add(m, PyBytes_AS_STRING(after), PyBytes_GET_SIZE(after)) < 0 ||
+        buf_add(m, PyBytes_AS_STRING(self->tail), PyBytes_GET_SIZE(self->tail)) < 0)
         return -1;
     return 0;
+}
+
+/* The row itself, (key, value), into the batch (rows mode) */
+static int keep_row(Copier *self, PyObject *key, PyObject *value) {
+    PyObject *item = PyTuple_Pack(2, key, value);
+    int rc = item && PyList_Append(self->batch, item) == 0 ? 0 : -1;
+    Py_XDECREF(item);
+    return rc;
 }
 
 static int flush_batch(Copier *self) {
@@ -590,7 +605,7 @@ static int row(Copier *self, const char *line, Py_ssize_t len) {
         self->fast++;
     else if (general_row(self, line, len, &value, &key, &large) < 0)
         return -1;
-    int rc = envelope(self, key, value) == 0 ? send(self) : -1;
+    int rc = self->rows_only ? keep_row(self, key, value) : envelope(self, key, value) == 0 ? send(self) : -1;
     if (rc == 0 && add_large(self, key, large) == 0) {
         self->position += self->stride;
         self->rows++;
@@ -604,6 +619,59 @@ static int row(Copier *self, const char *line, Py_ssize_t len) {
         rc = flush_batch(self);
     return rc;
 }
+
+/* ---- a backfill's chunk ---------------------------------------------------------------- */
+
+static int optional_bytes(Buf *m, PyObject *o) {
+    if (o == Py_None)
+        return buf_byte(m, 0);
+    if (!PyBytes_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "row images must be bytes or None");
+        return -1;
+    }
+    return buf_byte(m, 2) < 0 || buf_long(m, PyBytes_GET_SIZE(o)) < 0 ||
+                   buf_add(m, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)) < 0
+               ? -1
+               : 0;
+}
+
+/* envelopes(head, size, rows, tail): the raw-topic change around each (key, value) of rows, positions 0, 1, ...,
+ * before null: what ChangeWriter.records writes for a backfill's chunk (head: op, table, topic, transaction) */
+static PyObject *envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *head, *size, *rows, *tail;
+    if (!PyArg_ParseTuple(args, "SSO!S", &head, &size, &PyList_Type, &rows, &tail))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(n);
+    Buf m = {0};
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        m.n = 0;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2) {
+            PyErr_SetString(PyExc_TypeError, "rows must be (key, value) tuples");
+            Py_CLEAR(out);
+        } else if (buf_add(&m, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)) < 0 || buf_long(&m, i) < 0 ||
+                   buf_add(&m, PyBytes_AS_STRING(size), PyBytes_GET_SIZE(size)) < 0 ||
+                   optional_bytes(&m, PyTuple_GET_ITEM(row, 0)) < 0 || buf_byte(&m, 0) < 0 ||
+                   optional_bytes(&m, PyTuple_GET_ITEM(row, 1)) < 0 ||
+                   buf_add(&m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0) {
+            Py_CLEAR(out);
+        } else {
+            PyObject *msg = PyBytes_FromStringAndSize(m.p, m.n);
+            if (!msg)
+                Py_CLEAR(out);
+            else
+                PyList_SET_ITEM(out, i, msg);
+        }
+    }
+    PyMem_Free(m.p);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"envelopes", envelopes, METH_VARARGS, "envelopes(head, size, rows, tail): a backfill chunk's raw-topic changes"},
+    {NULL, NULL, 0, NULL},
+};
 
 /* ---- the Python type ------------------------------------------------------------------ */
 
@@ -659,6 +727,7 @@ static void Copier_dealloc(Copier *self) {
     Py_XDECREF(self->head);
     Py_XDECREF(self->size);
     Py_XDECREF(self->kafka_key);
+    Py_XDECREF(self->tail);
     Py_XDECREF(self->fallback);
     Py_XDECREF(self->on_batch);
     Py_XDECREF(self->sender);
@@ -699,20 +768,21 @@ static int parse_column(Column *c, PyObject *spec) {
 
 static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     static char *kws[] = {"columns", "value_prefix", "key_prefix", "head", "size", "kafka_key", "position",
-                          "stride", "fallback", "on_batch", "batch_rows", "sender", NULL};
-    PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch, *sender = Py_None;
+                          "stride", "fallback", "on_batch", "batch_rows", "sender", "tail", "rows", NULL};
+    PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch, *sender = Py_None, *tail = NULL;
+    int rows_only = 0;
     long long position, stride;
     Py_ssize_t batch_rows;
     if (self->cols) {
         PyErr_SetString(PyExc_RuntimeError, "a Copier is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn|O", kws, &columns, &vp, &kp, &head, &size, &kk,
-                                     &position, &stride, &fallback, &on_batch, &batch_rows, &sender))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn|OSp", kws, &columns, &vp, &kp, &head, &size, &kk,
+                                     &position, &stride, &fallback, &on_batch, &batch_rows, &sender, &tail, &rows_only))
         return -1;
     if (!PyList_Check(columns) || PyList_GET_SIZE(columns) == 0 || !(kp == Py_None || PyBytes_Check(kp)) ||
         !PyCallable_Check(fallback) || !PyCallable_Check(on_batch) || batch_rows < 1 || stride < 1 ||
-        !(sender == Py_None || Py_IS_TYPE(sender, &SenderType))) {
+        !(sender == Py_None || Py_IS_TYPE(sender, &SenderType)) || (rows_only && sender != Py_None)) {
         PyErr_SetString(PyExc_ValueError, "bad Copier arguments");
         return -1;
     }
@@ -734,6 +804,10 @@ static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     self->head = Py_NewRef(head);
     self->size = Py_NewRef(size);
     self->kafka_key = Py_NewRef(kk);
+    self->tail = tail ? Py_NewRef(tail) : PyBytes_FromStringAndSize("\x00", 1);
+    self->rows_only = rows_only;
+    if (!self->tail)
+        return -1;
     self->fallback = Py_NewRef(fallback);
     self->on_batch = Py_NewRef(on_batch);
     self->sender = sender == Py_None ? NULL : Py_NewRef(sender);
@@ -772,7 +846,7 @@ static PyTypeObject CopierType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_copier", "The snapshot's COPY text to raw-topic messages, in C.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_copier", "The snapshot's COPY text to raw-topic messages, in C.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__copier(void) {

@@ -7,8 +7,11 @@
  * one message into the local queue, waiting with the GIL released while the queue is
  * full; the topic is first looked up then (the Sender may be made before the topic is). Kafka's acknowledgements are not reported one by one
  * (``delivery.report.only.error``): a failed delivery or a fatal producer error is kept
- * as ``failure`` and makes every later send raise ``error``. So ``flush`` returning 0
- * with ``failure`` still None means Kafka acknowledged every message sent.
+ * as ``failure`` (failed deliveries counted in ``errors``) and makes every later send raise
+ * ``error``. So ``flush`` returning 0 with ``failure`` still None means Kafka acknowledged every
+ * message sent. librdkafka's log lines and non-fatal errors go to the Python callable ``log(level,
+ * text)`` (syslog levels), on the thread that sends, flushes or polls (``log.queue``: never from
+ * librdkafka's own threads), so they take the process's log format and its gate on connection noise.
  *
  * librdkafka's API is declared here, not included: only the stable C ABI below is used
  * (rdkafka.h, unchanged since librdkafka 1.0), and no header package is needed to build.
@@ -57,6 +60,8 @@ static struct {
     void (*conf_set_error_cb)(rd_kafka_conf_t *, error_cb);
     void (*conf_set_log_cb)(rd_kafka_conf_t *, log_cb);
     void (*conf_set_opaque)(rd_kafka_conf_t *, void *);
+    int (*set_log_queue)(rd_kafka_t *, void *);
+    void *(*opaque)(const rd_kafka_t *);
     void (*conf_destroy)(rd_kafka_conf_t *);
     rd_kafka_t *(*create)(int, rd_kafka_conf_t *, char *, size_t);
     rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
@@ -89,6 +94,8 @@ static int load(const char *path) {
         {"rd_kafka_conf_set_error_cb", (void **)&rd.conf_set_error_cb},
         {"rd_kafka_conf_set_log_cb", (void **)&rd.conf_set_log_cb},
         {"rd_kafka_conf_set_opaque", (void **)&rd.conf_set_opaque},
+        {"rd_kafka_set_log_queue", (void **)&rd.set_log_queue},
+        {"rd_kafka_opaque", (void **)&rd.opaque},
         {"rd_kafka_conf_destroy", (void **)&rd.conf_destroy},
         {"rd_kafka_new", (void **)&rd.create},
         {"rd_kafka_topic_new", (void **)&rd.topic_new},
@@ -118,9 +125,11 @@ typedef struct {
     rd_kafka_t *rk;
     rd_kafka_topic_t *rkt;
     PyObject *error; /* the exception type a failure is raised as */
+    PyObject *log;   /* log(level, text): librdkafka's lines and non-fatal errors */
     char topic[256];
     char failure[512];
     long long sent;
+    long long errors; /* failed deliveries */
 } Sender;
 
 static void fail(Sender *self, const char *fmt, ...) {
@@ -135,8 +144,23 @@ static void fail(Sender *self, const char *fmt, ...) {
 /* Served by rd_kafka_poll/flush on the calling thread: only failed deliveries come here. */
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
     Sender *self = opaque;
-    if (msg->err)
+    if (msg->err) {
+        self->errors++;
         fail(self, "delivery to %s failed: %s", self->topic, rd.err2str(msg->err));
+    }
+}
+
+/* A line to the Python callable, from the thread serving librdkafka's queue (the GIL may be released). */
+static void say(Sender *self, int level, const char *text) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *type, *value, *trace; /* a send may be raising: keep its exception (3.11: no GetRaisedException) */
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject *done = self->log ? PyObject_CallFunction(self->log, "is", level, text) : NULL;
+    if (!done && self->log)
+        PyErr_WriteUnraisable(self->log);
+    Py_XDECREF(done);
+    PyErr_Restore(type, value, trace);
+    PyGILState_Release(gil);
 }
 
 static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
@@ -146,14 +170,17 @@ static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
         int code = rd.fatal_error(rk, text, sizeof(text));
         fail(self, "fatal producer error: %s (%s)", text, rd.err2str(code));
     } else {
-        fprintf(stderr, "WARNING:headwater.kafka:%s: %s\n", rd.err2str(err), reason);
+        char line[1024];
+        snprintf(line, sizeof(line), "%s: %s", rd.err2str(err), reason);
+        say(self, 4, line);
     }
 }
 
-/* librdkafka's own threads: warnings and worse to stderr, as the workers' logging writes them. */
+/* Served from the log queue by rd_kafka_poll/flush (``log.queue``), like the error callback. */
 static void on_log(const rd_kafka_t *rk, int level, const char *facility, const char *text) {
-    if (level <= 4)
-        fprintf(stderr, "%s:headwater.kafka:%s: %s\n", level <= 3 ? "ERROR" : "WARNING", facility, text);
+    char line[1024];
+    snprintf(line, sizeof(line), "%s: %s", facility, text);
+    say(rd.opaque(rk), level, line);
 }
 
 static int raise_failure(Sender *self) {
@@ -217,25 +244,28 @@ static int configure(rd_kafka_conf_t *conf, PyObject *settings) {
 }
 
 static int Sender_init(Sender *self, PyObject *args, PyObject *kwargs) {
-    static char *kws[] = {"library", "settings", "topic", "error", NULL};
+    static char *kws[] = {"library", "settings", "topic", "error", "log", NULL};
     const char *library, *topic;
-    PyObject *settings, *error;
+    PyObject *settings, *error, *log;
     char errstr[512];
     if (self->rk) {
         PyErr_SetString(PyExc_RuntimeError, "a Sender is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO!sO", kws, &library, &PyDict_Type, &settings, &topic, &error))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sO!sOO", kws, &library, &PyDict_Type, &settings, &topic, &error,
+                                     &log))
         return -1;
-    if (!PyExceptionClass_Check(error) || strlen(topic) >= sizeof(self->topic)) {
-        PyErr_SetString(PyExc_ValueError, "bad Sender arguments: error must be an exception type, topic < 256 bytes");
+    if (!PyExceptionClass_Check(error) || !PyCallable_Check(log) || strlen(topic) >= sizeof(self->topic)) {
+        PyErr_SetString(PyExc_ValueError, "bad Sender arguments: error must be an exception type, log a callable, "
+                                          "topic < 256 bytes");
         return -1;
     }
     if (load(library) < 0)
         return -1;
     rd_kafka_conf_t *conf = rd.conf_new();
     if (configure(conf, settings) < 0 ||
-        rd.conf_set(conf, "delivery.report.only.error", "true", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK) {
+        rd.conf_set(conf, "delivery.report.only.error", "true", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+        rd.conf_set(conf, "log.queue", "true", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK) {
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_ValueError, "librdkafka: %s", errstr);
         rd.conf_destroy(conf);
@@ -250,8 +280,10 @@ static int Sender_init(Sender *self, PyObject *args, PyObject *kwargs) {
         PyErr_Format(PyExc_ValueError, "cannot create a producer: %s", errstr);
         return -1;
     }
+    rd.set_log_queue(self->rk, NULL); /* lines wait for the next poll, on the sending thread */
     strcpy(self->topic, topic);
     self->error = Py_NewRef(error);
+    self->log = Py_NewRef(log);
     return 0;
 }
 
@@ -339,6 +371,7 @@ static Py_ssize_t Sender_len(Sender *self) {
 static void Sender_dealloc(Sender *self) {
     destroy(self);
     Py_XDECREF(self->error);
+    Py_XDECREF(self->log);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -357,6 +390,7 @@ static PyGetSetDef Sender_getset[] = {
 
 static PyMemberDef Sender_members[] = {
     {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "messages queued so far"},
+    {"errors", T_LONGLONG, offsetof(Sender, errors), READONLY, "failed deliveries so far"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -366,7 +400,7 @@ PyTypeObject SenderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "capture._copier.Sender",
     .tp_basicsize = sizeof(Sender),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Sender(library, settings, topic, error): a librdkafka producer driven from C (see _sender.c)",
+    .tp_doc = "Sender(library, settings, topic, error, log): a librdkafka producer driven from C (see _sender.c)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Sender_init,
     .tp_dealloc = (destructor)Sender_dealloc,

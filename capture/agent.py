@@ -2,7 +2,8 @@
 
 Promise: ``run`` starts from whatever the slot and the checkpoint say. A new slot
 gets a consistent snapshot (unless skipped) before streaming from its consistent
-point; an interrupted snapshot is started over on a new slot, never left looking
+point; on an existing slot, tables that joined the captured set are backfilled while
+the stream runs (``capture.backfiller``); an interrupted snapshot is started over on a new slot, never left looking
 complete; a slot that was dropped or invalidated, or disagrees with the checkpoint,
 stops the agent with the way out. Transient failures (connection lost, broker down,
 registry unreachable) are retried with backoff from the last confirmed commit, or
@@ -11,6 +12,7 @@ end the run with ``on_error = "exit"``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -19,14 +21,16 @@ from dataclasses import dataclass
 import psycopg2
 
 from capture import catalog, retract, slot, snapshot
-from capture.catalog import Connection, TableRef, TypeCache
+from capture.backfiller import Backfiller
+from capture.catalog import Connection, TableRef, TypeCache, connection_lost
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import change_writer
-from capture.errors import CheckpointMismatchError, SlotLostError, SourceUnreachableError
+from capture.errors import BrokerError, CheckpointMismatchError, SlotLostError, SourceError, SourceUnreachableError
 from capture.metrics import CaptureMetrics, Probe
 from capture.producer import ChangeProducer, ensure_changes_topic
 from capture.schemas import register_table
+from capture.slotwatch import SlotWatch
 from capture.state import Checkpoint, State, snapshot_done
 from capture.stream import Loop, Streamer
 from capture.workers import Workers
@@ -44,7 +48,7 @@ def run(cfg: CaptureConfig, stop: threading.Event | None = None, metrics: Captur
     """Capture until ``stop`` is set (or a fatal error), serving metrics, health and readiness meanwhile."""
     stop = stop or threading.Event()
     metrics = metrics or CaptureMetrics(cfg)
-    probe = Probe(cfg, metrics)
+    probe = Probe(cfg, metrics, beside=[SlotWatch(cfg, metrics)])
     log.warning("capture starting: slot %s, publication %s, into %s at %s", cfg.slot, cfg.publication,
                 cfg.changes_topic, cfg.bootstrap, extra=facts(slot=cfg.slot, topic=cfg.changes_topic))  # fmt: skip
     outcome = "asked to stop"
@@ -76,14 +80,6 @@ def retry(cfg: CaptureConfig, stop: threading.Event, metrics: CaptureMetrics, pr
             metrics.session_failed(exc, delay)
             stop.wait(delay)
             delay = min(delay * 2, 30.0)
-
-
-def connection_lost(exc: psycopg2.Error) -> bool:
-    """The error says the connection is gone (server restart or shutdown, network), not that SQL failed."""
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
-        return True
-    code = exc.pgcode or ""
-    return not code or code.startswith(("08", "57P"))  # no SQLSTATE: the protocol broke (e.g. "no COPY in progress")
 
 
 def follow(state: State, checkpoint: Checkpoint, slot_lsn: int | None) -> None:
@@ -132,6 +128,7 @@ class Session:
         state = State(cfg.state_dir, cfg.slot)
         registrar: Registry | NoRegistry = Registry(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
+        sink: ChangeSink | None = None
         repl: Connection | None = None
         workers: Workers | None = None
         try:
@@ -140,7 +137,7 @@ class Session:
                 self.made.append("publication")
             tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
             workers = self._workers()  # before any Kafka client: forked while this process has one thread
-            self.probe.start()  # its thread after the fork, too
+            self.probe.start()  # its threads after the fork, too
             writer = change_writer(
                 cfg.format,
                 registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
@@ -148,6 +145,7 @@ class Session:
             )
             ensure_changes_topic(cfg, written=self._written(state))
             producer = ChangeProducer(cfg)
+            producer.on_wait = functools.partial(self.metrics.watch_producer, producer)  # Kafka watched while it waits
             sink = ChangeSink(writer, producer)
             types = TypeCache(conn)
             parts = Parts(conn, state, tables, types, registrar, sink, producer, workers)
@@ -156,16 +154,7 @@ class Session:
             except snapshot.Interrupted as exc:
                 log.warning("%s", exc)
                 return
-            keyed = {(t.schema, t.name): t.keyed for t in tables}
-            streamer = Streamer(cfg, conn, types, registrar, sink, state, keyed)
-            checkpoint = state.load()
-            confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
-            heartbeat_conn = catalog.connect(self.dsn)
-            self.streamed = True
-            try:
-                Loop(cfg, repl, heartbeat_conn, streamer, producer, state, confirmed, self.metrics).run(start_lsn, stop)
-            finally:
-                heartbeat_conn.close()
+            self._stream(parts, repl, start_lsn, stop)
         except psycopg2.Error as exc:
             if not connection_lost(exc):
                 raise
@@ -177,11 +166,28 @@ class Session:
                 if closable is not None and not closable.closed:
                     closable.close()
             if producer is not None:
-                self.metrics.delivery_errors.inc(producer.delivery_errors)
+                self.metrics.session_ended(sink, producer)
                 producer.abandon()
             registrar.close()
             self._leave_nothing(state)
             state.close()
+
+    def _stream(self, parts: Parts, repl: Connection, start_lsn: int, stop: threading.Event) -> None:
+        """Stream from the slot until stopped (``capture.stream``)."""
+        keyed = {(t.schema, t.name): t.keyed for t in parts.tables}
+        streamer = Streamer(self.cfg, parts.conn, parts.types, parts.registrar, parts.sink, parts.state, keyed)
+        checkpoint = parts.state.load()
+        confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
+        heartbeat_conn = catalog.connect(self.dsn)
+        backfiller = Backfiller(self.cfg, self.dsn, parts.state, parts.sink, parts.registrar, streamer)
+        self.streamed = True
+        try:
+            backfiller.start(parts.tables, fresh=start_lsn != 0)
+            Loop(self.cfg, repl, heartbeat_conn, streamer, parts.producer, parts.state, confirmed,
+                 self.metrics).run(start_lsn, stop)  # fmt: skip
+        finally:
+            backfiller.close()
+            heartbeat_conn.close()
 
     def _leave_nothing(self, state: State) -> None:
         """A first start that did not finish its snapshot removes the slot (it would hold WAL) and the
@@ -248,7 +254,7 @@ class Session:
         consistent_point, snapshot_name = slot.create(repl, cfg.slot)
         self.made.append("slot")
         log.info("created slot %s at %s", cfg.slot, lsn_text(consistent_point))
-        state.start_snapshot(consistent_point, done=cfg.skip_snapshot)
+        state.start_snapshot(consistent_point, done=cfg.skip_snapshot, tables=tuple(t.qualified for t in parts.tables))
         if not cfg.skip_snapshot:
             try:
                 self._snapshot(parts, consistent_point, snapshot_name, stop)
@@ -265,7 +271,8 @@ class Session:
             shape = catalog.table_schema(parts.conn, parts.types, cfg.topic_prefix, table)
             ids[table.qualified] = register_table(registrar, shape)
             shapes.append(shape)
-        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables])
+        parsed = registrar.parsed if isinstance(registrar, Registry) else None
+        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables], parsed)
         chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
         report = self.metrics.snapshot_rows
         progress = snapshot.Progress(estimates, chunks, parts.state, lambda t, n, of: report("snapshot", t, n, of))
@@ -276,6 +283,9 @@ class Session:
         started = time.monotonic()
         try:
             rows, next_position = snapshot.run(job, chunks, progress, parts.workers, stop)
+        except (BrokerError, SourceError) as exc:
+            self.metrics.delivery_errors.inc(exc.failed_deliveries)  # a snapshot sender's
+            raise
         finally:
             if parts.workers is not None:
                 parts.workers.close()

@@ -49,6 +49,14 @@ def connect(dsn: str, *, replication: bool = False) -> Connection:
         ) from exc
 
 
+def connection_lost(exc: psycopg2.Error) -> bool:
+    """The error says the connection is gone (server restart or shutdown, network), not that SQL failed."""
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    code = exc.pgcode or ""
+    return not code or code.startswith(("08", "57P"))  # no SQLSTATE: the protocol broke (e.g. "no COPY in progress")
+
+
 def check_source(conn: Connection) -> None:
     """wal_level must be logical and the role must be allowed to replicate."""
     with conn.cursor() as cur:
@@ -99,11 +107,31 @@ ORDER BY n.nspname, c.relname
 """
 
 
+def table_ref(conn: Connection, schema: str, name: str) -> TableRef | None:
+    """The table ``schema.name`` as ``select_tables`` would list it (None: no such table)."""
+    query = TABLES_SQL.replace("ORDER BY", "AND n.nspname = %s AND c.relname = %s ORDER BY")
+    with conn.cursor() as cur:
+        cur.execute(query, (schema, name))
+        row = cur.fetchone()
+    conn.commit()
+    return TableRef(*row) if row else None
+
+
+def published(conn: Connection, publication: str) -> set[tuple[str, str]]:
+    """(schema, table) of every table the publication publishes now."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
+        found = {(s, t) for s, t in cur.fetchall()}
+    conn.commit()
+    return found
+
+
 def select_tables(conn: Connection, cfg: CaptureConfig) -> list[TableRef]:
-    """Tables matching the patterns; unkeyed ones are skipped with a warning unless allowed."""
+    """Tables matching the patterns; unkeyed ones are skipped with a warning unless allowed (and the signal
+    table, if any, is never one of them: its rows are signals)."""
     with conn.cursor() as cur:
         cur.execute(TABLES_SQL)
-        everything = [TableRef(*row) for row in cur.fetchall()]
+        everything = [TableRef(*row) for row in cur.fetchall() if cfg.signal != (row[1], row[2])]
     for pattern in cfg.patterns(cfg.include):
         probe = CaptureConfig(include=pattern)
         if not any(probe.wants(t.schema, t.name) for t in everything):
@@ -146,30 +174,14 @@ def drop_publication(conn: Connection, name: str) -> bool:
 
 
 def ensure_publication(conn: Connection, cfg: CaptureConfig, tables: list[TableRef]) -> list[TableRef]:
-    """Create the publication for ``tables`` if missing; else use it as is. Returns what it publishes."""
-    with conn.cursor() as cur:
-        if not publication_exists(conn, cfg.publication):
-            names = sql.SQL(", ").join(sql.Identifier(t.schema, t.name) for t in tables)
-            try:
-                cur.execute(
-                    sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(cfg.publication), names)
-                )
-                conn.commit()
-            except psycopg2.Error as exc:
-                conn.rollback()
-                raise SourceError(
-                    f"cannot create publication '{cfg.publication}': {str(exc).strip().splitlines()[0]}",
-                    hint=(
-                        "a table owner or superuser must run CREATE PUBLICATION "
-                        f"{cfg.publication} FOR TABLE {', '.join(t.qualified for t in tables)}"
-                    ),
-                ) from exc
-            log.info("created publication %s for %d tables", cfg.publication, len(tables))
-        cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (cfg.publication,))
-        published = {(s, t) for s, t in cur.fetchall()}
-    conn.commit()
-    chosen = [t for t in tables if (t.schema, t.name) in published]
-    missing = [t.qualified for t in tables if (t.schema, t.name) not in published]
+    """Create the publication for ``tables`` (and the signal table) if missing; else use it as is. Returns
+    what it publishes of ``tables``; a signal table it does not publish is refused (its rows would never
+    come through the stream)."""
+    if not publication_exists(conn, cfg.publication):
+        _create_publication(conn, cfg, tables)
+    found = published(conn, cfg.publication)
+    chosen = [t for t in tables if (t.schema, t.name) in found]
+    missing = [t.qualified for t in tables if (t.schema, t.name) not in found]
     if missing:
         log.warning("publication %s does not include %s; they are not captured", cfg.publication, ", ".join(missing))
     if not chosen:
@@ -177,7 +189,32 @@ def ensure_publication(conn: Connection, cfg: CaptureConfig, tables: list[TableR
             f"publication '{cfg.publication}' publishes none of the chosen tables",
             hint=f"ALTER PUBLICATION {cfg.publication} ADD TABLE ..., or choose another publication",
         )
+    if cfg.signal is not None and cfg.signal not in found:
+        raise SourceError(
+            f"publication '{cfg.publication}' does not publish the signal table {cfg.signal_table}",
+            hint=f"ALTER PUBLICATION {cfg.publication} ADD TABLE {cfg.signal_table} (signals come through the "
+            "stream), or unset signal_table",
+        )
     return chosen
+
+
+def _create_publication(conn: Connection, cfg: CaptureConfig, tables: list[TableRef]) -> None:
+    qualified = [(t.schema, t.name) for t in tables] + ([cfg.signal] if cfg.signal else [])
+    names = sql.SQL(", ").join(sql.Identifier(*t) for t in qualified)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(cfg.publication), names))
+        conn.commit()
+    except psycopg2.Error as exc:
+        conn.rollback()
+        raise SourceError(
+            f"cannot create publication '{cfg.publication}': {str(exc).strip().splitlines()[0]}",
+            hint=(
+                "a table owner or superuser must run CREATE PUBLICATION "
+                f"{cfg.publication} FOR TABLE {', '.join('.'.join(t) for t in qualified)}"
+            ),
+        ) from exc
+    log.info("created publication %s for %d tables", cfg.publication, len(tables))
 
 
 TYPES_SQL = """
@@ -230,6 +267,15 @@ def nullability(conn: Connection, oid: int) -> dict[str, bool]:
     with conn.cursor() as cur:
         cur.execute("SELECT attname, NOT attnotnull FROM pg_attribute WHERE attrelid = %s AND attnum > 0", (oid,))
         out = dict(cur.fetchall())
+    conn.commit()
+    return out
+
+
+def key_names(conn: Connection, oid: int) -> set[str]:
+    """The key columns ``table_schema`` gives the table: its replica identity index's, else its primary key's."""
+    with conn.cursor() as cur:
+        cur.execute(COLUMNS_SQL, (oid,))
+        out = {name for name, _, _, _, is_key in cur.fetchall() if is_key}
     conn.commit()
     return out
 

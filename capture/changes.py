@@ -2,7 +2,8 @@
 
 Promise: ``ChangeSink`` gives every change its source position — commit LSN, xid,
 commit time, 0-based position in its transaction and the transaction's size — and
-sends it through the producer in order. ``TxBuffer`` holds one transaction's
+sends it through the producer in order (a backfill's chunk is a transaction of its own
+at its high watermark's commit). ``TxBuffer`` holds one transaction's
 changes until its commit (only then is its size known), spilling to a temporary
 file past a byte limit so a huge transaction does not grow memory without bound.
 """
@@ -118,6 +119,19 @@ class ChangeSink:
         marker = RowChange("SNAPSHOT_END", "", "", "", None, None, None)
         self._send(marker, self._snapshot_tx, position, self.writer.size(rows))
         self.producer.mark(self._snapshot_lsn)
+
+    # ---- backfills ------------------------------------------------------------------------
+    def emit_chunk(self, op: str, table: TableSchema, rows: list[tuple[bytes | None, bytes | None]],
+                   commit_lsn: int, xid: int, pg_time: int, backfill: int) -> int:  # fmt: skip
+        """One chunk of a backfill as one transaction at its high watermark's commit: READ rows (or, for a
+        retraction, DELETEs of keys), positions from 0, each naming the ``backfill``. Returns the count."""
+        if not rows:
+            return 0
+        transaction = self.writer.transaction(commit_lsn, xid, pg_time + UNIX_FROM_PG_MICROS)
+        t = table
+        self.producer.send_all(self.writer.chunk(op, t.schema, t.name, t.topic, transaction, rows, backfill))
+        self.events += len(rows)
+        return len(rows)
 
     # ---- streaming -----------------------------------------------------------------------
     def emit_transaction(self, changes: TxBuffer, commit_lsn: int, end_lsn: int, xid: int, pg_time: int) -> None:

@@ -35,6 +35,7 @@ from tables.config import (
 from tables.topics import changes_topic
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+SIGNAL_TABLE = re.compile(r"^([A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*$")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class CaptureConfig:
     snapshot_workers: int = setting(2, "worker processes copying tables in parallel during the snapshot")
     snapshot_chunk_pages: int = setting(2000, "heap pages per snapshot chunk (big tables are split)")
     max_tx_memory: int = setting(64 * 1024 * 1024, "bytes of a transaction kept in memory before spilling to disk")
+    backfill_chunk_rows: int = setting(4096, "rows per chunk of a backfill (incremental snapshot)")
+    signal_table: str = setting("", "schema.table whose INSERTs are backfill signals (empty: none; see README)")
     state_dir: Path = setting(
         Path(".headwater/capture"), "checkpoint, TOAST cache, spills (default: <data_dir>/capture)"
     )
@@ -94,6 +97,18 @@ class CaptureConfig:
             raise InvalidSetting("snapshot_workers", "must be at least 1")
         if not self.patterns(self.include):
             raise InvalidSetting("include", "needs at least one schema.table pattern")
+        if not 1 <= self.backfill_chunk_rows <= 1_000_000:
+            raise InvalidSetting("backfill_chunk_rows", f"must be 1 to 1000000, got {self.backfill_chunk_rows}")
+        if self.signal_table and not SIGNAL_TABLE.match(self.signal_table):
+            raise InvalidSetting("signal_table", f"must be schema.table or table, got {self.signal_table!r}")
+
+    @property
+    def signal(self) -> tuple[str, str] | None:
+        """(schema, table) of the signal table, or None."""
+        if not self.signal_table:
+            return None
+        schema, _, name = self.signal_table.rpartition(".")
+        return schema or "public", name
 
     @staticmethod
     def patterns(text: str) -> list[str]:

@@ -12,10 +12,12 @@ import json
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import fastavro
 
+from capture._copier import envelopes
 from capture.avro import compile_schema, long_bytes
 from capture.errors import UnsupportedValueError
 from capture.jsonformat import Change, JsonChangeWriter, JsonRowWriter
@@ -33,6 +35,7 @@ from tables.types import (
 from tables.wire import frame
 
 Text = str | None
+Image = tuple[bytes | None, bytes | None]  # (key, after) of a backfill's row
 FIXED_SIZE = frozenset({int, float, parse_bool, parse_date, parse_time, parse_timestamp, parse_money, parse_interval})
 
 
@@ -107,6 +110,14 @@ def _optional_bytes(data: bytes | None) -> bytes:
     return b"\x00" if data is None else b"\x02" + long_bytes(len(data)) + data
 
 
+NO_BACKFILL = b"\x00"  # the record's fields after ``after``: backfill = null
+
+
+def backfill_tail(backfill: int | None) -> bytes:
+    """The record's fields after ``after``: the ``backfill`` number, or null."""
+    return NO_BACKFILL if backfill is None else b"\x02" + long_bytes(backfill)
+
+
 class ChangeWriter:
     """Encodes raw-topic keys and values (``tables.change`` schemas); per-table and per-transaction
     parts are computed once."""
@@ -155,10 +166,11 @@ class ChangeWriter:
         return out
 
     def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
-               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
+               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None,
+               backfill: int | None = None) -> bytes:  # fmt: skip
         return b"".join(
             (self._head(op, schema, table, topic)[1], transaction, long_bytes(position), size, _optional_bytes(key),
-             _optional_bytes(before), _optional_bytes(after))
+             _optional_bytes(before), _optional_bytes(after), backfill_tail(backfill))
         )  # fmt: skip
 
     def read_head(self, schema: str, table: str, topic: str, transaction: bytes) -> bytes:
@@ -173,15 +185,16 @@ class ChangeWriter:
         def encode(position: int, key: bytes | None, after: bytes) -> bytes:
             return b"".join(
                 (head, long_bytes(position), size, b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,
-                 b"\x00\x02", long_bytes(len(after)), after)
+                 b"\x00\x02", long_bytes(len(after)), after, NO_BACKFILL)
             )  # fmt: skip
 
         return encode
 
-    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes,
+                backfill: int | None = None) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
         """(Kafka key, value) of each change of one transaction, positions from 0: ``encode`` per
         change, with the per-table parts looked up once per change and no call per field."""
-        heads = self._heads
+        heads, tail = self._heads, backfill_tail(backfill)
         for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
             found = heads.get((op, schema, table, topic)) or self._head(op, schema, table, topic)
             found[2][0] += 1
@@ -189,8 +202,17 @@ class ChangeWriter:
                 (found[1], transaction, long_bytes(position), size,
                  b"\x00" if key is None else b"\x02" + long_bytes(len(key)) + key,
                  b"\x00" if before is None else b"\x02" + long_bytes(len(before)) + before,
-                 b"\x00" if after is None else b"\x02" + long_bytes(len(after)) + after)
+                 b"\x00" if after is None else b"\x02" + long_bytes(len(after)) + after, tail)
             )  # fmt: skip
+
+    def chunk(self, op: str, schema: str, table: str, topic: str, transaction: bytes, rows: list[Image],
+              backfill: int) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
+        """(Kafka key, value) of a backfill chunk's changes (``rows``: key and after images), positions from 0:
+        what ``records`` writes for them, by the compiled ``envelopes``."""
+        kafka_key, head, count = self._head(op, schema, table, topic)
+        count[0] += len(rows)
+        values = envelopes(head + transaction, self.size(len(rows)), rows, backfill_tail(backfill))
+        return zip(repeat(kafka_key), values)
 
 
 def change_writer(fmt: str, key_id: int, value_id: int) -> ChangeWriter | JsonChangeWriter:

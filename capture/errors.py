@@ -10,7 +10,9 @@ from tables.errors import FatalError, RetryableError
 
 
 class SourceError(FatalError):
-    """PostgreSQL cannot be used as configured (connection, settings, privileges)."""
+    """PostgreSQL cannot be used as configured (connection, settings, privileges); or a snapshot worker failed."""
+
+    failed_deliveries = 0  # a snapshot worker's messages Kafka refused or timed out
 
 
 class SourceUnreachableError(RetryableError):
@@ -47,6 +49,8 @@ class UnsupportedValueError(FatalError):
 
 class BrokerError(RetryableError):
     """Kafka did not acknowledge a message (broker down, timeout)."""
+
+    failed_deliveries = 0  # messages of a snapshot's sender Kafka refused or timed out
 
 
 class TopicLostError(FatalError):

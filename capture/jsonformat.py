@@ -104,7 +104,7 @@ class JsonChangeWriter:
     key_id = value_id = 0
 
     def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str, str]] = Counter()  # changes ``records`` wrote, by (schema, table, op)
+        self.counts: dict[tuple[str, str, str], list[int]] = {}  # (schema, table, op) -> [changes since counted]
 
     def encode_key(self, schema: str, table: str) -> bytes:
         return json.dumps({"schema": schema, "table": table}, separators=(",", ":")).encode()
@@ -114,12 +114,13 @@ class JsonChangeWriter:
         return f'"commit_lsn":{commit_lsn},"xid":{xid},"commit_time":"{_iso_utc(commit_time)}"'.encode()
 
     def encode(self, op: str, schema: str, table: str, topic: str, transaction: bytes, position: int,
-               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None) -> bytes:  # fmt: skip
+               size: bytes, key: bytes | None, before: bytes | None, after: bytes | None,
+               backfill: int | None = None) -> bytes:  # fmt: skip
         head = json.dumps({"op": op, "schema": schema, "table": table, "topic": topic}, separators=(",", ":"))
         parts = [head[:-1].encode(), b",", transaction, b',"position":', str(position).encode(), b',"tx_size":', size]
         for name, image in ((b"key", key), (b"before", before), (b"after", after)):
             parts += [b',"', name, b'":', image if image is not None else b"null"]
-        parts.append(b"}")
+        parts += [b',"backfill":', b"null" if backfill is None else str(backfill).encode(), b"}"]
         return b"".join(parts)
 
     @staticmethod
@@ -137,13 +138,26 @@ class JsonChangeWriter:
 
     def take_counts(self) -> Counter[tuple[str, str, str]]:
         """Changes ``records`` wrote by (schema, table, op) since the last call."""
-        out, self.counts = self.counts, Counter()
+        out: Counter[tuple[str, str, str]] = Counter()
+        for found, cell in self.counts.items():
+            if cell[0]:
+                out[found] += cell[0]
+                cell[0] = 0
         return out
 
-    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def chunk(self, op: str, schema: str, table: str, topic: str, transaction: bytes,
+              rows: list[tuple[bytes | None, bytes | None]], backfill: int
+              ) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
+        """(Kafka key, value) of a backfill chunk's changes (``rows``: key and after images), positions from 0."""
+        changes = [(op, schema, table, topic, key, None, after) for key, after in rows]
+        return self.records(changes, transaction, self.size(len(rows)), backfill)
+
+    def records(self, changes: Iterable[Change], transaction: bytes, size: bytes,
+                backfill: int | None = None) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
         """(Kafka key, value) of each change of one transaction, positions from 0."""
         counts = self.counts
         for position, (op, schema, table, topic, key, before, after) in enumerate(changes):
-            counts[(schema, table, op)] += 1
-            value = self.encode(op, schema, table, topic, transaction, position, size, key, before, after)
+            cell = counts.get((schema, table, op)) or counts.setdefault((schema, table, op), [0])
+            cell[0] += 1  # a cell per (table, op): no Counter lookup and hash update per change
+            value = self.encode(op, schema, table, topic, transaction, position, size, key, before, after, backfill)
             yield self.encode_key(schema, table), value

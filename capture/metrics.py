@@ -3,17 +3,24 @@
 Promise: ``CaptureMetrics`` is the one place capture's metric names are written (Prometheus
 conventions: ``headwater_capture_..._total`` counters, ``_bytes``, ``_seconds``), in a registry of
 its own with the process's CPU, memory and file descriptors. Capture feeds it per transaction
-and per status interval, never per message. It also knows what capture is doing — starting,
-copying the snapshot, streaming, reconnecting, stopping — and whether Kafka answers, so
-``ready()`` is None when capture streams with Kafka reachable, else the reason; and it logs at
-WARNING, once when each begins and once when it ends: a reconnect, Kafka unreachable (for
-``BROKER_WARN_AFTER`` seconds), the slot holding more WAL than ``[capture] slot_warn_bytes``.
-``snapshot_rows(kind, table, read, expected)`` is the hook for any copy of table rows
-(``kind`` ``snapshot`` today; incremental snapshots and backfills report the same way).
+and per status interval, never per message; changes and transactions are counted once Kafka
+acknowledged them (a change sent again after a reconnect is counted again: it is on the topic
+twice). A value capture does not know yet — positions and the slot's WAL before the first look,
+the time behind the source before the first transaction, whether Kafka answers before the first
+check — has no sample rather than a made-up 0 or 1. It knows what capture is doing (``phase``:
+starting, snapshot, streaming, reconnecting, stopping) and whether Kafka answers, so ``ready()``
+is None when capture streams with Kafka answering, else the reason; ``silent_for`` says how long
+capture's own thread has given no sign (``/health`` fails past ``wedged_after``); and it logs at
+WARNING, once when each begins and once when it ends: a reconnect, Kafka not answering (for
+``BROKER_WARN_AFTER`` seconds, counted from when it stopped answering), the slot holding more
+WAL than ``[capture] slot_warn_bytes``. ``snapshot_rows(kind, table, read, expected)`` is the
+hook for any copy of table rows (``kind`` ``snapshot`` today; incremental snapshots and
+backfills report the same way).
 
 ``Probe`` serves ``GET /metrics`` (Prometheus text format), ``GET /health`` (200 while the
-process runs) and ``GET /ready`` (200, or 503 with the reason) on ``[capture] metrics_host:
-metrics_port`` — 127.0.0.1 unless configured, off when the port is 0.
+process runs and its capture thread gives signs of life) and ``GET /ready`` (200, or 503 with the
+reason) on ``[capture] metrics_host:metrics_port`` — 127.0.0.1 unless configured, off when the port
+is 0 — and starts and stops the threads that feed it from beside capture's (the slot watch).
 """
 
 from __future__ import annotations
@@ -22,68 +29,84 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter as Tally
+from collections import deque
+from collections.abc import Callable, Iterator
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from capture.changes import UNIX_FROM_PG_MICROS, ChangeSink
 from capture.config import CaptureConfig
+from capture.producer import ChangeProducer, producer_settings
 from tables.errors import FatalError
 from tables.logs import Episode, facts
 from tables.wire import lsn_text
 
 if TYPE_CHECKING:  # prometheus_client reads /proc when imported: imported when metrics are made, not at import
     from prometheus_client import Counter, Gauge
+    from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger("headwater.capture")
-BROKER_WARN_AFTER = 5.0  # seconds Kafka must be unreachable before it is logged (and /ready says so)
-STALL_AFTER = 2.0  # seconds messages may wait with no acknowledgement before Kafka counts as not answering
+BROKER_WARN_AFTER = 5.0  # seconds Kafka must not answer before it is logged (and /ready says so)
+PHASES = ("starting", "snapshot", "streaming", "reconnecting", "stopping")
 
 
-# attribute, type, name, help, labels: every metric capture exposes (names are a contract: here only)
+# attribute, type, name, help, labels: every metric capture exposes (names are a contract: here only).
+# "known": a gauge with no sample until capture knows its value.
 FAMILIES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
-    ("confirmed_lsn", "gauge", "headwater_capture_confirmed_lsn",
+    ("confirmed_lsn", "known", "headwater_capture_confirmed_lsn",
      "LSN the slot was last confirmed up to (every commit below it is in Kafka)", ()),
-    ("server_lsn", "gauge", "headwater_capture_server_lsn", "the server's WAL position as last reported", ()),
-    ("retained", "gauge", "headwater_capture_slot_retained_bytes",
+    ("server_lsn", "known", "headwater_capture_server_lsn", "the server's WAL position as last reported", ()),
+    ("retained", "known", "headwater_capture_slot_retained_bytes",
      "WAL the server keeps for the slot (current position minus the slot's restart_lsn)", ()),
-    ("slot_lag", "gauge", "headwater_capture_slot_lag_bytes",
+    ("slot_lag", "known", "headwater_capture_slot_lag_bytes",
      "current WAL position minus the slot's confirmed LSN", ()),
-    ("behind", "gauge", "headwater_capture_behind_source_seconds",
+    ("behind", "known", "headwater_capture_behind_source_seconds",
      "when the last captured transaction arrived, how long after its commit (Debezium's MilliSecondsBehindSource)",
      ()),
-    ("last_commit", "gauge", "headwater_capture_last_commit_timestamp_seconds",
+    ("last_commit", "known", "headwater_capture_last_commit_timestamp_seconds",
      "commit time of the last captured transaction (Unix time)", ()),
-    ("events", "counter", "headwater_capture_events", "changes written to the raw topic", ("table", "op")),
-    ("transactions", "counter", "headwater_capture_transactions", "source transactions written", ()),
+    ("events", "counter", "headwater_capture_events",
+     "changes Kafka acknowledged on the raw topic (a change sent again after a reconnect counts again)",
+     ("table", "op")),
+    ("transactions", "counter", "headwater_capture_transactions",
+     "source transactions whose changes Kafka acknowledged", ()),
     ("queue", "gauge", "headwater_capture_producer_queue_messages",
      "messages in the producer's queue, not yet acknowledged by Kafka", ()),
     ("queue_max", "gauge", "headwater_capture_producer_queue_max_messages",
      "the producer queue's capacity (queue.buffering.max.messages)", ()),
     ("delivery_errors", "counter", "headwater_capture_delivery_errors",
-     "messages Kafka refused or that timed out (each ends the session; capture resumes from the slot)", ()),
+     "messages Kafka refused or that timed out (each ends the session or the snapshot)", ()),
     ("heartbeats", "counter", "headwater_capture_heartbeats", "heartbeats written to keep the slot moving", ()),
     ("reconnects", "counter", "headwater_capture_reconnects",
      "sessions started again after a transient failure (PostgreSQL or Kafka)", ()),
     ("streaming", "gauge", "headwater_capture_streaming", "1 while capture streams from the slot", ()),
-    ("broker_up", "gauge", "headwater_capture_broker_reachable", "0 while Kafka does not answer", ()),
+    ("phase", "phase", "headwater_capture_phase",
+     "1 for what capture does now: starting, snapshot, streaming, reconnecting or stopping", ("phase",)),
+    ("broker_up", "known", "headwater_capture_broker_reachable",
+     "1 while Kafka answers, 0 once it has not for 5 s (no sample before the first check)", ()),
+    ("last_report", "known", "headwater_capture_last_report_timestamp_seconds",
+     "when capture's own thread last gave a sign of life (Unix time; /health fails when it is too old)", ()),
     ("rows_read", "gauge", "headwater_capture_snapshot_rows_read",
      "rows copied by the running or last snapshot, per table (kind: snapshot, backfill)", ("kind", "table")),
     ("rows_expected", "gauge", "headwater_capture_snapshot_rows_expected",
      "rows the snapshot expects to copy (PostgreSQL's estimate, or the rows copied if more)", ("kind", "table")),
 )  # fmt: skip
+NAMES = {attribute: name + ("_total" if kind == "counter" else "") for attribute, kind, name, _, _ in FAMILIES}
+
+
+def wedged_after(cfg: CaptureConfig) -> float | None:
+    """Seconds capture's thread may give no sign before ``/health`` fails: the longest it may rightly wait —
+    on librdkafka, for ``message.timeout.ms`` — and a minute more. None when messages never time out."""
+    settings = producer_settings(cfg)
+    timeout = float(settings.get("delivery.timeout.ms", settings.get("message.timeout.ms", 300000)))
+    return None if timeout <= 0 else max(timeout / 1000, 60.0) + 60.0
 
 
 class CaptureMetrics:
     """Capture's metric families, its phase for ``/ready``, and its once-per-episode lines."""
 
-    confirmed_lsn: Gauge
-    server_lsn: Gauge
-    retained: Gauge
-    slot_lag: Gauge
-    behind: Gauge
-    last_commit: Gauge
     events: Counter
     transactions: Counter
     queue: Gauge
@@ -92,7 +115,6 @@ class CaptureMetrics:
     heartbeats: Counter
     reconnects: Counter
     streaming: Gauge
-    broker_up: Gauge
     rows_read: Gauge
     rows_expected: Gauge
 
@@ -104,49 +126,74 @@ class CaptureMetrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         Info("headwater_capture", "what this capture reads and writes", registry=r).info(
-            {"slot": cfg.slot, "publication": cfg.publication, "topic": cfg.changes_topic, "version": version})
+            {"slot": cfg.slot, "publication": cfg.publication, "topic": cfg.changes_topic, "version": version}
+        )
         kinds = {"counter": Counter, "gauge": Gauge}
         for attribute, kind, name, doc, labels in FAMILIES:
-            setattr(self, attribute, kinds[kind](name, doc, labels, registry=r))
-        self.broker_up.set(1)
-        self.phase = "starting"
+            if kind in kinds:
+                setattr(self, attribute, kinds[kind](name, doc, labels, registry=r))
+        self.known: dict[str, float] = {}  # the "known" gauges' values, once known
+        r.register(_Collector(self))
+        self.phase, self.reason = "starting", "starting"
         self.broker = Episode(after=BROKER_WARN_AFTER)
         self.slot_high = Episode()
         self.outage = Episode()  # a reconnect: from the first failure until streaming again
         self.failures = 0  # failed attempts in the current reconnect episode
+        self.held: deque[tuple[int, Tally[tuple[str, str, str]], int]] = deque()  # sent, not yet acknowledged
+        self.errors_counted: tuple[ChangeProducer | None, int] = (None, 0)  # (producer, its errors counted)
+        self.wedged_after = wedged_after(cfg)
+        self.beat_at = time.monotonic()
 
     # ---- what capture does ---------------------------------------------------------------
     def ready(self) -> str | None:
         """None when capture streams and Kafka answers; else why not (the body of a 503)."""
         if self.phase != "streaming":
-            return self.phase
+            return self.reason
         if self.broker.announced:
             return f"Kafka at {self.cfg.bootstrap} does not answer"
         return None
+
+    def beat(self) -> None:
+        """Capture's own thread is alive: it reports, waits on Kafka with a look every second, or copies."""
+        self.beat_at = time.monotonic()
+        self.known["last_report"] = time.time()
+
+    def silent_for(self) -> float:
+        """Seconds since capture's own thread last gave a sign of life."""
+        return time.monotonic() - self.beat_at
+
+    def _enter(self, phase: str, reason: str) -> None:
+        self.phase, self.reason = phase, reason
+        self.streaming.set(1 if phase == "streaming" else 0)
+        self.beat()
 
     def snapshot_rows(self, kind: str, table: str, read: int, expected: int) -> None:
         """Progress of a copy of ``table``'s rows (the snapshot; later incremental snapshots and backfills)."""
         self.rows_read.labels(kind, table).set(read)
         self.rows_expected.labels(kind, table).set(max(read, expected))
+        self.beat()
 
     def snapshot(self, started: bool) -> None:
-        self.phase = "copying the snapshot" if started else "starting"
+        self._enter(*(("snapshot", "copying the snapshot") if started else ("starting", "starting")))
 
     def stream_started(self) -> None:
         """The session streams: a reconnect episode (if any) ends here."""
-        self.phase = "streaming"
-        self.streaming.set(1)
+        self._enter("streaming", "streaming")
         now = time.monotonic()
         lasted = self.outage.lasted(now)
         if self.outage.update(False, now) == "ended":
-            log.warning("reconnected after %.0f s and %d failed attempts: streaming from slot %s again", lasted,
-                        self.failures, self.cfg.slot, extra=facts(slot=self.cfg.slot, seconds=round(lasted, 1)))
+            log.warning(
+                "reconnected after %.0f s and %d failed attempts: streaming from slot %s again",
+                lasted,
+                self.failures,
+                self.cfg.slot,
+                extra=facts(slot=self.cfg.slot, seconds=round(lasted, 1)),
+            )
         self.failures = 0
 
     def session_failed(self, exc: BaseException, delay: float) -> None:
         """A transient failure: the first of an episode at WARNING, the retries at INFO."""
-        self.phase = f"reconnecting after: {exc}"
-        self.streaming.set(0)
+        self._enter("reconnecting", f"reconnecting after: {exc}")
         self.failures += 1
         self.reconnects.inc()
         if self.outage.update(True, time.monotonic()) == "began":
@@ -156,26 +203,45 @@ class CaptureMetrics:
             log.info("still failing (%s); retrying in %.0f s", exc, delay)
 
     def stopped(self) -> None:
-        self.phase = "stopping"
-        self.streaming.set(0)
+        self._enter("stopping", "stopping")
 
-    # ---- per transaction and per status interval ----------------------------------------
-    def count(self, sink: ChangeSink) -> None:
-        """Take what was counted since the last call: changes by (schema, table, op) (the writer's and the
-        sink's: snapshot reads, retractions), transactions."""
+    # ---- per status interval, and while waiting on Kafka ------------------------------------
+    def count(self, sink: ChangeSink, producer: ChangeProducer) -> None:
+        """Take what was counted since the last call — changes by (schema, table, op) (the writer's and the
+        sink's: snapshot reads, retractions), transactions — and add what Kafka acknowledged since."""
         counts = sink.writer.take_counts()
         counts.update(sink.tally)
         sink.tally.clear()
-        for (schema, table, op), n in counts.items():
-            self.events.labels(f"{schema}.{table}", op).inc(n)
-        if sink.transactions:
-            self.transactions.inc(sink.transactions)
+        if counts or sink.transactions:
+            self.held.append((producer.sent, counts, sink.transactions))
             sink.transactions = 0
+        acked = producer.acknowledged()
+        while self.held and self.held[0][0] <= acked:
+            _, done, transactions = self.held.popleft()
+            for (schema, table, op), n in done.items():
+                self.events.labels(f"{schema}.{table}", op).inc(n)
+            if transactions:
+                self.transactions.inc(transactions)
+
+    def session_ended(self, sink: ChangeSink | None, producer: ChangeProducer) -> None:
+        """The session's producer is done: count what it had acknowledged; the rest is sent again (or lost)."""
+        if sink is not None:
+            self.count(sink, producer)
+        self.held.clear()
+        self.delivered(producer)
+
+    def delivered(self, producer: ChangeProducer) -> None:
+        """Add ``producer``'s failed deliveries since the last call."""
+        counted, before = self.errors_counted
+        new = producer.delivery_errors - (before if counted is producer else 0)
+        if new > 0:
+            self.delivery_errors.inc(new)
+        self.errors_counted = (producer, producer.delivery_errors)
 
     def positions(self, confirmed: int, server: int) -> None:
-        self.confirmed_lsn.set(confirmed)
+        self.known["confirmed_lsn"] = confirmed
         if server:
-            self.server_lsn.set(server)
+            self.known["server_lsn"] = server
 
     def commit_seen(self, pg_time: int, seen_monotonic: float) -> None:
         """The last captured commit (PostgreSQL µs) and when it arrived (monotonic)."""
@@ -183,30 +249,45 @@ class CaptureMetrics:
             return
         committed = (pg_time + UNIX_FROM_PG_MICROS) / 1e6
         arrived = time.time() - (time.monotonic() - seen_monotonic)
-        self.last_commit.set(committed)
-        self.behind.set(max(arrived - committed, 0.0))
+        self.known["last_commit"] = committed
+        self.known["behind"] = max(arrived - committed, 0.0)
 
-    def producer(self, waiting: int, capacity: int) -> None:
+    def watch_producer(self, producer: ChangeProducer, now: float) -> None:
+        """The producer's queue and failed deliveries, and whether Kafka answers (from capture's thread, every
+        second: from the loop, and from a send or flush that waits on Kafka)."""
+        waiting = producer.waiting()
         self.queue.set(waiting)
-        self.queue_max.set(capacity)
+        self.queue_max.set(producer.queue_max)
+        self.delivered(producer)
+        self.kafka(producer.silence(now), waiting, now)
+        self.beat()
 
-    def kafka(self, down: bool, detail: str, waiting: int, now: float) -> None:
-        """Whether Kafka answers now; logs the episode's beginning and end."""
-        change = self.broker.update(down, now)
+    def kafka(self, silence: tuple[float, str] | None, waiting: int, now: float) -> None:
+        """Whether Kafka answers now (``silence``: since when it does not, and how that shows); logs the
+        episode's beginning and end."""
+        since, detail = silence if silence is not None else (None, "")
+        change = self.broker.update(silence is not None, now, since)
+        self.known["broker_up"] = 0 if self.broker.announced else 1
         if change == "began":
-            self.broker_up.set(0)
-            log.warning("Kafka at %s does not answer (%s); %d messages wait, nothing is lost: capture confirms "
-                        "nothing past them and goes on once Kafka is back", self.cfg.bootstrap,
-                        detail or "no acknowledgement", waiting,
-                        extra=facts(topic=self.cfg.changes_topic, seconds=round(self.broker.lasted(now), 1)))
+            lasted = self.broker.lasted(now)
+            log.warning(
+                "Kafka at %s does not answer (%s, for %.0f s); %d messages wait, nothing is lost: capture "
+                "confirms nothing past them and goes on once Kafka is back",
+                self.cfg.bootstrap,
+                detail,
+                lasted,
+                waiting,
+                extra=facts(topic=self.cfg.changes_topic, seconds=round(lasted, 1)),
+            )
         elif change == "ended":
-            self.broker_up.set(1)
             log.warning("Kafka at %s answers again", self.cfg.bootstrap, extra=facts(topic=self.cfg.changes_topic))
 
-    def slot(self, retained: int, lag: int, confirmed: int) -> None:
-        """The slot's WAL, with a WARNING when it passes ``slot_warn_bytes`` and when it is back under."""
-        self.retained.set(retained)
-        self.slot_lag.set(lag)
+    def slot(self, retained: int, lag: int, confirmed: int, current: int) -> None:
+        """The slot as PostgreSQL shows it (``capture.slotwatch``, in every phase), with a WARNING when its WAL
+        passes ``slot_warn_bytes`` and when it is back under."""
+        self.known.update(retained=retained, slot_lag=lag)
+        if self.phase != "streaming" or "confirmed_lsn" not in self.known:  # while streaming, the loop's are newer
+            self.known.update(confirmed_lsn=confirmed, server_lsn=current)
         limit = self.cfg.slot_warn_bytes
         change = self.slot_high.update(limit > 0 and retained > limit, time.monotonic())
         where = facts(slot=self.cfg.slot, lsn=confirmed)
@@ -217,6 +298,29 @@ class CaptureMetrics:
         elif change == "ended":
             log.warning("slot %s is back under slot_warn_bytes (%d bytes of WAL retained)", self.cfg.slot, retained,
                         extra=where)  # fmt: skip
+
+
+class _Collector:
+    """The "known" gauges (a sample once known) and the phase, read when Prometheus scrapes."""
+
+    def __init__(self, metrics: CaptureMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        known, phase = dict(self.metrics.known), self.metrics.phase
+        for attribute, kind, name, doc, labels in FAMILIES:
+            if kind == "known":
+                family = GaugeMetricFamily(name, doc)
+                if attribute in known:
+                    family.add_metric([], known[attribute])
+                yield family
+            elif kind == "phase":
+                family = GaugeMetricFamily(name, doc, labels=labels)
+                for each in PHASES:
+                    family.add_metric([each], 1 if each == phase else 0)
+                yield family
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -230,19 +334,35 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-class Probe:
-    """``/metrics``, ``/health`` and ``/ready`` over HTTP (see the module promise)."""
+class Beside(Protocol):
+    """A thread that runs beside capture's own (``capture.slotwatch.SlotWatch``)."""
 
-    def __init__(self, cfg: CaptureConfig, metrics: CaptureMetrics) -> None:
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Probe:
+    """``/metrics``, ``/health`` and ``/ready`` over HTTP (see the module promise), and the threads that feed
+    it from beside capture's own (``beside``: started with it, after capture forked its snapshot workers)."""
+
+    def __init__(self, cfg: CaptureConfig, metrics: CaptureMetrics, beside: list[Beside] | None = None) -> None:
         from prometheus_client import make_wsgi_app
 
-        self.cfg, self.metrics = cfg, metrics
+        self.cfg, self.metrics, self.beside = cfg, metrics, beside or []
         self.prometheus = make_wsgi_app(metrics.registry)
         self.server: _Server | None = None
+        self.started = False
 
     def start(self) -> None:
-        """Listen (once; a port of 0 turns the probe off). A port in use is a ``FatalError`` naming it."""
-        if self.server is not None or not self.cfg.metrics_port:
+        """Start the threads beside and listen (once; a port of 0 turns the HTTP side off). A port in use is a
+        ``FatalError`` naming it."""
+        if self.started:
+            return
+        self.started = True
+        for thread in self.beside:
+            thread.start()
+        if not self.cfg.metrics_port:
             return
         host, port = self.cfg.metrics_host, self.cfg.metrics_port
         try:
@@ -254,6 +374,8 @@ class Probe:
         log.info("metrics on http://%s:%d/metrics, health on /health and /ready", host, port)
 
     def close(self) -> None:
+        for thread in self.beside:
+            thread.stop()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -264,11 +386,19 @@ class Probe:
         if path == "/metrics":
             return list(self.prometheus(environ, start_response))
         if path == "/health":
-            return answer(start_response, 200, {"status": "alive", "phase": self.metrics.phase})
+            return self.health(start_response)
         if path == "/ready":
             reason = self.metrics.ready()
             return answer(start_response, 503 if reason else 200, {"ready": reason is None, "reason": reason})
         return answer(start_response, 404, {"error": "not found: try /metrics, /health or /ready"})
+
+    def health(self, start_response: Callable[..., Any]) -> list[bytes]:
+        """200 while capture's thread gives signs of life; 503 once it has been silent past ``wedged_after``."""
+        m = self.metrics
+        silent, limit = m.silent_for(), m.wedged_after
+        wedged = limit is not None and silent > limit
+        body = {"status": "wedged" if wedged else "alive", "phase": m.phase, "silent_seconds": round(silent, 1)}
+        return answer(start_response, 503 if wedged else 200, body)
 
 
 STATUS = {200: "200 OK", 404: "404 Not Found", 503: "503 Service Unavailable"}

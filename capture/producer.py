@@ -5,6 +5,12 @@ they were sent. ``mark(lsn)`` records a commit boundary after the messages of th
 commit; ``acked_lsn()`` is the newest boundary whose every earlier message Kafka
 acknowledged — the only LSN the slot may be told. A delivery failure is kept and
 raised as ``BrokerError`` by the next call, so nothing after it is confirmed.
+``silence(now)`` says since when Kafka does not answer (no broker connection, from
+librdkafka's statistics; or messages waiting with no acknowledgement for ``STALL_AFTER``
+seconds), and ``on_wait`` is called about once a second while a send waits for room in
+the full local queue — so capture watches Kafka even while it cannot hand it anything.
+librdkafka's own lines, of every client here (``SnapshotSender`` included), go to the
+``tables.logs.KAFKA_LOGGER`` logger, where its connection noise is gated.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -24,12 +30,16 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from capture._copier import Sender
 from capture.config import CaptureConfig
-from capture.errors import BrokerError, TopicLostError
+from capture.errors import BrokerError, SourceError, TopicLostError
 from tables.errors import FatalError
 from tables.kafka import create_topics, partition_counts
-from tables.logs import KAFKA_GATE, unreachable
+from tables.logs import KAFKA_GATE, KAFKA_LOGGER, unreachable
 
+BrokerErrorT = TypeVar("BrokerErrorT", BrokerError, SourceError)
 log = logging.getLogger("headwater.capture")
+kafka_log = logging.getLogger(KAFKA_LOGGER)
+STALL_AFTER = 2.0  # seconds messages may wait with no acknowledgement before Kafka counts as not answering
+WAIT_REPORT = 1.0  # seconds between calls of ``on_wait`` while a send waits for room
 
 DEFAULTS = {
     "enable.idempotence": True,
@@ -54,7 +64,7 @@ def producer_settings(cfg: CaptureConfig) -> dict[str, Any]:
         "bootstrap.servers": cfg.bootstrap,
         **DEFAULTS,
         **cfg.producer,
-        "logger": logging.getLogger("headwater.kafka"),
+        "logger": kafka_log,
     }
 
 
@@ -80,13 +90,24 @@ def librdkafka_library() -> str | None:
     return ctypes.util.find_library("rdkafka")
 
 
+# librdkafka's syslog levels as logging's (as confluent-kafka maps them for its ``logger``)
+SYSLOG = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING,
+          5: logging.INFO, 6: logging.INFO, 7: logging.DEBUG}  # fmt: skip
+
+
+def librdkafka_line(level: int, text: str) -> None:
+    """A line of a ``Sender``'s librdkafka (its log and its non-fatal errors), as the process logs."""
+    kafka_log.log(SYSLOG.get(level, logging.WARNING), "%s", text)
+
+
 class SnapshotSender:
     """A snapshot worker's producer: ``capture._copier.Sender``, which the Copier drives from C
     (no Python per message). Same settings and guarantees as ``ChangeProducer``; a failed delivery
-    or fatal error is raised as ``BrokerError`` by the next send or by ``flush``."""
+    or fatal error is raised as ``BrokerError`` (with ``failed_deliveries``) by the next send or by
+    ``flush``."""
 
     def __init__(self, cfg: CaptureConfig, library: str) -> None:
-        self.handle = Sender(library, librdkafka_settings(cfg), cfg.changes_topic, BrokerError)
+        self.handle = Sender(library, librdkafka_settings(cfg), cfg.changes_topic, BrokerError, librdkafka_line)
 
     @classmethod
     def open(cls, cfg: CaptureConfig) -> SnapshotSender | None:
@@ -97,7 +118,7 @@ class SnapshotSender:
     def check(self) -> None:
         failure = self.handle.failure
         if failure:
-            raise BrokerError(failure, hint="the snapshot starts over on the next run")
+            raise failed(BrokerError(failure, hint="the snapshot starts over on the next run"), self.handle.errors)
 
     def flush(self, timeout: float = 60.0) -> None:
         remaining = self.handle.flush(timeout)
@@ -109,10 +130,16 @@ class SnapshotSender:
         self.handle.close()
 
 
+def failed(exc: BrokerErrorT, deliveries: int) -> BrokerErrorT:
+    """``exc`` carrying how many deliveries failed (``headwater_capture_delivery_errors_total``)."""
+    exc.failed_deliveries = deliveries
+    return exc
+
+
 def ensure_changes_topic(cfg: CaptureConfig, *, written: bool = False) -> None:
     """Create ``<prefix>.changes`` with one partition; refuse an existing one with more, and a missing one
     that capture already ``written`` to (``TopicLostError``: the broker lost it)."""
-    settings: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": log}
+    settings: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": kafka_log}
     admin = AdminClient(settings)
     try:
         existing = partition_counts(admin).get(cfg.changes_topic)
@@ -137,6 +164,12 @@ def ensure_changes_topic(cfg: CaptureConfig, *, written: bool = False) -> None:
         raise BrokerError(f"cannot create topic {cfg.changes_topic}: {exc}") from exc
 
 
+def statistics(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with librdkafka's statistics every second (broker connection states, for "does Kafka
+    answer"), unless they set ``statistics.interval.ms`` themselves (0: capture then judges by acks alone)."""
+    return {"statistics.interval.ms": 1000, **settings}
+
+
 class ChangeProducer:
     """Sends raw-topic messages; knows how far Kafka acknowledged them, in send order.
 
@@ -150,22 +183,24 @@ class ChangeProducer:
         settings = producer_settings(cfg)
         self.producer = Producer(
             {
-                **settings,
+                **statistics(settings),
                 "error_cb": self._on_error,
                 "on_delivery": self._on_failed_delivery,
                 "delivery.report.only.error": True,
-                "statistics.interval.ms": 1000,  # broker connection states, for "is Kafka reachable"
                 "stats_cb": self._on_stats,
             }
         )
         self.queue_max = int(settings.get("queue.buffering.max.messages", 100000))
         self._sent = 0
+        self._pending = 0  # messages a ``send_all`` still running handed over (it adds them to _sent at its end)
         self._marks: deque[tuple[int, int]] = deque()
         self._last_acked_lsn: int | None = None
         self.failure: str | None = None
         self.delivery_errors = 0
         self.brokers_up: bool | None = None  # from librdkafka's statistics: a broker connection is up
+        self._down_since: float | None = None  # when the statistics first said no broker connection is up
         self._progress = (0, time.monotonic())  # (messages acknowledged, since when that count)
+        self.on_wait: Callable[[float], None] | None = None  # called ~1/s while a send waits for room
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -178,6 +213,10 @@ class ChangeProducer:
     def _on_stats(self, stats: str) -> None:
         brokers = json.loads(stats).get("brokers") or {}
         self.brokers_up = any(b.get("state") == "UP" for b in brokers.values())
+        if self.brokers_up:
+            self._down_since = None
+        elif self._down_since is None:
+            self._down_since = time.monotonic()
 
     def _on_failed_delivery(self, err: KafkaError | None, _msg: Any) -> None:
         if err is None:
@@ -190,20 +229,40 @@ class ChangeProducer:
         """Messages sent and not yet acknowledged by Kafka."""
         return len(self.producer)
 
+    @property
+    def sent(self) -> int:
+        """Messages handed to librdkafka by this producer so far."""
+        return self._sent + self._pending
+
+    def acknowledged(self) -> int:
+        """Messages Kafka acknowledged so far: sent, minus those still waiting (a failed one waits until its
+        report is served, which counts it in ``delivery_errors``), minus those that failed."""
+        return self.sent - len(self.producer) - self.delivery_errors
+
     def unanswered(self, now: float) -> float:
         """Seconds messages have been waiting with no acknowledgement at all (0 when none wait or acks move)."""
         waiting = len(self.producer)
-        acked = self._sent - waiting
+        acked = self.sent - waiting
         if not waiting or acked != self._progress[0]:
             self._progress = (acked, now)
             return 0.0
         return now - self._progress[1]
 
+    def silence(self, now: float) -> tuple[float, str] | None:
+        """(since when, what shows it) while Kafka does not answer — no broker connection up, or messages
+        waiting ``STALL_AFTER`` seconds with no acknowledgement — else None. Called from one thread."""
+        if self.brokers_up is False and self._down_since is not None:
+            return self._down_since, f"no broker connection: {KAFKA_GATE.last()[2] or 'none up'}"
+        waited = self.unanswered(now)
+        if waited >= STALL_AFTER:
+            return now - waited, "no acknowledgement of the messages sent"
+        return None
+
     def send(self, key: bytes, value: bytes) -> None:
         try:
             self.producer.produce(self.topic, value, key)
         except BufferError:
-            self._produce_when_room(key, value)
+            self._produce_when_room(key, value, 0)
         except KafkaException as exc:
             raise self._refused(exc) from exc
         self._sent += 1
@@ -216,7 +275,7 @@ class ChangeProducer:
                 try:
                     produce(topic, value, key)
                 except BufferError:
-                    self._produce_when_room(key, value)
+                    self._produce_when_room(key, value, sent)
                 sent += 1
         except KafkaException as exc:
             raise self._refused(exc) from exc
@@ -244,9 +303,11 @@ class ChangeProducer:
         limit) is sent again after the others, so only then is the batch's order not kept:
         this is for the snapshot's READ rows, whose positions identify them.
         """
+        told = time.monotonic()
         while len(self.producer) and len(self.producer) + len(messages) > self.queue_max:
             self.producer.poll(0.05)
             self.check()
+            told = self._waiting(told)
         queued = self.producer.produce_batch(self.topic, messages, partition=0)
         self._sent += queued
         if queued == len(messages):
@@ -259,18 +320,31 @@ class ChangeProducer:
                 raise BrokerError(f"cannot send to {self.topic}: {err}")
             self.send(message["key"], message["value"])
 
-    def _produce_when_room(self, key: bytes, value: bytes) -> None:
-        """The local queue is full: serve deliveries until the message fits."""
-        while True:
-            self.producer.poll(0.05)
-            self.check()
-            try:
-                self.producer.produce(self.topic, value, key)
-                return
-            except BufferError:
-                continue
-            except KafkaException as exc:
-                raise self._refused(exc) from exc
+    def _produce_when_room(self, key: bytes, value: bytes, pending: int) -> None:
+        """The local queue is full: serve deliveries until the message fits (``pending``: messages the
+        calling ``send_all`` handed over so far, not yet in ``_sent``)."""
+        self._pending, told = pending, time.monotonic()
+        try:
+            while True:
+                self.producer.poll(0.05)
+                self.check()
+                try:
+                    self.producer.produce(self.topic, value, key)
+                    return
+                except BufferError:
+                    told = self._waiting(told)
+                except KafkaException as exc:
+                    raise self._refused(exc) from exc
+        finally:
+            self._pending = 0
+
+    def _waiting(self, told: float) -> float:
+        """While a send waits for room: ``on_wait`` once ``WAIT_REPORT`` seconds passed since ``told``."""
+        now = time.monotonic()
+        if self.on_wait is None or now - told < WAIT_REPORT:
+            return told
+        self.on_wait(now)
+        return now
 
     def mark(self, lsn: int) -> None:
         """A commit boundary: ``lsn`` may be confirmed once everything sent so far is acked."""
@@ -279,7 +353,7 @@ class ChangeProducer:
     def acked_lsn(self) -> int | None:
         self.producer.poll(0)
         self.check()
-        acked = self._sent - len(self.producer)
+        acked = self.acknowledged()
         while self._marks and self._marks[0][0] <= acked:
             self._last_acked_lsn = self._marks.popleft()[1]
         return self._last_acked_lsn
@@ -289,7 +363,12 @@ class ChangeProducer:
             raise BrokerError(self.failure, hint="capture resumes from the last confirmed commit once Kafka is back")
 
     def flush(self, timeout: float = 60.0) -> None:
-        remaining = self.producer.flush(timeout)
+        """Wait until Kafka acknowledged everything sent (``on_wait`` about once a second meanwhile)."""
+        told = start = time.monotonic()
+        while remaining := self.producer.flush(max(min(WAIT_REPORT, start + timeout - time.monotonic()), 0)):
+            if self.failure or time.monotonic() >= start + timeout:
+                break
+            told = self._waiting(told)
         self.check()
         if remaining:
             raise BrokerError(f"{remaining} messages not acknowledged by Kafka after {timeout:.0f} s")

@@ -20,6 +20,7 @@ import base64
 import io
 import json
 import logging
+import threading
 import time as clock
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, time
@@ -32,15 +33,15 @@ from psycopg2 import sql
 from capture.catalog import Connection
 from capture.config import CaptureConfig
 from tables.catalog import TableSchema
-from tables.change import CHANGE_VALUE_SCHEMA
 from tables.kafka import bounds, read_to_end, reader
 from tables.wire import body, schema_id
 
 log = logging.getLogger("headwater.capture")
 Table = tuple[str, str]  # (schema, name)
 KeyDecoder = Callable[[bytes], list[Any]]  # key image -> the key columns' values, in key order
+Parsed = Callable[[int], Any]  # schema id -> the parsed writer schema (``Registry.parsed``)
+Earlier = tuple[str, Table, bytes | None, bytes | None]  # (op, table, key, before) of a raw change
 BATCH = 5000
-_CHANGE = fastavro.parse_schema(CHANGE_VALUE_SCHEMA)
 
 
 class LiveKeys:
@@ -80,10 +81,11 @@ def raw_end(cfg: CaptureConfig) -> int:
         consumer.close()
 
 
-def earlier_changes(cfg: CaptureConfig, end: int) -> Iterator[tuple[str, Table, bytes | None, bytes | None]]:
-    """(op, table, key, before) of every raw change below offset ``end``, in order."""
+def earlier_changes(cfg: CaptureConfig, end: int, parsed: Parsed | None) -> Iterator[Earlier]:
+    """(op, table, key, before) of every raw change below offset ``end``, in order; Avro records are read
+    with their writer's schema (``parsed``), so records of every version of the change schema are read."""
     consumer = reader({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
-    decode = _json_change if cfg.format == "json" else _avro_change
+    decode = _json_change if cfg.format == "json" or parsed is None else _avro_reader(parsed)
     try:
         for msg in read_to_end(consumer, [TopicPartition(cfg.changes_topic, 0, 0)], timeout=600):
             if (msg.offset() or 0) >= end:
@@ -95,12 +97,15 @@ def earlier_changes(cfg: CaptureConfig, end: int) -> Iterator[tuple[str, Table, 
         consumer.close()
 
 
-def _avro_change(value: bytes) -> tuple[str, Table, bytes | None, bytes | None]:
-    c: Any = fastavro.schemaless_reader(io.BytesIO(body(value)), _CHANGE, None)
-    return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
+def _avro_reader(parsed: Parsed) -> Callable[[bytes], Earlier]:
+    def decode(value: bytes) -> Earlier:
+        c: Any = fastavro.schemaless_reader(io.BytesIO(body(value)), parsed(schema_id(value)), None)
+        return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
+
+    return decode
 
 
-def _json_change(value: bytes) -> tuple[str, Table, bytes | None, bytes | None]:
+def _json_change(value: bytes) -> Earlier:
     c = json.loads(value)
     return c["op"], (c["schema"], c["table"]), _json_image(c.get("key")), _json_image(c.get("before"))
 
@@ -110,17 +115,21 @@ def _json_image(image: Any) -> bytes | None:
     return None if image is None else json.dumps(image, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table]) -> LiveKeys | None:
-    """The keys the raw topic holds alive for ``tables`` before a new snapshot (None: the topic is empty)."""
+def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], parsed: Parsed | None, what: str = "this snapshot",
+                 stop: threading.Event | None = None) -> LiveKeys | None:  # fmt: skip
+    """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``);
+    None when the topic is empty. ``stop`` set: it stops reading (and says nothing)."""
     end = raw_end(cfg)
     if end == 0:
         return None
     started = clock.monotonic()
     live = LiveKeys(tables)
-    for op, table, key, before in earlier_changes(cfg, end):
+    for op, table, key, before in earlier_changes(cfg, end, parsed):
+        if stop is not None and stop.is_set():
+            return None
         live.apply(op, table, key, before)
-    log.info("the raw topic holds %d changes from before this snapshot (%d keys of captured tables, read in %.1f s):"
-             " keys this snapshot does not find get a DELETE", end, len(live), clock.monotonic() - started)  # fmt: skip
+    log.info("the raw topic holds %d changes from before %s (%d keys of its tables, read in %.1f s): keys %s does"
+             " not find get a DELETE", end, what, len(live), clock.monotonic() - started, what)  # fmt: skip
     return live
 
 
@@ -136,7 +145,7 @@ def missing(conn: Connection, table: TableSchema, keys: Sequence[bytes], decode:
         batch = keys[start : start + BATCH]
         values = [decode(k) for k in batch]
         gone = _absent(conn, query, values, literal=False)
-        ends = [i for i in gone if any(_at_an_end(v) for v in values[i])]
+        ends = [i for i in gone if any(at_an_end(v) for v in values[i])]
         if ends:
             again = _absent(conn, query, [values[i] for i in ends], literal=True)
             gone = [i for i in gone if i not in ends] + [ends[j] for j in again]
@@ -148,7 +157,7 @@ def _absent(conn: Connection, query: sql.Composed, values: list[list[Any]], *, l
     """Indexes of the keys (``values``, one list per key) that no row of the table has."""
     columns = list(zip(*values, strict=True))
     with conn.cursor() as cur:
-        cur.execute(query, [list(range(len(values))), *([_pg_text(v, literal) for v in col] for col in columns)])
+        cur.execute(query, [list(range(len(values))), *([pg_text(v, literal) for v in col] for col in columns)])
         return [i for (i,) in cur.fetchall()]
 
 
@@ -173,14 +182,14 @@ def _missing_query(conn: Connection, table: TableSchema) -> sql.Composed:
         table=sql.Identifier(table.schema, table.name), match=match)  # fmt: skip
 
 
-def _at_an_end(value: Any) -> bool:
+def at_an_end(value: Any) -> bool:
     """A date or timestamp where capture writes PostgreSQL's infinity (``tables.types``)."""
     if isinstance(value, datetime):
         return value.replace(tzinfo=None) in (datetime.max, datetime.min)
     return isinstance(value, date) and value in (date.max, date.min)
 
 
-def _pg_text(value: Any, literal: bool = False) -> str | None:
+def pg_text(value: Any, literal: bool = False) -> str | None:
     """A decoded key value as PostgreSQL's text input for its column's type (an end of the date range
     as infinity, unless ``literal``)."""
     if value is None or isinstance(value, str):
@@ -190,7 +199,7 @@ def _pg_text(value: Any, literal: bool = False) -> str | None:
     if isinstance(value, bytes):
         return "\\x" + value.hex()
     if isinstance(value, datetime | date | time):
-        if not literal and isinstance(value, date) and _at_an_end(value):
+        if not literal and isinstance(value, date) and at_an_end(value):
             return "infinity" if value.year == 9999 else "-infinity"
         return value.isoformat()
     return str(value)  # numbers, Decimal, UUID

@@ -279,6 +279,7 @@ def _copy_chunk(conn: Connection, chunk: Chunk, encoder: RowEncoder, spec: Copie
                 state.remember(qualified, body(key), i, lsn, value)
         rows += 1
         if rows % BATCH_ROWS == 0:
+            state.db.commit()  # the TOAST values so far: the progress report below writes the same state file
             report(qualified, BATCH_ROWS, False)
 
     with conn.cursor() as cur:
@@ -303,6 +304,8 @@ def _copy_compiled(conn: Connection, query: sql.Composed, table: TableSchema, sp
             sent = len(batch)
         for key, i, value in large:
             state.remember(qualified, key, i, lsn, value)
+        if large:
+            state.db.commit()  # the TOAST values so far: the progress report below writes the same state file
         report(qualified, sent, False)
 
     copier = Copier(spec.columns, spec.value_prefix, spec.key_prefix, head, size, kafka_key, position, stride,

@@ -1,4 +1,4 @@
-"""The capture agent's local state: checkpoint, snapshot progress and the TOAST cache (SQLite).
+"""The capture agent's local state: checkpoint, snapshot progress, the TOAST cache and backfills (SQLite).
 
 Promise: one SQLite file per slot, readable by its owner only (the TOAST cache holds
 table data). ``checkpoint`` commits the confirmed LSN together with the TOAST cache
@@ -8,15 +8,26 @@ received was confirmed, so the server may move the slot further on its own keepa
 (see ``stream.Loop``) — the one way a slot may be ahead of its checkpoint. The TOAST cache keeps the last values of
 large columns per row key with the commit LSN that wrote them, so an update that
 leaves a TOASTed column alone can carry its real value; versions older than the
-newest one at or below the confirmed LSN are pruned.
+newest one at or below the confirmed LSN are pruned. Backfills (``capture.backfill``) keep
+here the tables whose rows the raw topic carries (``captured``: a table that joins them is
+backfilled), each backfill with the last chunk Kafka acknowledged (so a restart goes on from
+it), the requests ``headwater snapshot`` leaves for the running capture with their outcome,
+and the commit LSN of the last signal-table row applied (a replay does not apply it twice).
+The backfill methods do not commit: callers group them in ``with state.db:``. The requests
+themselves travel through a ``Mailbox`` of their own (each write commits at once).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from capture.backfill import UNFINISHED, Backfill, Request
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoint (
@@ -38,7 +49,24 @@ CREATE TABLE IF NOT EXISTS toast (
 CREATE TABLE IF NOT EXISTS progress (
     tbl TEXT PRIMARY KEY, rows_done INTEGER NOT NULL, rows_estimate INTEGER NOT NULL, done INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS captured (tbl TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS backfills (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, tbl TEXT NOT NULL, predicate TEXT, origin TEXT NOT NULL,
+    status TEXT NOT NULL, phase TEXT NOT NULL, cursor TEXT, upto TEXT, rows_done INTEGER NOT NULL,
+    rows_estimate INTEGER NOT NULL, retracted INTEGER NOT NULL, message TEXT NOT NULL, created_at REAL NOT NULL,
+    started_at REAL, finished_at REAL, rate REAL NOT NULL DEFAULT 0, updated_at REAL NOT NULL DEFAULT 0,
+    dropped INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS signals (slot TEXT PRIMARY KEY, lsn INTEGER NOT NULL, idx INTEGER NOT NULL);
 """
+REQUESTS = """
+CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, action TEXT NOT NULL, tables TEXT NOT NULL, predicate TEXT,
+    origin TEXT NOT NULL, made_at REAL NOT NULL, handled_at REAL, outcome TEXT
+);
+"""
+BACKFILL_COLUMNS = ("id, tbl, predicate, origin, status, phase, cursor, upto, rows_done, rows_estimate, retracted,"
+                    " message, dropped, created_at, started_at, finished_at")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,12 +115,14 @@ class State:
         return Checkpoint(slot, point, bool(done), confirmed, commit_lsn, commit_time, events, rate, updated,
                           bool(settled))  # fmt: skip
 
-    def start_snapshot(self, consistent_point: int, *, done: bool) -> None:
-        """A new slot: forget everything else and record its consistent point."""
+    def start_snapshot(self, consistent_point: int, *, done: bool, tables: tuple[str, ...] = ()) -> None:
+        """A new slot: forget everything else and record its consistent point and the ``tables`` it captures
+        (the snapshot copies them; their backfills are moot)."""
         with self.db:
             self.db.execute("DELETE FROM checkpoint WHERE slot = ?", (self.slot,))
-            self.db.execute("DELETE FROM toast")
-            self.db.execute("DELETE FROM progress")
+            for table in ("toast", "progress", "captured", "backfills", "signals"):
+                self.db.execute(f"DELETE FROM {table}")  # noqa: S608 - our own table names
+            self.db.executemany("INSERT INTO captured VALUES (?)", [(t,) for t in tables])
             self.db.execute(
                 "INSERT INTO checkpoint (slot, consistent_point, snapshot_done, confirmed_lsn, updated_at)"
                 " VALUES (?, ?, ?, ?, ?)",
@@ -113,6 +143,53 @@ class State:
 
     def snapshot_progress(self) -> list[tuple[str, int, int, bool]]:
         return [(t, d, e, bool(f)) for t, d, e, f in self.db.execute("SELECT * FROM progress ORDER BY tbl")]
+
+    # ---- backfills (callers commit: ``with state.db:``) ------------------------------------
+    def captured(self) -> set[str]:
+        return {t for (t,) in self.db.execute("SELECT tbl FROM captured")}
+
+    def capture(self, add: Iterable[str] = (), remove: Iterable[str] = ()) -> None:
+        self.db.executemany("INSERT OR IGNORE INTO captured VALUES (?)", [(t,) for t in sorted(add)])
+        self.db.executemany("DELETE FROM captured WHERE tbl = ?", [(t,) for t in sorted(remove)])
+
+    def add_backfill(self, table: str, predicate: str | None, origin: str) -> Backfill:
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO backfills (tbl, predicate, origin, status, phase, rows_done, rows_estimate, retracted,"
+            " message, created_at, updated_at) VALUES (?, ?, ?, 'queued', 'chunks', 0, 0, 0, '', ?, ?)",
+            (table, predicate, origin, now, now),
+        )
+        return Backfill(int(cur.lastrowid or 0), table, predicate, origin, created_at=now)
+
+    def backfills(self, *, unfinished: bool = False, limit: int = 1000) -> list[Backfill]:
+        """Backfills in the order they were asked for (only those not finished, or the ``limit`` newest)."""
+        where = f"WHERE status IN ({', '.join('?' * len(UNFINISHED))})" if unfinished else ""
+        rows = self.db.execute(
+            f"SELECT {BACKFILL_COLUMNS} FROM backfills {where} ORDER BY id DESC LIMIT ?",  # noqa: S608 - fixed text
+            (*(UNFINISHED if unfinished else ()), limit),
+        ).fetchall()
+        return [_backfill(row) for row in reversed(rows)]
+
+    def save_backfill(self, b: Backfill, rate: float = 0.0) -> None:
+        self.db.execute(
+            "UPDATE backfills SET status = ?, phase = ?, cursor = ?, upto = ?, rows_done = ?, rows_estimate = ?,"
+            " retracted = ?, message = ?, dropped = ?, started_at = ?, finished_at = ?, rate = ?, updated_at = ?"
+            " WHERE id = ?",
+            (b.status, b.phase, _json(b.cursor), _json(b.upto), b.rows, b.estimate, b.retracted, b.message,
+             b.dropped, b.started_at, b.finished_at, rate, time.time(), b.id),
+        )  # fmt: skip
+
+    def backfill_rates(self) -> dict[int, float]:
+        """The rate each backfill had when capture last saved it (rows/s), for ``headwater status``."""
+        return dict(self.db.execute("SELECT id, rate FROM backfills WHERE status = 'running'").fetchall())
+
+    def signal_position(self) -> tuple[int, int]:
+        """(commit LSN, place among that commit's signals) of the last signal-table row applied."""
+        row = self.db.execute("SELECT lsn, idx FROM signals WHERE slot = ?", (self.slot,)).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, -1)
+
+    def signal_applied(self, lsn: int, index: int) -> None:
+        self.db.execute("INSERT OR REPLACE INTO signals VALUES (?, ?, ?)", (self.slot, lsn, index))
 
     # ---- TOAST cache ------------------------------------------------------------------------
     def remember(self, table: str, key: bytes, col: int, lsn: int, value: str) -> None:
@@ -159,6 +236,77 @@ class State:
                 " AND t2.key = toast.key AND t2.col = toast.col AND t2.lsn <= ?)",
                 (confirmed_lsn,),
             )
+
+
+class Mailbox:
+    """Requests for the running capture and what it made of them, in a file of their own
+    (``<slot>.requests.sqlite``, owner only): ``headwater snapshot`` writes there without waiting for the
+    state file, whose TOAST cache keeps a write open between checkpoints while large values stream."""
+
+    def __init__(self, directory: Path, slot: str) -> None:
+        private_dir(directory)
+        self.path = directory / f"{slot}.requests.sqlite"
+        self.path.touch(mode=0o600, exist_ok=True)
+        self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(REQUESTS)
+        for path in directory.glob(f"{slot}.requests.sqlite*"):
+            path.chmod(0o600)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def request(self, action: str, tables: Sequence[str], predicate: str | None, origin: str = "cli",
+                outcome: str | None = None) -> int:  # fmt: skip
+        """A request for the running capture (``outcome`` given: one it already handled, e.g. a signal)."""
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO requests (action, tables, predicate, origin, made_at, handled_at, outcome)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (action, json.dumps(list(tables)), predicate, origin, now, now if outcome is not None else None, outcome),
+        )
+        return int(cur.lastrowid or 0)
+
+    def pending_requests(self) -> list[tuple[int, Request | str]]:
+        """Requests not handled yet, oldest first: (id, the request, or why it cannot be read)."""
+        rows = self.db.execute(
+            "SELECT id, action, tables, predicate FROM requests WHERE handled_at IS NULL ORDER BY id"
+        ).fetchall()
+        out: list[tuple[int, Request | str]] = []
+        for rid, action, tables, predicate in rows:
+            try:
+                out.append((rid, Request(action, tuple(json.loads(tables)), predicate)))
+            except ValueError as exc:
+                out.append((rid, str(exc)))
+        return out
+
+    def requests(self, limit: int = 10) -> list[tuple[int, str, list[str], str | None, str, str | None]]:
+        """The ``limit`` newest requests, oldest first: (id, action, tables, predicate, origin, outcome or None)."""
+        rows = self.db.execute(
+            "SELECT id, action, tables, predicate, origin, outcome FROM requests ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [(rid, action, json.loads(tables), predicate, origin, outcome)
+                for rid, action, tables, predicate, origin, outcome in reversed(rows)]  # fmt: skip
+
+    def handled(self, request_id: int, outcome: str) -> None:
+        self.db.execute("UPDATE requests SET handled_at = ?, outcome = ? WHERE id = ?",
+                        (time.time(), outcome, request_id))  # fmt: skip
+
+    def outcome(self, request_id: int) -> str | None:
+        row = self.db.execute("SELECT outcome FROM requests WHERE id = ?", (request_id,)).fetchone()
+        return row[0] if row else None
+
+
+def _json(value: list[str | None] | None) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _backfill(row: Any) -> Backfill:
+    (bid, table, predicate, origin, status, phase, cursor, upto, rows, estimate, retracted, message, dropped,
+     created, started, finished) = row  # fmt: skip
+    return Backfill(bid, table, predicate, origin, status, phase, json.loads(cursor) if cursor else None,
+                    json.loads(upto) if upto else None, rows, estimate, retracted, message, dropped, created, started,
+                    finished)  # fmt: skip
 
 
 def private_dir(directory: Path) -> None:

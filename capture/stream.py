@@ -6,9 +6,15 @@ encoded with the schema registered for the table's current shape (a changed shap
 registers a new version first) — by the shape's transcoder when it can, else by the
 general decoder and ``RowEncoder``, with the same bytes either way. Unchanged TOASTed
 values are filled in from the old row (REPLICA IDENTITY FULL), the TOAST cache, or as
-a last resort the table.
+a last resort the table. Backfills (``capture.backfiller``) hook in through
+``BackfillHooks``: every Relation message (a table may join the captured set), every row
+inserted into the signal table, and — only while a backfill runs (``watch``) — every
+commit with the watermark messages it carried; with no backfill running the stream pays
+one attribute test per commit.
 ``Loop`` is the thin loop around it: read, handle, and every status interval
-checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats.
+checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats; every second
+(and while a send waits on a full producer queue) it tells ``capture.metrics`` about Kafka;
+when the stream has nothing to read (or every 1000 messages) it lets a backfill read its next chunk.
 
 Which LSNs the slot is told (the checkpoint contract): the end LSN of a commit once
 Kafka acknowledged every message up to it (a heartbeat's empty transaction too), and,
@@ -32,33 +38,55 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg2
 from psycopg2 import sql
 
 from capture import decoder as pg
-from capture import slot as slots
-from capture.catalog import Connection, TypeCache, nullability, server_utf8
+from capture.backfill import WATERMARK_PREFIX
+from capture.catalog import Connection, TypeCache, key_names, nullability, server_utf8
 from capture.changes import ChangeSink, RowChange, TxBuffer
 from capture.config import CaptureConfig
 from capture.encoder import RowEncoder
-from capture.metrics import BROKER_WARN_AFTER, STALL_AFTER, CaptureMetrics
+from capture.metrics import CaptureMetrics
 from capture.producer import ChangeProducer
 from capture.schemas import register_table
 from capture.state import State
 from capture.transcoder import Transcoder, transcoder
 from tables.catalog import ColumnInfo, TableSchema
-from tables.logs import KAFKA_GATE, facts
+from tables.logs import facts
 from tables.registry import NoRegistry, Registry
 from tables.wire import body, lsn_text
 
 log = logging.getLogger("headwater.capture")
 HEARTBEAT_PREFIX = "headwater.heartbeat"
-SLOT_EVERY = 5  # status intervals between looks at the slot's WAL (metrics, slot_warn_bytes)
+KAFKA_EVERY = 1.0  # seconds between looks at the producer (queue, deliveries, Kafka answering)
 _OID = struct.Struct("!I").unpack_from
 INSERT, UPDATE, DELETE, NEW, KEY, OLD = b"IUDNKO"
 ROW_CHANGES = frozenset((INSERT, UPDATE, DELETE))
+
+
+class BackfillHooks(Protocol):
+    """What the stream tells backfills (``capture.backfiller.Backfiller``)."""
+
+    def relation(self, rel: pg.Relation) -> None:
+        """Every Relation message; a table that joins the captured set is added to the streamer's ``keyed``."""
+
+    def signal(self, values: dict[str, str | None], lsn: int) -> None:
+        """A row inserted into the signal table, committed at ``lsn``."""
+
+    def commit(self, changes: TxBuffer, xid: int, marks: list[bytes], commit: pg.Commit) -> None:
+        """A commit (while a backfill runs), before its changes are sent, with its watermark messages."""
+
+    def step(self) -> bool:
+        """The stream has a moment: read a backfill's next chunk if one is due (True if it did)."""
+
+    def housekeeping(self, acked_lsn: int | None) -> None:
+        """Every status interval: requests, new tables, progress, and what Kafka acknowledged."""
+
+    def progress(self) -> list[Any]:
+        """Every unfinished backfill's numbers (``capture.backfill.Progress``: table, rows, estimate, ...)."""
 
 
 class Streamer:
@@ -89,6 +117,11 @@ class Streamer:
         self.last_commit_lsn = 0
         self.last_commit_time = 0
         self.last_commit_seen = time.monotonic()
+        self.backfills: BackfillHooks | None = None
+        self.watch: BackfillHooks | None = None  # set while a backfill runs: it sees every commit
+        self.marks: list[bytes] = []  # watermark messages of the transaction being read
+        self.signal_oid = -1
+        self.signal_columns: list[str] = []
 
     def handle(self, payload: bytes) -> None:
         kind = payload[0]
@@ -118,23 +151,34 @@ class Streamer:
             self._truncate(msg)  # type: ignore[arg-type]
         elif kind is pg.Type:
             self.types.types.pop(msg.oid, None)  # type: ignore[union-attr]
+        elif kind is pg.Message:
+            self._message(msg)  # type: ignore[arg-type]
+
+    def _message(self, msg: pg.Message) -> None:
+        if self.watch is not None and msg.prefix == WATERMARK_PREFIX:
+            self.marks.append(msg.content)
 
     # ---- relations --------------------------------------------------------------------------
     def _relation(self, rel: pg.Relation) -> None:
+        if self.backfills is not None:
+            self.backfills.relation(rel)  # may add the table to self.keyed
+        if (rel.namespace, rel.name) == self.cfg.signal:
+            self.signal_oid, self.signal_columns = rel.oid, [c.name for c in rel.columns]
         keyed = self.keyed.get((rel.namespace, rel.name))
         if keyed is None:
             self.encoders[rel.oid] = None
             self.transcoders.pop(rel.oid, None)
             return
         nulls = nullability(self.conn, rel.oid)
-        full_identity = rel.replica_identity == "f"
+        # under REPLICA IDENTITY FULL pgoutput flags every column: a keyed table keeps its own key (the snapshot's)
+        keys = key_names(self.conn, rel.oid) if keyed and rel.replica_identity == "f" else None
         columns = [
             ColumnInfo(
                 c.name,
                 self.types.get(c.type_oid),
                 c.typmod,
                 nulls.get(c.name, True),
-                c.is_key and (keyed or not full_identity),
+                (c.name in keys) if keys is not None else c.is_key and keyed,
             )
             for c in rel.columns
         ]
@@ -185,6 +229,8 @@ class Streamer:
     def _insert(self, msg: pg.Insert) -> None:
         enc = self.encoders.get(msg.relation_oid)
         if enc is None:
+            if msg.relation_oid == self.signal_oid and self.backfills is not None:
+                self._signal(msg)
             return
         texts = list(msg.new)
         values = enc.convert(texts)
@@ -192,6 +238,11 @@ class Streamer:
         self._remember(enc, key, texts)
         t = enc.table
         self.tx.add(RowChange("INSERT", t.schema, t.name, t.topic, key, None, enc.encode_value(values)))
+
+    def _signal(self, msg: pg.Insert) -> None:
+        assert self.backfills is not None
+        row = {n: v if isinstance(v, str) else None for n, v in zip(self.signal_columns, msg.new, strict=False)}
+        self.backfills.signal(row, self._lsn())
 
     def _update(self, msg: pg.Update) -> None:
         enc = self.encoders.get(msg.relation_oid)
@@ -261,6 +312,9 @@ class Streamer:
 
     def _commit(self, msg: pg.Commit) -> None:
         xid = self.begin.xid if self.begin else 0
+        if self.watch is not None:
+            self.watch.commit(self.tx, xid, self.marks, msg)  # a chunk whose high watermark this is goes first
+            self.marks.clear()
         if self.tx.spilled:
             log.info("large transaction %d: %d changes spilled to disk, sending them now", xid, len(self.tx))
         self.sink.emit_transaction(self.tx, msg.commit_lsn, msg.end_lsn, xid, msg.commit_time)
@@ -319,7 +373,7 @@ class Loop:
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics
-        self.slot_seen = 0.0
+        self.kafka_seen = 0.0
         self.repl = repl
         self.heartbeat_conn = heartbeat_conn
         self.streamer = streamer
@@ -359,20 +413,32 @@ class Loop:
                 handled += 1
                 if handled % 1000:
                     continue
-            else:
+                self.backfill_step()
+            elif not self.backfill_step():
                 select.select([self.repl], [], [], 0.2)
             self.housekeeping(cur)
         self.producer.flush()
         self.housekeeping(cur, force=True)
 
+    def backfill_step(self) -> bool:
+        """A backfill's next chunk, when one is due (True if one was read)."""
+        backfills = self.streamer.backfills
+        return backfills is not None and backfills.step()
+
     def housekeeping(self, cur: Any, force: bool = False) -> None:
         now = time.monotonic()
+        if force or now - self.kafka_seen >= KAFKA_EVERY:
+            self.kafka_seen = now
+            self.producer.poll(0)  # its statistics (broker connections) come with a poll
+            self.metrics.watch_producer(self.producer, now)
         if not force and now - self.last_status < self.cfg.status_interval:
             return
         self.last_status = now
         acked = self.producer.acked_lsn()
         if acked is not None and acked > self.confirmed:
             self.confirm(cur, acked)
+        if self.streamer.backfills is not None:
+            self.streamer.backfills.housekeeping(acked)
         if self.settled(self.confirmed) and cur.wal_end > self.confirmed:
             self.confirm(cur, cur.wal_end)  # nothing for us up to the server's position: follow it
         if self.cfg.heartbeat_interval > 0:
@@ -382,32 +448,15 @@ class Loop:
         self.report(cur, now)
 
     def report(self, cur: Any, now: float) -> None:
-        """Metrics once per status interval (``capture.metrics``): counts, positions, Kafka, the slot."""
-        m, s, p = self.metrics, self.streamer, self.producer
-        m.count(s.sink)
+        """Metrics once per status interval (``capture.metrics``): counts, positions, the last commit (the
+        slot is ``capture.slotwatch``'s, Kafka ``housekeeping``'s)."""
+        m, s = self.metrics, self.streamer
+        m.count(s.sink, self.producer)
         m.positions(self.confirmed, cur.wal_end)
         m.commit_seen(s.last_commit_time, s.last_commit_seen)
-        waiting = p.waiting()
-        m.producer(waiting, p.queue_max)
-        stalled = p.unanswered(now) >= STALL_AFTER
-        detail = (f"no connection for {BROKER_WARN_AFTER:.0f} s: {KAFKA_GATE.last()[2]}" if p.brokers_up is False
-                  else f"no acknowledgement for {p.unanswered(now):.0f} s")  # fmt: skip
-        m.kafka(p.brokers_up is False or stalled, detail, waiting, now)
-        if now - self.slot_seen >= SLOT_EVERY * self.cfg.status_interval:
-            self.slot_seen = now
-            self.look_at_slot()
-
-    def look_at_slot(self) -> None:
-        """The slot's WAL from PostgreSQL (on the heartbeat connection); a failed look is skipped."""
-        try:
-            info = slots.find(self.heartbeat_conn, self.cfg.slot)
-        except psycopg2.Error:
-            if self.heartbeat_conn.closed:
-                raise  # the server went away: the session ends and is retried
-            self.heartbeat_conn.rollback()
-            return
-        if info is not None:
-            self.metrics.slot(info.retained_bytes, info.lag_bytes, info.confirmed_lsn or 0)
+        for backfill in s.backfills.progress() if s.backfills is not None else ():
+            m.snapshot_rows("backfill", backfill.table, backfill.rows, backfill.estimate)
+        m.beat()
 
     def settled(self, confirmed: int) -> bool:
         """With ``confirmed`` told to the slot, every message received is confirmed and no transaction

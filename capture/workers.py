@@ -9,7 +9,7 @@ reported its rows acknowledged; a worker's error is raised as ``SourceError``.
 ``close`` kills whatever is still running (unused workers, or all after an error or an
 interruption). Workers ignore SIGINT and SIGTERM, which Ctrl-C and service managers send
 to the whole group: capture handles them. A worker never outlives capture: it exits when
-its parent is gone.
+its parent is gone. Workers log as capture does (``tables.logs``: its format and level).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from typing import Any
 
 from capture.config import CaptureConfig
 from capture.errors import SourceError
+from capture.producer import failed
 from capture.snapshot import Chunk, Copying, Job, Report
+from tables import logs
 
 
 class Workers:
@@ -36,7 +38,12 @@ class Workers:
         self.events: Any = ctx.Queue()
         self.jobs: list[Any] = [ctx.SimpleQueue() for _ in range(count)]
         self.procs: list[Any] = [
-            ctx.Process(target=_worker, args=(cfg, jobs, self.todo, self.events), name=f"snapshot-{i}", daemon=True)
+            ctx.Process(
+                target=_worker,
+                args=(cfg, jobs, self.todo, self.events, logs.current()),
+                name=f"snapshot-{i}",
+                daemon=True,
+            )
             for i, jobs in enumerate(self.jobs)
         ]
         for proc in self.procs:
@@ -65,7 +72,7 @@ class Workers:
             if kind == "progress":
                 report(a, b, c)
             elif kind == "error":
-                raise SourceError(f"snapshot worker {a} failed: {b}")
+                raise failed(SourceError(f"snapshot worker {a} failed: {b}"), c)
             else:
                 rows, next_position, done = rows + b, max(next_position, c), done + 1
         return rows, next_position
@@ -98,13 +105,16 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _worker(cfg: CaptureConfig, jobs: Any, todo: Any, events: Any) -> None:
+def _worker(cfg: CaptureConfig, jobs: Any, todo: Any, events: Any, logged: tuple[str, logs.LogOptions] | None) -> None:
     """A worker process: set up, wait for its job (None: not needed), copy chunks until the sentinel."""
     # Ctrl-C and a service manager's stop signal the whole group: capture handles them and then
     # kills its workers (a forked worker would otherwise run capture's handlers, which stop nothing here)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING)
+    if logged is None:
+        logging.basicConfig(level=logging.WARNING)
+    else:  # spawned, a worker starts with no logging set up; forked, this changes nothing
+        logs.setup(*logged)
     _exit_with_parent()
     index = "?"
 
@@ -124,4 +134,4 @@ def _worker(cfg: CaptureConfig, jobs: Any, todo: Any, events: Any) -> None:
             copying.close()
         events.put(("done", index, rows, next_position))
     except BaseException as exc:  # reported to the parent, which raises it
-        events.put(("error", index, f"{type(exc).__name__}: {exc}", 0))
+        events.put(("error", index, f"{type(exc).__name__}: {exc}", getattr(exc, "failed_deliveries", 0)))

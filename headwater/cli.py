@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import psycopg2
@@ -24,7 +25,7 @@ import psycopg2
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics, load_analytics_config
 from capture.config import CaptureConfig, load_capture, load_capture_config
 from headwater import __version__, shop, stack
-from tables import logs
+from tables import extras, logs
 from tables.config import (
     Loaded,
     PipelineConfig,
@@ -36,7 +37,7 @@ from tables.config import (
     load_component,
     load_traced,
 )
-from tables.errors import FatalError, HeadwaterError
+from tables.errors import ConfigError, FatalError, HeadwaterError
 from tables.registry import shown
 
 
@@ -58,6 +59,7 @@ def _connect(cfg: stack.StackConfig) -> psycopg2.extensions.connection:
 
 # ---- stack ----------------------------------------------------------------------------
 def cmd_stack_up(args: argparse.Namespace) -> int:
+    extras.require("local", "the embedded stack (headwater stack up)")
     cfg = stack_config(args)
     started = stack.up(cfg)
     print(f"started: {', '.join(started)}" if started else "already running: nothing to start")
@@ -125,6 +127,8 @@ def _print_counts(counts: dict[str, int]) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's first command: bring everything up, seed, capture, run a little load, show it."""
+    extras.require("local", "the demo")
+    extras.require("analytics", "the demo (it runs the Spark report)")
     from headwater import demo
 
     print("== bringing up the local stack")
@@ -162,20 +166,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo.show_metrics(url, demo.STREAMS_SHOWN)
     print("\n== headwater status")
     cmd_status(args)
-    metrics_at = f"metrics {capture_url}/metrics" if capture.metrics_port else "no metrics port"
+    capture_at = f"pid {pid}, " + (f"metrics {capture_url}/metrics" if capture.metrics_port else "no metrics port")
+    _print_running(local, capture_at, f"pid {worker}", url, analytics_cfg)
+    return 0
+
+
+def _print_running(local: stack.StackConfig, capture_at: str, worker_at: str, url: str,
+                   analytics_cfg: AnalyticsConfig) -> None:  # fmt: skip
+    """The demo's last words: what runs where, and how to stop it."""
     print(
         "\n== what is running\n"
         f"  PostgreSQL  {local.display_dsn()}  (wal_level=logical)\n"
         f"  Kafka       {local.bootstrap}\n"
         f"  registry    {local.registry_url}\n"
         f"  Redis       {local.redis_url}\n"
-        f"  capture     pid {pid}, {metrics_at}\n"
-        f"  streams     pid {worker}, query endpoint {url}/tables/ and {url}/views/, metrics {url}/metrics\n"
+        f"  capture     {capture_at}\n"
+        f"  streams     {worker_at}, query endpoint {url}/tables/ and {url}/views/, metrics {url}/metrics\n"
         f"  analytics   headwater analytics shop-report | tables  (PySpark {analytics_cfg.master},"
         f" Parquet in {analytics_cfg.output}/)\n"
         "Stop everything with: headwater stack down"
     )
-    return 0
 
 
 def _as_flags(values: Mapping[str, Any]) -> list[str]:
@@ -247,18 +257,107 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not checkpoint.snapshot_done:
         for table, done, estimate, finished in tables:
             print(f"    {table}: {done}/{estimate} rows{' (done)' if finished else ''}")
+    _print_backfills(cfg, unfinished=True)
     return 0
+
+
+def _print_backfills(cfg: CaptureConfig, *, unfinished: bool) -> None:
+    """Backfills from capture's state: those not finished (``headwater status``), or the latest 50."""
+    from capture.state import State
+
+    state = State(cfg.state_dir, cfg.slot)
+    try:
+        backfills = state.backfills(unfinished=unfinished, limit=50)
+        rates = state.backfill_rates()
+        finished = len(state.backfills(limit=10**9)) - len(state.backfills(unfinished=True))
+    finally:
+        state.close()
+    if unfinished and (backfills or finished):
+        print(f"  backfills: {len(backfills)} not finished, {finished} finished (headwater snapshot --status)")
+    else:
+        print("backfills:" if backfills else "no backfills yet")
+    for backfill in backfills:
+        print(f"    {backfill.describe(rates.get(backfill.id, 0.0))}")
+    if not unfinished:
+        _print_requests(cfg)
+
+
+def _print_requests(cfg: CaptureConfig) -> None:
+    """The latest requests (headwater snapshot, the signal table) and what capture made of them."""
+    from capture.state import Mailbox
+
+    mailbox = Mailbox(cfg.state_dir, cfg.slot)
+    try:
+        requests = mailbox.requests(10)
+    finally:
+        mailbox.close()
+    if requests:
+        print("latest requests:")
+    for rid, action, tables, predicate, origin, outcome in requests:
+        what = " ".join([action, *tables] + ([f"where {predicate}"] if predicate else []))
+        print(f"    {rid} ({origin}) {what}: {outcome or 'waiting for capture'}")
+
+
+def _capture_state(cfg: CaptureConfig) -> Path:
+    path = cfg.state_dir / f"{cfg.slot}.sqlite"
+    if not path.exists():
+        raise FatalError(f"no capture state for slot {cfg.slot} in {cfg.state_dir}",
+                         hint="run headwater capture first, or point --state-dir and --slot at its state")  # fmt: skip
+    return path
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Ask the running capture to backfill tables (or pause, resume, cancel backfills); --status lists them."""
+    from capture.backfill import Request, SignalError
+    from capture.state import Mailbox
+
+    cfg = capture_config(args)
+    _capture_state(cfg)
+    if args.status:
+        _print_backfills(cfg, unfinished=False)
+        return 0
+    action = "pause" if args.pause else "resume" if args.resume else "cancel" if args.cancel else "snapshot"
+    try:
+        request = Request(action, tuple(args.tables), args.where)
+    except SignalError as exc:
+        raise ConfigError(str(exc), hint="headwater snapshot TABLE... [--where SQL], or --pause/--resume/--cancel"
+                          " [TABLE...], or --status") from exc  # fmt: skip
+    mailbox = Mailbox(cfg.state_dir, cfg.slot)
+    try:
+        rid = mailbox.request(request.action, request.tables, request.predicate)
+        outcome = _wait_outcome(mailbox, rid, args.wait)
+    finally:
+        mailbox.close()
+    if outcome is None:
+        print(f"request {rid} is waiting for capture (slot {cfg.slot}) to pick it up: it does within a second of"
+              " running; see headwater snapshot --status")  # fmt: skip
+    elif outcome.startswith("refused"):
+        raise ConfigError(f"capture {outcome}")
+    else:
+        print(outcome)
+    return 0
+
+
+def _wait_outcome(mailbox: Any, request_id: int, seconds: float) -> str | None:
+    deadline = time.monotonic() + seconds
+    while True:
+        outcome = mailbox.outcome(request_id)
+        if outcome is not None or time.monotonic() >= deadline:
+            return str(outcome) if outcome is not None else None
+        time.sleep(0.1)
 
 
 # ---- analytics ------------------------------------------------------------------------
 def cmd_analytics(args: argparse.Namespace) -> int:
+    extras.require("analytics", f"headwater analytics {args.job}")
     from pyspark.sql import SparkSession
 
     from analytics.jobs import JOBS, explain, show
     from analytics.session import spark_session
+    from analytics.streamjobs import STREAM_JOBS
 
     cfg = load_analytics_config(args.config, os.environ, flag_values(args, AnalyticsConfig), local=stack_config(args))
-    run = JOBS[args.job]
+    run = {**JOBS, **STREAM_JOBS}[args.job]
     started = SparkSession.getActiveSession() is None  # a session this process already runs is used, left running
     spark = spark_session(cfg, f"headwater {args.job}")
     try:
@@ -343,10 +442,18 @@ POSITIVE = _number(float, least=sys.float_info.min, what="a number greater than 
 
 def _with_config_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML config file (default: $HEADWATER_CONFIG or ./headwater.toml)")
-    parser.add_argument("--log-level", choices=logs.LEVELS, type=str.lower,
-                        help=f"log level (default: ${logs.LEVEL_ENV}, else info for capture, warning otherwise)")
-    parser.add_argument("--log-format", choices=logs.FORMATS, type=str.lower,
-                        help=f"text, or json: one object per line (default: ${logs.FORMAT_ENV}, else text)")
+    parser.add_argument(
+        "--log-level",
+        choices=logs.LEVELS,
+        type=str.lower,
+        help=f"log level (default: ${logs.LEVEL_ENV}, else info for capture, warning otherwise)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        type=str.lower,
+        help=f"text, or json: one object per line (default: ${logs.FORMAT_ENV}, else text)",
+    )
     return parser
 
 
@@ -396,10 +503,22 @@ def _capture_commands(commands: Commands) -> None:
     status_cmd = _with_config_flag(commands.add_parser("status", help=text))
     _capture_flags(status_cmd, only=("dsn", "slot", "state_dir"))
     status_cmd.set_defaults(func=cmd_status)
+    text = "backfill tables while capture streams (incremental snapshot), or pause, resume, cancel, list backfills"
+    snap = _with_config_flag(commands.add_parser("snapshot", help=text))
+    snap.add_argument("tables", nargs="*", metavar="TABLE", help="schema.table (or table, in public) to snapshot")
+    snap.add_argument("--where", help="SQL predicate: only the rows it matches (e.g. \"created > '2024-01-01'\")")
+    actions = snap.add_mutually_exclusive_group()
+    actions.add_argument("--status", action="store_true", help="list the backfills and their progress")
+    actions.add_argument("--pause", action="store_true", help="pause the backfills of TABLE... (all if none)")
+    actions.add_argument("--resume", action="store_true", help="resume paused backfills of TABLE... (all if none)")
+    actions.add_argument("--cancel", action="store_true", help="cancel the backfills of TABLE... (all if none)")
+    snap.add_argument("--wait", type=POSITIVE, default=10.0, help="seconds to wait for capture's answer (10)")
+    _capture_flags(snap, only=("dsn", "slot", "state_dir"))
+    snap.set_defaults(func=cmd_snapshot)
 
 
 def _analytics_command(commands: Commands) -> None:
-    text = "run a batch job on the topics with PySpark (local[*] by default)"
+    text = "run a batch or streaming job on the topics with PySpark (local[*] by default)"
     analytics_cmd = _with_config_flag(commands.add_parser("analytics", help=text))
     jobs = "; ".join(f"{k}: {v}" for k, v in JOB_HELP.items())
     analytics_cmd.add_argument("job", choices=sorted(JOB_HELP), help=jobs)

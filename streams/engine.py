@@ -14,9 +14,11 @@ holds partitions of the view topics keeps those partitions' views (``streams.mat
 wrote. The table-topic partitions assigned are read into the table store by one
 ``streams.tablefeed.TableFeed``, restarted at every rebalance. A feed's fatal
 error goes to ``on_fatal`` (the host stops the worker). ``metrics`` (``streams.metrics``) holds every
-part's counters and reads the engine's progress when scraped; ``unready`` says why this worker does
-not serve everything yet (no partitions yet, tables loading, the fan-out behind where the raw topic
-ended at start, views replaying), None once it does. Nothing here imports Faust.
+part's counters and reads the engine's progress when scraped (the views' cut and its age only while
+this worker owns the raw partition), and its readers report librdkafka's statistics to
+``metrics.kafka`` (does Kafka answer); ``unready`` says why this worker does not serve everything
+yet (no partitions yet, tables not loaded since they were assigned, the fan-out behind where the raw
+topic ended at start, views replaying), None once it does. Nothing here imports Faust.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from streams import clients
 from streams.catalog import TableTopic, discover
@@ -35,7 +38,7 @@ from streams.feed import Feed, Follower, ViewFeed
 from streams.frontier import Pace
 from streams.leader import Announcer, Assembler, coordination_producer
 from streams.materializer import Materializer
-from streams.metrics import KafkaWatch, StreamsMetrics, Watcher
+from streams.metrics import StreamsMetrics, Watcher
 from streams.mirror import RedisMirror
 from streams.store import TableStore
 from streams.tablefeed import Backlog, Part, Progress, TableFeed
@@ -49,6 +52,7 @@ from tables.views import TableShape, ViewSpec
 
 log = logging.getLogger("headwater.streams")
 Fatal = Callable[[str, FatalError], None]  # (which part stopped, why): called from the part's thread
+Settings = Callable[[str], dict[str, Any]]  # a reader's librdkafka settings, by the reader's name
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,9 @@ class Owner:
     announcer, the cuts' assembler (``streams.leader``) and the Redis mirror."""
 
     def __init__(self, cfg: StreamsConfig, run: FanOutRun, views: Materializer | None,
-                 mirror: Callable[[], RedisMirror] | None, on_fatal: Fatal) -> None:  # fmt: skip
+                 mirror: Callable[[], RedisMirror] | None, on_fatal: Fatal, settings: Settings) -> None:  # fmt: skip
         self.cfg, self.run, self.views, self.make_mirror, self.on_fatal = cfg, run, views, mirror, on_fatal
+        self.settings = settings
         self.feeds: list[Follower] = []
         self.pace = Pace(cfg.view_point_interval)
         self.producer = coordination_producer(clients.producer_settings(cfg)) if views is not None else None
@@ -139,15 +144,15 @@ class Owner:
 
     def _feed(self, name: str, start: Callable[[], int], handle: Callable[[list[Raw]], None],
               idle: Callable[[], None]) -> Feed:  # fmt: skip
-        return Feed(name, self.cfg.changes_topic, reader_settings(self.cfg), start=start, handle=handle, idle=idle,
+        return Feed(name, self.cfg.changes_topic, self.settings(name), start=start, handle=handle, idle=idle,
                     on_fatal=self._fatal(name), batch_size=self.cfg.batch_size, wait=self.cfg.batch_wait)  # fmt: skip
 
 
 class Views:
     """The views' feed of the view partitions this worker holds (``streams.materializer``)."""
 
-    def __init__(self, cfg: StreamsConfig, views: Materializer, on_fatal: Fatal) -> None:
-        self.cfg, self.views, self.on_fatal = cfg, views, on_fatal
+    def __init__(self, cfg: StreamsConfig, views: Materializer, on_fatal: Fatal, settings: Settings) -> None:
+        self.cfg, self.views, self.on_fatal, self.settings = cfg, views, on_fatal, settings
         self.feed: ViewFeed | None = None
 
     def start(self, partitions: set[int]) -> None:
@@ -156,7 +161,7 @@ class Views:
             return
         self.views.assign(partitions)
         views = self.views
-        self.feed = ViewFeed("views", self.cfg.changes_topic, self.cfg.points_topic, reader_settings(self.cfg),
+        self.feed = ViewFeed("views", self.cfg.changes_topic, self.cfg.points_topic, self.settings("views"),
                              start=views.resume, handle=views.handle, idle=views.idle, crowded=views.crowded,
                              on_fatal=lambda exc: self.on_fatal("views", exc), batch_size=self.cfg.batch_size,
                              wait=self.cfg.batch_wait)  # fmt: skip
@@ -176,8 +181,10 @@ class Views:
 class Tables:
     """The table feed of the table-topic partitions this worker is assigned (``streams.tablefeed``)."""
 
-    def __init__(self, cfg: StreamsConfig, store: TableStore, topics: Collection[str], on_fatal: Fatal) -> None:
+    def __init__(self, cfg: StreamsConfig, store: TableStore, topics: Collection[str], on_fatal: Fatal,
+                 settings: Settings) -> None:  # fmt: skip
         self.cfg, self.store, self.topics, self.on_fatal = cfg, store, frozenset(topics), on_fatal
+        self.settings = settings
         self.feed: TableFeed | None = None
 
     def start(self, assigned: Collection[Part]) -> None:
@@ -189,7 +196,7 @@ class Tables:
             return
         if self.store.db is None:
             self.store.open()
-        self.feed = TableFeed(self.store, reader_settings(self.cfg), parts, batch_size=self.cfg.batch_size,
+        self.feed = TableFeed(self.store, self.settings("tables"), parts, batch_size=self.cfg.batch_size,
                               wait=self.cfg.batch_wait, on_fatal=lambda exc: self.on_fatal("tables", exc))  # fmt: skip
         self.feed.start()
 
@@ -210,20 +217,29 @@ class Engine:
                  store: TableStore, view_store: ViewStore, on_fatal: Fatal) -> None:  # fmt: skip
         self.cfg, self.schemas, self.writer, self.catalog = cfg, schemas, writer, catalog
         self.store, self.view_store = store, view_store
-        self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after)
+        self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after, cfg.bootstrap)
         self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics, metrics)
         views = catalog.views
         self.views = Materializer(cfg, views, catalog.shapes, view_store, writer, schemas, metrics) if views else None
         mirror = (lambda: RedisMirror(cfg, views, schemas, metrics)) if views and cfg.redis_url != "none" else None
-        self.owner = Owner(cfg, self.fanout, self.views, mirror, on_fatal)
-        self.viewing = Views(cfg, self.views, on_fatal) if self.views is not None else None
+        self.owner = Owner(cfg, self.fanout, self.views, mirror, on_fatal, self.reader)
+        self.viewing = Views(cfg, self.views, on_fatal, self.reader) if self.views is not None else None
         self.view_topics = frozenset(v.topic for v in views.values())
-        self.tables = Tables(cfg, store, catalog.topics, on_fatal)
+        self.tables = Tables(cfg, store, catalog.topics, on_fatal, self.reader)
         self.backlog = Backlog(self.raw_end, self.fanned)
         self.assignments = 0  # rebalances this worker was told of
         metrics.sources.raw, metrics.sources.cut, metrics.sources.redis = self.raw_positions, self.cut, self.redis
+        metrics.sources.cut_age = lambda: metrics.cut.age() if self.views is not None and self.viewing_feed() else None
         metrics.sources.tables = lambda: dict(self.tables.feed.progress) if self.tables.feed else {}
-        self.watcher = Watcher([self.watch_cut, KafkaWatch(cfg.bootstrap).check])
+        self.watcher = Watcher([self.watch_cut, metrics.kafka.check])
+
+    def reader(self, name: str) -> dict[str, Any]:
+        """A reader's librdkafka settings, its statistics reported to ``metrics.kafka`` as ``name``."""
+        return self.metrics.kafka.settings(name, reader_settings(self.cfg, table_feed=name == "tables"))
+
+    def viewing_feed(self) -> bool:
+        """Whether this worker keeps view partitions now."""
+        return self.viewing is not None and self.viewing.feed is not None
 
     @property
     def mirror(self) -> RedisMirror | None:
@@ -253,6 +269,7 @@ class Engine:
         if self.viewing is not None:
             self.viewing.stop()
         self.owner.stop()
+        self.metrics.cut.reset()
         self.tables.stop()
 
     def close(self) -> None:
@@ -287,7 +304,7 @@ class Engine:
         if not self.assignments:
             return "waiting for the consumer group to assign partitions"
         feed = self.tables.feed
-        loading = [p for p in feed.progress.values() if not p.current] if feed is not None else []
+        loading = [p for p in feed.progress.values() if not p.loaded] if feed is not None else []
         if loading:
             behind = sum(max(p.end - p.offset, 0) for p in loading)
             return f"loading tables: {len(loading)} partitions not read to their end ({behind} records to go)"
@@ -311,11 +328,12 @@ class Engine:
         return found
 
     def cut(self) -> int | None:
-        """The views' last cut (on the raw partition's owner, which makes them), else this worker's last point."""
+        """The views' last cut on the raw partition's owner (which makes them), else this worker's last point
+        while it keeps view partitions (None elsewhere)."""
         assembler = self.owner.assembler
         if assembler is not None:
             return assembler.last()
-        return self.views.cuts.last() if self.views is not None else None
+        return self.views.cuts.last() if self.views is not None and self.viewing_feed() else None
 
     def redis(self) -> dict[str, tuple[int, int]]:
         """View -> (commit LSN of the cut Redis shows, of the newest cut seen), as this worker's mirror knows."""
@@ -326,6 +344,7 @@ class Engine:
         return {name: (lsn, max(newest.get(name, lsn), lsn)) for name, lsn in list(mirror.applied.items())}
 
     def watch_cut(self, now: float) -> None:
-        """Every second (``streams.metrics.Watcher``): how long the views' cut has stood still."""
-        if self.views is not None and self.viewing is not None and self.viewing.feed is not None:
+        """Every second (``streams.metrics.Watcher``): how long this worker's publications have stood still,
+        while it keeps view partitions (``revoked`` resets the watch)."""
+        if self.views is not None and self.viewing_feed():
             self.metrics.cut.observe(self.views.cuts.last(), self.views.unpublished, now)

@@ -41,23 +41,28 @@ class Change(NamedTuple):
     before: bytes | None
     after: bytes | None
     tx_size: int = 0
+    xid: int = 0
+    commit_time: Any = None  # a datetime as decoded (timestamp-micros)
+    backfill: int | None = None  # the backfill (incremental snapshot) a READ row or retraction belongs to
 
     @property
     def ends_transaction(self) -> bool:
-        """The last change of a streamed transaction, or the end of the snapshot: a consistent point."""
-        return self.op == "SNAPSHOT_END" or (self.op in STREAMED and self.position == self.tx_size - 1)
+        """The last change of a transaction — streamed, or a backfill's chunk (READ rows with a ``tx_size``) — or
+        the end of the snapshot: a consistent point. Snapshot rows have a ``tx_size`` of 0 and end nothing."""
+        return self.op == "SNAPSHOT_END" or (self.tx_size > 0 and self.position == self.tx_size - 1)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Change:
         return cls(record["op"], record["schema"], record["table"], record["topic"], record["commit_lsn"],
                    record["position"], record["key"], record["before"], record["after"],
-                   record.get("tx_size", 0))  # fmt: skip
+                   record.get("tx_size", 0), record.get("xid", 0), record.get("commit_time"),
+                   record.get("backfill"))  # fmt: skip
 
 
 class Output(NamedTuple):
     topic: str
     partition: int
-    key: bytes
+    key: bytes | None  # None: a Debezium truncate event
     value: bytes | None
     headers: list[tuple[str, bytes]]
 
@@ -149,7 +154,7 @@ class FanOut:
             self.counters.skipped += 1
             return []
         records: list[tuple[bytes, bytes | None]] = []
-        old_key = self._old_key(change)
+        old_key = self.old_key(change)
         if old_key is not None:
             records.append((old_key, None))  # the key changed: the old one is gone
         records.append((change.key, None if change.op == "DELETE" else change.after))
@@ -162,7 +167,11 @@ class FanOut:
         self.counters.written += len(out)
         return out
 
-    def _old_key(self, change: Change) -> bytes | None:
+    def duplicate(self, change: Change) -> bool:
+        """A streamed change at or below the watermark: capture sent it twice (``route`` drops it)."""
+        return change.op in STREAMED and (change.commit_lsn, change.position) <= self.watermark
+
+    def old_key(self, change: Change) -> bytes | None:
         """The old key of an UPDATE that changed the key, else None."""
         if change.op != "UPDATE" or change.before is None or change.key is None:
             return None

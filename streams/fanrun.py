@@ -5,8 +5,9 @@ without waiting; the fan-out's own checkpoint (``<prefix>.changes.fanout``) move
 Kafka acknowledged every record, and a (re)started fan-out resumes from it — so a crash replays
 what was unacknowledged, which the fan-out recognises (partition tails, watermark) and does not
 write twice. A message that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset
-and the reason, is counted and logged, and the stream goes on. Its collaborators (settings,
-registry, writer) are passed in: it runs without a host.
+and the reason, is counted and logged, and the stream goes on. With ``[streams] debezium`` each
+change is also written in Debezium's format (``streams.dbzrun``) in the same batch. Its
+collaborators (settings, registry, writer) are passed in: it runs without a host.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Collection, Sequence
 
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
+from streams.dbzrun import DebeziumRun
 from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
 from streams.metrics import StreamsMetrics, clock
 from streams.writer import Pending, TableWriter
@@ -55,6 +57,11 @@ class FanOutRun:
         self.batches = 0
         self.busy = 0.0  # seconds spent handling batches since the last report
         self.reported = (time.monotonic(), 0)
+        self.fan_key = KeyOfRow(schemas)
+        self.debezium = DebeziumRun(cfg, schemas, writer, self._old_key, decode) if cfg.debezium else None
+
+    def _old_key(self, change: Change) -> bytes | None:
+        return (self.fanout or self.load()).old_key(change)
 
     def load(self) -> FanOut:
         saved = self.writer.checkpoint()
@@ -62,7 +69,9 @@ class FanOutRun:
         self.cursor.reset(start)
         self.saved = start
         topics = [*sorted(self.served), self.cfg.dlq_topic]
-        self.fanout = FanOut(self.cfg.partitions, watermark, self.writer.tails(topics), KeyOfRow(self.schemas))
+        self.fanout = FanOut(self.cfg.partitions, watermark, self.writer.tails(topics), self.fan_key)
+        if self.debezium is not None:
+            self.debezium.reset()
         log.info("fan-out resumes: raw offsets below %d done, watermark %s", start, watermark)
         return self.fanout
 
@@ -109,18 +118,22 @@ class FanOutRun:
     def _handle(self, batch: Sequence[Raw]) -> None:
         fan = self.fanout or self.load()
         pending = self.writer.open_batch()
+        debezium = self.debezium  # None unless [streams] debezium: the default path pays one test per change
         for offset, key, value in self.cursor.admit(batch):
             try:
                 change = decode(self.schemas, value)
             except UndecodableMessage as exc:
                 self.dead_letter(fan, offset, key, value, str(exc), pending)
                 continue
+            fresh = debezium is not None and not fan.duplicate(change)
             routed = fan.route(change, offset)
             if isinstance(routed, Truncate):
                 self.truncate(fan, routed, pending)
             elif routed:
                 self.ensure(routed[0].topic)
                 self.writer.write(routed, pending)
+            if fresh:
+                debezium.emit(fan, change, offset, pending)  # type: ignore[union-attr]
         if fan.unkeyed - self.warned:
             log.warning("tables without key are not fanned out: %s", ", ".join(sorted(fan.unkeyed - self.warned)))
             self.warned |= fan.unkeyed

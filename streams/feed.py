@@ -10,9 +10,10 @@ batch, in offset order, to ``handle``; when nothing came within ``wait`` seconds
 the views' points topic (``streams.frontier``). ``stop()`` returns once the batch in hand is
 done, so nothing is handled after a revocation returns. A raw topic the broker no longer has
 is a ``FatalError`` naming it (the broker was restarted without its data). A batch that fails
-is not skipped: a ``FatalError`` goes to ``on_fatal`` and the feed ends; any other error is
-logged and the feed starts over from ``start()`` (which reloads its consumer's state) after a
-pause that doubles up to 30 s.
+is not skipped: a ``FatalError`` goes to ``on_fatal`` and the feed ends; a reader stuck below a
+known end (``tables.kafka.Stalled``) is replaced at once; any other error is logged and the feed
+starts over from ``start()`` (which reloads its consumer's state) after a pause that doubles up
+to 30 s while nothing is read, and is 1 s again once something was.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streams.cursor import Raw
 from tables.errors import FatalError, RetryableError
-from tables.kafka import StallWatch, bounds, reader
+from tables.kafka import Stalled, StallWatch, bounds, reader
 from tables.logs import facts
 
 log = logging.getLogger("headwater.streams")
@@ -45,6 +46,7 @@ class Follower(threading.Thread):
         self.label = name
         self.on_fatal = on_fatal
         self.stopping = threading.Event()
+        self.progressed = False  # something was read since the last start (resets the pause)
 
     def stop(self) -> None:
         """Ask the feed to end and wait for the batch in hand (if any)."""
@@ -55,12 +57,16 @@ class Follower(threading.Thread):
     def run(self) -> None:
         pause = 1.0
         while not self.stopping.is_set():
+            self.progressed = False
             try:
                 self._follow()
             except FatalError as exc:
                 self.on_fatal(exc)
                 return
+            except Stalled as exc:  # a new consumer at the stuck offset reads on: no pause
+                log.warning("%s: %s; reading on with a new consumer", self.name, exc)
             except Exception:  # anything else: not skipped, tried again
+                pause = 1.0 if self.progressed else pause  # the pause grows only while nothing is read
                 log.exception("%s: reading %s failed; starting over in %.0f s", self.name, self.what, pause)
                 self.stopping.wait(pause)
                 pause = min(pause * 2, MAX_PAUSE)
@@ -98,6 +104,7 @@ class Feed(Follower):
                 self.end = max(self.end, consumer.get_watermark_offsets(partition, cached=True)[1])
                 if batch:
                     self.handle(batch)
+                    self.progressed = True
                     watch.seen()
                     continue
                 self.idle()

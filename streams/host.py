@@ -11,7 +11,8 @@ view partitions it holds. After each rebalance the engine is told what this work
 at shutdown its readers stop before Faust goes on; a fatal error in the engine crashes the app.
 The app's ``Worker`` logs in Headwater's format (``tables.logs``): every line, Faust's too, at
 Faust's ``-l`` level when it is given on the command line, else ``HEADWATER_LOG_LEVEL`` (default
-info), in ``HEADWATER_LOG_FORMAT`` (text or json); it logs its start and stop at WARNING.
+info), in ``HEADWATER_LOG_FORMAT`` (text or json), the Kafka clients' connection failures (librdkafka's
+and aiokafka's, repeated while a broker is away) at DEBUG; it logs its start and stop at WARNING.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import faust
 from streams import endpoint, profile
 from streams.config import StreamsConfig, load_views
 from streams.engine import Catalog, Engine, open_catalog
+from streams.memory import Trimmer
 from streams.store import TableStore
 from streams.viewstore import ViewStore
 from streams.writer import TableWriter
@@ -63,8 +65,8 @@ class Worker(faust.Worker):
         options = logs.log_options()
         for handler in logger.handlers:
             logs.restyle(handler, "streams", options)
+            handler.addFilter(logs.KAFKA_GATE)  # librdkafka's and aiokafka's connection noise, to DEBUG
         logger.setLevel(level if level_flag_given() else options.number)
-        logging.getLogger(logs.KAFKA_LOGGER).addFilter(logs.KAFKA_GATE)
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
@@ -79,6 +81,7 @@ class Worker(faust.Worker):
 
 def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.App:
     """The worker's app, its engine started by assignment (view specs: the config file's by default)."""
+    logs.log_options()  # a bad HEADWATER_LOG_* is a ConfigError now, said cleanly, not inside Faust's logging set-up
     app = profile.app_class(cfg)(cfg.app_id, Worker=Worker, **profile.faust_settings(cfg))
     log.info("streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
              shown(cfg.registry_url))  # fmt: skip
@@ -138,16 +141,20 @@ def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
 
 
 def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLoop]) -> None:
-    """Rebalances, revocations and shutdown drive the engine."""
+    """Rebalances, revocations and shutdown drive the engine; from the first assignment on, the worker
+    hands the memory it freed back to the system (``streams.memory``)."""
+    trimmer = Trimmer()
 
     async def rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
         loop[:] = [asyncio.get_running_loop()]
         engine.assigned({(tp.topic, tp.partition) for tp in app.consumer.assignment()})
+        trimmer.start()
 
     async def revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
         await asyncio.to_thread(engine.revoked)
 
     async def shutdown(sender: Any, *args: Any, **kwargs: Any) -> None:
+        trimmer.stopping.set()
         await asyncio.to_thread(engine.close)
         log.warning("streams worker stopped: its readers and stores are closed")
 

@@ -34,6 +34,7 @@ from streams.writer import produce
 from tables.errors import FatalError
 from tables.kafka import bounds, read_to_end, reader
 from tables.registry import Registry
+from tables.topics import CUTS_PARTITION
 from tables.views import CUT_PARSED, CUT_SCHEMA, decode_cut
 from tables.wire import HEADER_LSN, avro_body, frame
 
@@ -151,8 +152,8 @@ class Assembler(Follower):
 
     def _read_cuts(self, consumer: Any) -> None:
         """The cuts published so far (the last records of the cuts topic): cuts never go back."""
-        low, end = bounds(consumer, self.cfg.cuts_topic, 0)
-        start = TopicPartition(self.cfg.cuts_topic, 0, max(low, end - 1 - 4 * len(self.views)))
+        low, end = bounds(consumer, self.cfg.cuts_topic, CUTS_PARTITION)
+        start = TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, max(low, end - 1 - 4 * len(self.views)))
         for msg in read_to_end(consumer, [start], timeout=60):
             value = msg.value()
             if value is not None:
@@ -167,5 +168,5 @@ class Assembler(Follower):
         value = value_frame + avro_body(CUT_PARSED, {"view": cut.view, "commit_lsn": cut.lsn,
                                                      "topic": self.views[cut.view], "ends": ends})  # fmt: skip
         key = key_frame + avro_body(KEY_STRING, cut.view)
-        produce(self.producer, self.cfg.cuts_topic, 0, key, value, [(HEADER_LSN, b"%d" % cut.lsn)])
+        produce(self.producer, self.cfg.cuts_topic, CUTS_PARTITION, key, value, [(HEADER_LSN, b"%d" % cut.lsn)])
         self.producer.poll(0)

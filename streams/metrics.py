@@ -8,15 +8,22 @@ engine already knows — how far each reader is in the raw topic, the table part
 offsets, the published cut, what Redis shows — is read when Prometheus scrapes (``Sources``), so
 it costs nothing on the hot paths; each stage (fan-out, views, Redis mirror) counts the seconds it
 was busy and the CPU its thread spent (``spent``), so its capacity is what it handled over them.
-``CutWatch`` is the age of the views' cut: 0 while the cut holds everything the views applied,
-else the seconds since it last moved with changes waiting; past ``[streams] cut_warn_after`` it
-logs a WARNING once, and once more when the cut moves again.
-``Watcher`` runs the workers' periodic checks (the cut's age, Kafka unreachable) on a thread of
-its own, every second, so they are made even while a feed is stuck. Nothing here imports Faust.
+The views' cut is the raw partition's owner's (which makes the cuts), elsewhere a worker's own last
+point while it keeps view partitions. ``CutWatch`` is the age of the views' cut: 0 while the cut
+holds everything the views applied, else the seconds since it last moved with changes waiting; past
+``[streams] cut_warn_after`` it logs a WARNING once, and once more when the cut moves again.
+``KafkaWatch`` judges whether Kafka answers the workers' readers from librdkafka's own
+statistics (``settings(name, ...)`` adds them to a reader): no broker connection up, or requests
+unanswered for ``STALL_AFTER`` seconds past the fetch wait, in every reader that reports; a WARNING
+once it has lasted ``KAFKA_WARN_AFTER`` seconds and once when Kafka answers again. ``Watcher`` runs
+the workers' periodic checks (the cut's age, Kafka) on a thread of its own, every second, so they
+are made even while a feed is stuck. Nothing here imports Faust.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 import time
@@ -24,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tables.logs import KAFKA_GATE, Episode, facts
+from tables.logs import Episode, facts
 from tables.wire import lsn_text
 
 if TYPE_CHECKING:  # prometheus_client reads /proc when imported: imported when metrics are made, not at import
@@ -32,8 +39,16 @@ if TYPE_CHECKING:  # prometheus_client reads /proc when imported: imported when 
     from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger("headwater.streams")
-KAFKA_WARN_AFTER = 5.0  # seconds of librdkafka connection failures before a WARNING
-KAFKA_QUIET = 15.0  # seconds without a failure that end the episode (librdkafka retries at most every 10 s)
+KAFKA_WARN_AFTER = 5.0  # seconds Kafka must not answer the readers before a WARNING
+STALL_AFTER = 2.0  # seconds past the fetch wait a request may go unanswered before the broker counts as silent
+STATS_EVERY_MS = 1000  # librdkafka statistics of each reader
+STALE_AFTER = 5.0  # a reader whose last statistics are older says nothing (busy in its handler, or stopped)
+
+# the workers' series (the rest are written once, where they are made below)
+FANOUT_CHANGES = "headwater_streams_fanout_changes"
+RAW_LAG = "headwater_streams_raw_lag_messages"
+TABLE_ROWS = "headwater_streams_table_rows"
+CUT_AGE = "headwater_streams_view_cut_age_seconds"
 
 
 @dataclass
@@ -42,7 +57,8 @@ class Sources:
 
     raw: Callable[[], Mapping[str, tuple[int, int]]] = dict  # reader -> (next raw offset, end as fetched)
     tables: Callable[[], Mapping[tuple[str, int], Any]] = dict  # (topic, partition) -> tablefeed.Progress
-    cut: Callable[[], int | None] = lambda: None  # the views' last published cut
+    cut: Callable[[], int | None] = lambda: None  # the views' last published cut (None: no views, or not here)
+    cut_age: Callable[[], float | None] = lambda: None  # its age (``CutWatch``), None where the views do not run
     redis: Callable[[], Mapping[str, tuple[int, int]]] = dict  # view -> (cut Redis shows, newest cut seen)
     extra: list[Callable[[], Iterator[GaugeMetricFamily]]] = field(default_factory=list)
 
@@ -50,7 +66,7 @@ class Sources:
 class StreamsMetrics:
     """The workers' metric families (see the module promise)."""
 
-    def __init__(self, cut_warn_after: float = 300.0) -> None:
+    def __init__(self, cut_warn_after: float = 300.0, servers: str = "") -> None:
         from prometheus_client import CollectorRegistry, Counter, PlatformCollector, ProcessCollector
 
         self.registry = r = CollectorRegistry()
@@ -58,8 +74,9 @@ class StreamsMetrics:
         PlatformCollector(registry=r)
         self.sources = Sources()
         self.cut = CutWatch(cut_warn_after)
-        r.register(_Collector(self.sources, self.cut))
-        self.changes = Counter("headwater_streams_fanout_changes", "raw changes the fan-out handled", registry=r)
+        self.kafka = KafkaWatch(servers)
+        r.register(_Collector(self.sources, self.kafka))
+        self.changes = Counter(FANOUT_CHANGES, "raw changes the fan-out handled", registry=r)
         self.records = Counter("headwater_streams_fanout_records", "records the fan-out wrote to the table topics "
                                "(rows and tombstones)", registry=r)  # fmt: skip
         self.duplicates = Counter("headwater_streams_fanout_duplicates", "changes capture sent twice, dropped",
@@ -135,6 +152,12 @@ class CutWatch:
         self.behind_since: float | None = None
         self.stalled = Episode()
 
+    def reset(self) -> None:
+        """The views stopped here (the raw partition went to another worker): nothing waits here any more."""
+        if self.stalled.announced:
+            log.warning("the views' cut is no longer watched here: the raw partition went to another worker")
+        self.cut, self.behind_since, self.stalled = None, None, Episode()
+
     def age(self, now: float | None = None) -> float:
         since = self.behind_since
         return 0.0 if since is None else (time.monotonic() if now is None else now) - since
@@ -158,27 +181,70 @@ class CutWatch:
                         extra=where)  # fmt: skip
 
 
-class KafkaWatch:
-    """librdkafka's connection failures (``tables.logs.KAFKA_GATE``, where they are kept out of the log):
-    a WARNING once they have gone on for ``after`` seconds, another once none came for ``quiet`` seconds."""
+def silence(brokers: Mapping[str, Any], stall: float) -> tuple[float, str] | None:
+    """From one librdkafka statistics' ``brokers``: (seconds, what shows it) when no broker answers — no
+    connection up, or every connection up with requests unanswered for over ``stall`` seconds — else None."""
+    real = [b for b in brokers.values() if b.get("source") in ("configured", "learned")]
+    up = [b for b in real if b.get("state") == "UP"]
+    if not up:
+        states = ", ".join(sorted({str(b.get("state")) for b in real})) or "none known"
+        return 0.0, f"no broker connection up ({states})"
+    waiting = [b.get("rxidle", -1) / 1e6 for b in up if b.get("waitresp_cnt", 0) > 0]
+    if len(waiting) < len(up) or min(waiting) <= stall:
+        return None
+    return min(waiting), f"no answer to requests for {min(waiting):.0f} s"
 
-    def __init__(self, servers: str, after: float = KAFKA_WARN_AFTER, quiet: float = KAFKA_QUIET) -> None:
-        self.servers, self.after, self.quiet = servers, after, quiet
-        self.since: float | None = None  # when the current streak of failures began (as first seen)
-        self.announced = False
+
+class KafkaWatch:
+    """Whether Kafka answers the workers' readers (see the module promise): each reader reports its
+    librdkafka statistics under a name (``seen``, on its own thread); ``check`` judges every second."""
+
+    def __init__(self, servers: str, after: float = KAFKA_WARN_AFTER) -> None:
+        self.servers = servers
+        self.lock = threading.Lock()
+        self.readers: dict[str, tuple[float, float | None, str]] = {}  # name -> (seen at, silent since, detail)
+        self.episode = Episode(after)
+        self.known = False  # judged at least once (before that, the reachable gauge has no sample)
+
+    def settings(self, name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """``settings`` with librdkafka's statistics every second, reported here as ``name``."""
+        stall = STALL_AFTER + float(settings.get("fetch.wait.max.ms", 500)) / 1000
+        return {"statistics.interval.ms": STATS_EVERY_MS, **settings,
+                "stats_cb": functools.partial(self.seen, name, stall)}  # fmt: skip
+
+    def seen(self, name: str, stall: float, stats: str, now: float | None = None) -> None:
+        """One reader's statistics (JSON), on its thread."""
+        now = time.monotonic() if now is None else now
+        found = silence(json.loads(stats).get("brokers") or {}, stall)
+        with self.lock:
+            before = self.readers.get(name)
+            if found is None:
+                self.readers[name] = (now, None, "")
+            else:
+                kept = before[1] if before is not None and before[1] is not None else now - found[0]
+                self.readers[name] = (now, kept, found[1])
 
     def check(self, now: float) -> None:
-        count, at, detail = KAFKA_GATE.last()
-        if count and now - at < self.quiet:
-            self.since = at if self.since is None else self.since
-            if not self.announced and at - self.since >= self.after:
-                self.announced = True
-                log.warning("Kafka at %s unreachable for %.0f s (%s); the workers wait and go on when it is back",
-                            self.servers, at - self.since, detail, extra=facts(error="broker unreachable"))
-            return
-        if self.announced:
-            log.warning("Kafka at %s answers again (no connection failure for %.0f s)", self.servers, self.quiet)
-        self.since, self.announced = None, False
+        """Judge by the readers that reported lately: Kafka does not answer when none of them is answered."""
+        with self.lock:
+            fresh = [r for r in self.readers.values() if now - r[0] < STALE_AFTER]
+        if not fresh:
+            return  # nobody to judge by: the episode stays as it is
+        silent = [r for r in fresh if r[1] is not None]
+        since = min(r[1] for r in silent) if len(silent) == len(fresh) else None  # type: ignore[type-var]
+        change = self.episode.update(since is not None, now, since)
+        self.known = True
+        if change == "began":
+            lasted = self.episode.lasted(now)
+            log.warning("Kafka at %s does not answer the workers' readers (%s, for %.0f s); they wait and go on "
+                        "when it is back", self.servers, silent[0][2], lasted,
+                        extra=facts(seconds=round(lasted, 1), error="broker unreachable"))  # fmt: skip
+        elif change == "ended":
+            log.warning("Kafka at %s answers the workers' readers again", self.servers)
+
+    def reachable(self) -> int | None:
+        """1 while Kafka answers, 0 once it has not for ``after`` seconds, None before the first judgement."""
+        return None if not self.known else 0 if self.episode.announced else 1
 
 
 class Watcher(threading.Thread):
@@ -201,13 +267,20 @@ class Watcher(threading.Thread):
 class _Collector:
     """The gauges read from the engine when Prometheus scrapes (a ``prometheus_client`` collector)."""
 
-    def __init__(self, sources: Sources, cut: CutWatch) -> None:
-        self.sources, self.cut = sources, cut
+    def __init__(self, sources: Sources, kafka: KafkaWatch) -> None:
+        self.sources, self.kafka = sources, kafka
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        from prometheus_client.core import GaugeMetricFamily
+
         yield from self._raw()
         yield from self._tables()
         yield from self._views()
+        reachable = GaugeMetricFamily("headwater_streams_broker_reachable", "1 while Kafka answers this worker's "
+                                      "readers, 0 once it has not for 5 s (no sample before it is known)")  # fmt: skip
+        if (up := self.kafka.reachable()) is not None:
+            reachable.add_metric([], up)
+        yield reachable
         for extra in self.sources.extra:
             yield from extra()
 
@@ -218,7 +291,7 @@ class _Collector:
                                    "topic handles (on the worker that owns it)", labels=["reader"])  # fmt: skip
         end = GaugeMetricFamily("headwater_streams_raw_end_offset", "the raw topic's end as the reader last fetched "
                                 "it", labels=["reader"])  # fmt: skip
-        lag = GaugeMetricFamily("headwater_streams_raw_lag_messages", "raw changes not yet handled by the reader "
+        lag = GaugeMetricFamily(RAW_LAG, "raw changes not yet handled by the reader "
                                 "(end minus offset)", labels=["reader"])  # fmt: skip
         for reader, (at, high) in self.sources.raw().items():
             offset.add_metric([reader], at)
@@ -230,20 +303,20 @@ class _Collector:
         from prometheus_client.core import GaugeMetricFamily
 
         labels = ["topic", "partition"]
-        rows = GaugeMetricFamily("headwater_streams_table_rows", "rows in the table store, per partition held here",
+        rows = GaugeMetricFamily(TABLE_ROWS, "rows in the table store, per partition held here",
                                  labels=labels)  # fmt: skip
         offset = GaugeMetricFamily("headwater_streams_table_offset", "next table-topic offset read into the store",
                                    labels=labels)  # fmt: skip
         lag = GaugeMetricFamily("headwater_streams_table_lag_messages", "table-topic records not yet in the store "
                                 "(end as last fetched minus offset)", labels=labels)  # fmt: skip
-        loaded = GaugeMetricFamily("headwater_streams_table_loaded", "1 once the partition is read to the end its "
-                                   "last fetch reported (recovery done)", labels=labels)  # fmt: skip
+        loaded = GaugeMetricFamily("headwater_streams_table_loaded", "1 once the partition was read to its end "
+                                   "since it was assigned here (recovery done)", labels=labels)  # fmt: skip
         for (topic, partition), p in sorted(self.sources.tables().items()):
             at = [topic, str(partition)]
             rows.add_metric(at, p.rows)
             offset.add_metric(at, p.offset)
             lag.add_metric(at, max(p.end - p.offset, 0))
-            loaded.add_metric(at, 1 if p.current else 0)
+            loaded.add_metric(at, 1 if p.loaded else 0)
         yield from (rows, offset, lag, loaded)
 
     def _views(self) -> Iterator[GaugeMetricFamily]:
@@ -254,8 +327,11 @@ class _Collector:
         if cut is not None:
             lsn.add_metric([], cut)
         yield lsn
-        yield GaugeMetricFamily("headwater_streams_view_cut_age_seconds", "seconds the views have held changes their "
-                                "cut does not (0: the cut holds everything applied)", value=self.cut.age())
+        age = GaugeMetricFamily(CUT_AGE, "seconds the views have held changes their cut does not (0: the cut holds "
+                                "everything applied), on the worker that runs the views")  # fmt: skip
+        if (seconds := self.sources.cut_age()) is not None:
+            age.add_metric([], seconds)
+        yield age
         shown = GaugeMetricFamily("headwater_streams_redis_cut_lsn", "the cut Redis shows, per view", labels=["view"])
         lag = GaugeMetricFamily("headwater_streams_redis_lag_bytes", "newest cut minus the cut Redis shows (WAL "
                                 "bytes), per view", labels=["view"])  # fmt: skip

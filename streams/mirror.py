@@ -37,7 +37,7 @@ from streams.rows import to_json
 from streams.viewtopic import ViewTopic
 from tables.kafka import reader, record
 from tables.registry import Registry, shown
-from tables.topics import view_key, view_staging_key
+from tables.topics import CUTS_PARTITION, view_key, view_staging_key
 from tables.views import LSN_FIELD, decode_cut
 from tables.wire import lsn_text
 
@@ -153,8 +153,8 @@ class RedisMirror(threading.Thread):
 
     def _assign(self, consumer: Consumer) -> None:
         """Read the cuts topic from its last records and each view topic from the offsets Redis holds."""
-        low, high = consumer.get_watermark_offsets(TopicPartition(self.cfg.cuts_topic, 0), timeout=10)
-        todo = [TopicPartition(self.cfg.cuts_topic, 0, max(low, high - 1 - 4 * len(self.views)))]
+        low, high = consumer.get_watermark_offsets(TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION), timeout=10)
+        todo = [TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, max(low, high - 1 - 4 * len(self.views)))]
         for name, view in self.views.items():
             held = self.client.hget(view_key(self.prefix, name), "offsets")
             self.held[name] = held.decode() if isinstance(held, bytes) else "{}"

@@ -2,8 +2,11 @@
 
 Promise: ``open_db(path)`` opens (creating if missing) a database under ``path`` — a directory
 made readable by its owner only — in raw (bytes) mode. Every database of a worker shares one
-block cache (``BLOCK_CACHE``); each has at most ``WRITE_BUFFERS`` memtables of ``WRITE_BUFFER``
-bytes. So a worker's RocksDB memory is bounded by those sizes whatever the number of rows.
+block cache (``BLOCK_CACHE``), which also holds the files' index and filter blocks (by default
+RocksDB keeps those outside it, for every open file: memory that grows with the rows); each has
+at most ``WRITE_BUFFERS`` memtables of ``WRITE_BUFFER`` bytes. So a worker's RocksDB memory is
+bounded by those sizes whatever the number of rows. Bloom filters (10 bits a key) let a lookup
+of a key a file does not hold skip reading it: the table store asks for every key it writes.
 ``Database`` is what both stores share: open on demand, close once, scan by key prefix.
 """
 
@@ -34,6 +37,9 @@ def open_db(path: Path) -> Rdict:
     options.create_if_missing(True)
     table = BlockBasedOptions()
     table.set_block_cache(shared_cache())
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(WRITE_BUFFER)
     options.set_max_write_buffer_number(WRITE_BUFFERS)

@@ -58,8 +58,9 @@ class TableStore(Database):
             latest[key] = None if value is None else pack(lsn, position, value)
         count = self.count(topic, partition)
         batch = WriteBatch(raw_mode=True)
-        for key, packed in latest.items():
-            existed = db.get(rows + key) is not None
+        found: list[bytes | None] = db.get([rows + key for key in latest]) or []  # one multi-get: which keys exist
+        for (key, packed), old in zip(latest.items(), found, strict=True):
+            existed = old is not None
             if packed is None:
                 batch.delete(rows + key)
                 count -= existed

@@ -7,7 +7,9 @@ part of a batch to the store in one write — rows, tombstones and the offset to
 partition whose stored offset lies outside the topic (compacted or deleted past it, or the
 topic was recreated) is read again from its start. Each partition's ``Progress`` — offset
 read, end as last fetched, rows — tells the endpoint a key that does not exist (the partition
-has read everything its last fetch reported: 404) from one not read yet (503), and is logged
+has read everything its last fetch reported: 404) from one not read yet (503) — ``loaded`` says
+whether it was read to its end once since it was assigned (readiness: a partition that gets
+records faster than one read is still loaded) — and is logged
 every ``report_every`` seconds while a partition is behind, with rate and ETA. The feed
 retries what fails with a pause doubling to 30 s (the batch in hand is not skipped); a topic
 the broker no longer has is a ``FatalError`` for ``on_fatal``. ``stop`` returns once the batch
@@ -43,6 +45,7 @@ class Progress:
     end: int = 0  # the partition's end as the last fetch reported it
     rows: int = 0
     loaded_from: tuple[float, int] = field(default_factory=lambda: (time.monotonic(), 0))  # (when, offset)
+    loaded: bool = False  # read to its end at least once since this feed was given the partition
 
     @property
     def current(self) -> bool:
@@ -82,6 +85,7 @@ class TableFeed(Follower):
                 self._apply(consumer, messages)
                 self._report()
                 if messages:
+                    self.progressed = True
                     watch.seen()
                 else:
                     watch.check(consumer, {part for part, p in self.progress.items() if not p.current})
@@ -98,7 +102,10 @@ class TableFeed(Follower):
             self.store.forget(topic, partition)
             offset = low
         rows = self.store.count(topic, partition)
-        self.progress[(topic, partition)] = Progress(offset, end, rows, (time.monotonic(), offset))
+        was = self.progress[(topic, partition)].loaded  # a restarted read (after a failure) keeps it
+        self.progress[(topic, partition)] = Progress(
+            offset, end, rows, (time.monotonic(), offset), was or offset >= end
+        )
         return offset
 
     def _apply(self, consumer: Consumer, messages: list[Any]) -> None:
@@ -122,6 +129,8 @@ class TableFeed(Follower):
             progress.offset = next_offset
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
             progress.end = max(progress.end, high, next_offset)
+        for p in self.progress.values():  # per batch: once read to its end, loaded for as long as it is held
+            p.loaded = p.loaded or p.current
 
     def _report(self) -> None:
         now = time.monotonic()

@@ -12,9 +12,12 @@ offset, ...) and ``exception`` when there is one. ``facts(...)`` builds a record
 
 ``Episode`` is the pure core of "logged once when it begins and once when it ends": a
 condition (a broker away, a slot behind, a cut not advancing) is announced when it has
-lasted ``after`` seconds and ended when it clears, never once per check. ``KafkaLogGate``
-keeps librdkafka's connection failures — repeated every second or so while a broker is
-away — out of the log (at DEBUG), counting them for whoever announces the episode.
+lasted ``after`` seconds (counted from when it began, which the caller may know to be earlier
+than its first look) and ended when it clears, never once per check. ``KafkaLogGate`` keeps
+librdkafka's connection failures — repeated while a broker is away, each identical one at most
+every 30 s — out of the log (at DEBUG), keeping the last for whoever announces the episode; a
+failure that points at the client's settings (security protocol, TLS, SASL) is not a broker
+away and keeps its level.
 """
 
 from __future__ import annotations
@@ -58,8 +61,9 @@ def log_options(level: str | None = None, fmt: str | None = None, environ: Mappi
                 default: str = "info") -> LogOptions:  # fmt: skip
     """The flag's value, else the environment's, else the default; checked."""
     env = os.environ if environ is None else environ
-    chosen = LogOptions((level or env.get(LEVEL_ENV) or default).lower(),
-                        (fmt or env.get(FORMAT_ENV) or "text").lower())
+    chosen = LogOptions(
+        (level or env.get(LEVEL_ENV) or default).lower(), (fmt or env.get(FORMAT_ENV) or "text").lower()
+    )
     if chosen.level not in LEVELS:
         where = "--log-level" if level else LEVEL_ENV
         raise ConfigError(f"{where}: unknown log level {chosen.level!r}", hint=f"use one of {', '.join(LEVELS)}")
@@ -129,8 +133,17 @@ def formatter(options: LogOptions) -> logging.Formatter:
     return JsonLineFormatter() if options.format == "json" else TextFormatter()
 
 
+_last_setup: list[tuple[str, LogOptions]] = []
+
+
+def current() -> tuple[str, LogOptions] | None:
+    """The component and options ``setup`` was last given in this process (a process it starts logs alike)."""
+    return _last_setup[0] if _last_setup else None
+
+
 def setup(component: str, options: LogOptions, stream: IO[str] | None = None) -> logging.Handler:
     """Send every record of the process to ``stream`` (stderr) in ``options``' format and level."""
+    _last_setup[:] = [(component, options)]
     handler = logging.StreamHandler(stream or sys.stderr)
     restyle(handler, component, options)
     root = logging.getLogger()
@@ -160,10 +173,11 @@ class Episode:
         self.since: float | None = None
         self.announced = False
 
-    def update(self, bad: bool, now: float) -> str | None:
+    def update(self, bad: bool, now: float, since: float | None = None) -> str | None:
+        """``since``: when the condition began, if known to be before ``now`` (the first look)."""
         if bad:
             if self.since is None:
-                self.since = now
+                self.since = now if since is None else min(since, now)
             if not self.announced and now - self.since >= self.after:
                 self.announced = True
                 return "began"
@@ -181,31 +195,50 @@ class Episode:
 UNREACHABLE = ("connection refused", "connect to", "disconnected", "all broker connections are down",
                "timed out", "broker transport failure", "failed to resolve", "connection reset",
                "brokers are down")  # fmt: skip
+# ... unless the words point at the client's own settings: "Disconnected while requesting ApiVersion: might
+# be caused by incorrect security.protocol", "SSL handshake failed: Disconnected: connecting to a PLAINTEXT
+# broker listener?", "verify that security.protocol is correctly configured, broker might require SASL"
+MISCONFIGURED = ("security.protocol", "ssl", "sasl", "authenticat", "certificate", "api.version.request")
+# Faust's client (aiokafka) words it its own way, at ERROR, every 100 ms while the broker is away
+AIOKAFKA_UNREACHABLE = ("connect call failed", "unable to update metadata", "nodenotready", "coordinatornotavailable",
+                        "kafkaconnectionerror", "connection refused", "connection reset", "not available")  # fmt: skip
 
 
 def unreachable(text: str) -> bool:
-    """The librdkafka message says a broker cannot be reached (not that something else failed)."""
+    """The librdkafka message says a broker cannot be reached (not that something else failed, nor that the
+    client's security settings do not match the broker's listener: that is logged as it comes)."""
     low = text.lower()
-    return any(word in low for word in UNREACHABLE)
+    return any(word in low for word in UNREACHABLE) and not any(word in low for word in MISCONFIGURED)
 
 
 class KafkaLogGate(logging.Filter):
-    """Turns librdkafka's connection-failure lines into a count (they repeat while a broker is away):
-    the line goes to DEBUG, ``failures()`` and ``last()`` tell whoever announces the episode."""
+    """Turns the Kafka clients' connection-failure lines into a count (they repeat while a broker is away):
+    the line goes to DEBUG, ``last()`` tells whoever announces the episode. It acts on the records of
+    ``loggers`` (librdkafka's ``KAFKA_LOGGER`` and aiokafka, Faust's client, by default) and lets every
+    other record through, so it can sit on a logger or on a handler."""
 
-    def __init__(self) -> None:
+    def __init__(self, loggers: tuple[str, ...] = (KAFKA_LOGGER, "aiokafka")) -> None:
         super().__init__()
+        self.loggers = loggers
         self.lock = threading.Lock()
         self.count = 0
         self.at = 0.0
         self.detail = ""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno <= logging.DEBUG or not unreachable(record.getMessage()):
+        if record.levelno <= logging.DEBUG or not self.noise(record):
             return True
         self.seen(record.getMessage())
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return logging.getLogger(KAFKA_LOGGER).isEnabledFor(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+    def noise(self, record: logging.LogRecord) -> bool:
+        if not any(record.name == name or record.name.startswith(name + ".") for name in self.loggers):
+            return False
+        if record.name.split(".", 1)[0] == "aiokafka":
+            low = record.getMessage().lower()
+            return any(word in low for word in AIOKAFKA_UNREACHABLE) and not any(w in low for w in MISCONFIGURED)
+        return unreachable(record.getMessage())
 
     def seen(self, detail: str, now: float | None = None) -> None:
         """A connection failure (from a log line or an error callback), at ``now`` (monotonic)."""

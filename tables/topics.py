@@ -5,7 +5,8 @@ name: the raw topic ``<prefix>.changes``, its dead letters ``.dlq`` and the fan-
 checkpoint ``.fanout``; a table's topic ``[prefix.][schema.]table`` (schema left out for
 ``public``, as in Bottled Water); a view's ``<prefix>.views.<view>``, the views' cuts
 ``<prefix>.views.cuts``, and the workers' publication points ``<prefix>.views.cuts.points`` and
-cut fragments ``<prefix>.views.cuts.fragments`` (no view name has a dot); the registry subjects
+cut fragments ``<prefix>.views.cuts.fragments`` (no view name has a dot); the Debezium-format topics
+``<dbz>.<schema>.<table>`` and ``<dbz>.transaction`` (``<dbz>`` by default ``<prefix>.debezium``); the registry subjects
 ``<topic>-key`` / ``<topic>-value``; and Redis keys under ``<prefix>`` (``headwater`` when the
 prefix is empty). Pure: no I/O.
 """
@@ -69,6 +70,24 @@ def fragments_topic(prefix: str) -> str:
     return cuts_topic(prefix) + ".fragments"
 
 
+CUTS_PARTITION = 0  # every cut goes to this partition of the cuts topic: one order for all of them
+
+
+def debezium_prefix(prefix: str) -> str:
+    """The Debezium-format topics' default prefix (Debezium's ``topic.prefix``): ``<prefix>.debezium``."""
+    return _join(prefix, "debezium")
+
+
+def debezium_topic(dbz_prefix: str, schema: str, table: str) -> str:
+    """A table's Debezium-format topic, named as Debezium names it: ``<dbz_prefix>.<schema>.<table>``."""
+    return _join(dbz_prefix, schema, table)
+
+
+def debezium_transaction_topic(dbz_prefix: str) -> str:
+    """Where Debezium-format transaction BEGIN and END events go: ``<dbz_prefix>.transaction``."""
+    return _join(dbz_prefix, "transaction")
+
+
 def internal_topics(prefix: str) -> set[str]:
     """The topics under ``prefix`` that hold no table: raw, dead letters, checkpoint, cuts, points, fragments."""
     return {changes_topic(prefix), dlq_topic(prefix), progress_topic(prefix), cuts_topic(prefix),
@@ -101,10 +120,11 @@ def view_staging_key(prefix: str, view: str, mirror: str) -> str:
 
 def table_topic_of_subject(prefix: str, subject: str) -> str | None:
     """The topic a ``<topic>-value`` subject registers, when it can be a table's topic under ``prefix``
-    (not the raw, dead-letter, checkpoint, cuts or a view topic); else None."""
+    (not the raw, dead-letter, checkpoint, cuts, a view or a default-named Debezium-format topic); else None."""
     if not subject.endswith("-value"):
         return None
     topic = subject.removesuffix("-value")
-    if topic.startswith(under(view_topic(prefix, ""))) or topic in internal_topics(prefix):
+    not_tables = (under(view_topic(prefix, "")), under(debezium_prefix(prefix)))
+    if topic.startswith(not_tables) or topic in internal_topics(prefix):
         return None
     return topic if topic.startswith(under(prefix)) else None

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from capture.config import CaptureConfig
-from capture.metrics import CaptureMetrics
+from capture.metrics import PHASES, CaptureMetrics
 from streams.metrics import StreamsMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,3 +56,33 @@ def test_names_follow_prometheus_conventions() -> None:
         if name.startswith("headwater_"):
             assert re.fullmatch(r"headwater_(capture|streams)_[a-z0-9_]+", name), name
             assert not name.endswith(("_ms", "_milliseconds", "_kb", "_mb")), f"{name}: seconds and bytes only"
+
+
+def test_no_expression_joins_two_series_with_or() -> None:
+    """PromQL's ``a or b`` keeps b's samples only where a has none with the same labels (the metric's name
+    left out): two different series there show one. Each series is a target of its own."""
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/headwater.json").read_text())
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    exprs += [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    joined = [e for e in exprs if re.search(r"\bor\b", e) and len(set(METRIC.findall(e))) > 1]
+    assert not joined, joined
+
+
+def test_capture_not_streaming_is_not_an_alert_during_a_snapshot() -> None:
+    rules = {r["alert"]: r for g in yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"]
+             for r in g["rules"]}  # fmt: skip
+    found = re.search(
+        r'headwater_capture_phase\{phase=~"([^"]+)"\} == 1', rules["HeadwaterCaptureNotStreaming"]["expr"]
+    )
+    assert found, rules["HeadwaterCaptureNotStreaming"]["expr"]
+    phases = re.compile(found[1])
+    assert not phases.fullmatch("snapshot") and not phases.fullmatch("streaming")
+    assert phases.fullmatch("reconnecting") and phases.fullmatch("starting")
+    assert set(PHASES) >= {"snapshot", "streaming", "reconnecting", "starting"}
+
+
+def test_the_demo_shows_metrics_the_components_expose() -> None:
+    from headwater import demo
+
+    assert set(demo.CAPTURE_SHOWN + demo.STREAMS_SHOWN) <= exposed()

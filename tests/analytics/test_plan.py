@@ -8,7 +8,8 @@ import pytest
 
 from analytics.config import JOB_HELP, AnalyticsConfig, load_analytics_config
 from analytics.jobs import JOBS
-from analytics.plan import Request, Slice, _split
+from analytics.plan import Request, Slice, split
+from analytics.streamjobs import STREAM_JOBS
 from tables.errors import ConfigError, HeadwaterError
 
 pytestmark = pytest.mark.unit
@@ -61,11 +62,11 @@ def test_a_bad_analytics_setting_names_file_line_and_key(tmp_path: Path) -> None
 
 
 def test_partitions_split_into_ranges_of_at_most_task_records() -> None:
-    assert _split("t", 2, 10, 35, 10) == [Slice("t", 2, 10, 20), Slice("t", 2, 20, 30), Slice("t", 2, 30, 35)]
-    assert _split("t", 0, 5, 5, 10) == []
-    assert _split("t", 0, 0, 35, None) == [Slice("t", 0, 0, 35)]  # latest mode: the whole partition
+    assert split("t", 2, 10, 35, 10) == [Slice("t", 2, 10, 20), Slice("t", 2, 20, 30), Slice("t", 2, 30, 35)]
+    assert split("t", 0, 5, 5, 10) == []
+    assert split("t", 0, 0, 35, None) == [Slice("t", 0, 0, 35)]  # latest mode: the whole partition
 
 
 def test_every_job_the_command_offers_exists() -> None:
-    assert set(JOB_HELP) == set(JOBS)
+    assert set(JOB_HELP) == set(JOBS) | set(STREAM_JOBS)
     assert AnalyticsConfig().master == "local[*]"

@@ -11,8 +11,10 @@ import fastavro
 import pytest
 
 from capture.avro import compile_schema, long_bytes
+from capture.encoder import ChangeWriter
 from tables.change import CHANGE_VALUE_SCHEMA
 from tables.types import INTERVAL_SCHEMA
+from tables.wire import frame
 
 pytestmark = pytest.mark.unit
 
@@ -88,16 +90,48 @@ def test_round_trips_and_matches_fastavro_bytes(values: list[Any]) -> None:
         assert back[name] == value, name
 
 
-def test_change_envelope_matches_fastavro() -> None:
+@pytest.mark.parametrize("backfill", [None, 0, 7, 2**40])
+def test_change_envelope_matches_fastavro(backfill: int | None) -> None:
     record = {
         "op": "UPDATE", "schema": "public", "table": "orders", "topic": "p.orders", "commit_lsn": 2**40 + 7,
         "xid": 4_000_000_000, "commit_time": 1_700_000_000_123_456, "position": 3, "tx_size": 9,
-        "key": b"\x00\x00\x00\x00\x05\x02", "before": None, "after": b"row",
+        "key": b"\x00\x00\x00\x00\x05\x02", "before": None, "after": b"row", "backfill": backfill,
     }  # fmt: skip
     encode = compile_schema(CHANGE_VALUE_SCHEMA)
-    assert encode([record[f["name"]] for f in CHANGE_VALUE_SCHEMA["fields"]]) == fastavro_write(
-        CHANGE_VALUE_SCHEMA, record
-    )
+    expected = fastavro_write(CHANGE_VALUE_SCHEMA, record)
+    assert encode([record[f["name"]] for f in CHANGE_VALUE_SCHEMA["fields"]]) == expected
+    writer = ChangeWriter(1, 2)
+    tx = writer.transaction(record["commit_lsn"], record["xid"], record["commit_time"])
+    args = (record["op"], "public", "orders", "p.orders", tx, 3, writer.size(9), record["key"], None, b"row")
+    assert writer.encode(*args, backfill=backfill) == frame(2) + expected  # type: ignore[arg-type]
+    change = ("UPDATE", "public", "orders", "p.orders", record["key"], None, b"row")
+    records = list(writer.records([change] * 4, tx, writer.size(9), backfill))
+    assert records[3] == (writer.encode_key("public", "orders"), frame(2) + expected)
+
+
+@pytest.mark.parametrize("op", ["READ", "DELETE"])
+def test_a_backfill_chunk_is_written_as_records_writes_it(op: str) -> None:
+    """The compiled ``envelopes`` (a backfill's chunk) and ``records`` write the same bytes."""
+    writer = ChangeWriter(1, 2)
+    tx = writer.transaction(2**33, 0, 1_700_000_000_000_000)
+    rows = [(b"\0\0\0\0\x05k%d" % i, None if op == "DELETE" else b"\0\0\0\0\x06" + b"v" * i) for i in range(130)]
+    rows.append((None, None if op == "DELETE" else b"unkeyed"))
+    changes = [(op, "s", "t", "p.s.t", key, None, after) for key, after in rows]
+    assert list(writer.chunk(op, "s", "t", "p.s.t", tx, rows, 77)) == list(
+        writer.records(changes, tx, writer.size(len(rows)), 77))
+
+
+def test_records_without_the_backfill_field_read_as_null_with_the_new_schema() -> None:
+    """Records the raw topic held before ``backfill`` was added still read (Avro resolution, its default)."""
+    old = {**CHANGE_VALUE_SCHEMA, "fields": [f for f in CHANGE_VALUE_SCHEMA["fields"] if f["name"] != "backfill"]}
+    record = {"op": "READ", "schema": "s", "table": "t", "topic": "p.s.t", "commit_lsn": 1, "xid": 0,
+              "commit_time": 0, "position": 0, "tx_size": 0, "key": None, "before": None, "after": b"x"}  # fmt: skip
+    data = fastavro_write(old, record)
+    back: Any = fastavro.schemaless_reader(io.BytesIO(data), fastavro.parse_schema(old),
+                                           fastavro.parse_schema(CHANGE_VALUE_SCHEMA))  # fmt: skip
+    assert back["backfill"] is None and back["after"] == b"x"
+    read = ChangeWriter(1, 2).read_encoder("s", "t", "p.s.t", ChangeWriter.transaction(1, 0, 0), b"\x00")
+    assert read(0, None, b"x") == frame(2) + fastavro_write(CHANGE_VALUE_SCHEMA, {**record, "backfill": None})
 
 
 def test_varints() -> None:

@@ -16,6 +16,8 @@ import pytest
 from capture import snapshot
 from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches
+from tables.change import CHANGE_VALUE_SCHEMA
+from tables.config import StackConfig
 from tables.errors import SchemaChangeError
 from tables.registry import Registry
 from tests.plugins.capture import Capture
@@ -276,3 +278,17 @@ def test_unkeyed_tables(pg_database: str, capture_factory: Callable[..., Capture
     assert all(c["key"] is None for c in loose)
     assert decode(loose[1]["before"]) == {"a": 1, "b": "x"} and decode(loose[1]["after"]) == {"a": 1, "b": "y"}
     assert decode(loose[2]["before"]) == {"a": 1, "b": "y"} and loose[2]["after"] is None
+
+
+@pytest.mark.parametrize("level", ["BACKWARD", "FORWARD", "FULL_TRANSITIVE"])
+def test_the_raw_record_with_backfill_registers_over_the_one_before_it(
+    local_stack: StackConfig, unique_name: str, level: str
+) -> None:
+    """A raw topic written before ``backfill`` existed: capture's new schema is a compatible next version."""
+    registry = Registry(local_stack.registry_url)
+    subject = f"{unique_name}.changes-value"
+    before = {**CHANGE_VALUE_SCHEMA, "fields": [f for f in CHANGE_VALUE_SCHEMA["fields"] if f["name"] != "backfill"]}
+    first = registry.register(subject, before)
+    httpx.put(f"{local_stack.registry_url}/config/{subject}", json={"compatibility": level}).raise_for_status()
+    assert registry.register(subject, CHANGE_VALUE_SCHEMA) != first
+    registry.close()

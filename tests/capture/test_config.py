@@ -42,6 +42,9 @@ def test_producer_settings_from_toml_table_and_from_text(tmp_path: Path) -> None
         ('slot = "Bad-Slot"', "slot"),
         ('include = " , "', "include"),
         ("snapshot_workers = 0", "snapshot_workers"),
+        ("backfill_chunk_rows = 0", "backfill_chunk_rows"),
+        ('signal_table = "a.b.c"', "signal_table"),
+        ('signal_table = "signals; DROP TABLE x"', "signal_table"),
     ],
 )
 def test_bad_values_name_key_and_line(tmp_path: Path, text: str, key: str) -> None:
@@ -57,3 +60,9 @@ def test_table_patterns() -> None:
     assert cfg.wants("public", "orders") and cfg.wants("shop", "orders")
     assert not cfg.wants("public", "audit_log") and not cfg.wants("shop", "customers")
     assert cfg.changes_topic == "headwater.changes"
+
+
+def test_the_signal_table_reads_as_schema_and_table() -> None:
+    assert CaptureConfig(signal_table="ops.Signals").signal == ("ops", "Signals")
+    assert CaptureConfig(signal_table="headwater_signal").signal == ("public", "headwater_signal")
+    assert CaptureConfig().signal is None and CaptureConfig().backfill_chunk_rows == 4096

@@ -5,17 +5,26 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
-import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from capture.changes import ChangeSink, RowChange, TxBuffer
+from capture.config import CaptureConfig
+from capture.encoder import change_writer
+from capture.metrics import CaptureMetrics, Probe
+from capture.producer import ChangeProducer, ensure_changes_topic
+from capture.slotwatch import SlotWatch
 from headwater import shop
+from tables.config import Secret, Settings
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import ProxiedBroker
 
@@ -31,7 +40,14 @@ def scrape(url: str) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sample's value; a sample that is not there fails the test (it is not 0)."""
+    found = maybe(samples, name, **labels)
+    assert found is not None, f"no sample {name}{labels or ''}: {sorted(n for n, _ in samples if 'headwater' in n)}"
+    return found
+
+
+def maybe(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
 
 
 def wait_ready(capture: Capture, timeout: float = 60) -> list[int]:
@@ -69,7 +85,10 @@ def test_metrics_move_while_the_shop_workload_runs(
         assert value(before, "headwater_capture_events_total", table=f"public.{table}", op="READ") == counts[table]
     assert value(before, "headwater_capture_heartbeats_total") > 0
     assert value(before, "headwater_capture_streaming") == 1
+    assert value(before, "headwater_capture_phase", phase="streaming") == 1
+    assert value(before, "headwater_capture_phase", phase="snapshot") == 0
     assert value(before, "headwater_capture_broker_reachable") == 1
+    assert abs(time.time() - value(before, "headwater_capture_last_report_timestamp_seconds")) < 10
 
     writer = ShopWriter(pg_database, rate=100).start()
     time.sleep(3)
@@ -78,7 +97,7 @@ def test_metrics_move_while_the_shop_workload_runs(
     time.sleep(1.5)
     after = scrape(url)
     moved = {op: value(after, "headwater_capture_events_total", table="public.orders", op=op)
-             - value(before, "headwater_capture_events_total", table="public.orders", op=op)
+             - (maybe(before, "headwater_capture_events_total", table="public.orders", op=op) or 0)
              for op in ("INSERT", "UPDATE", "DELETE")}  # fmt: skip
     assert all(n > 0 for n in moved.values()), moved
     name = "headwater_capture_transactions_total"
@@ -122,13 +141,17 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_json_log_lines_and_log_levels(pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]) -> None:
-    capture = capture_factory(pg_database)
+    """A consumer's setting among the producer's (as a shared [pipeline] kafka has) makes librdkafka warn, in
+    capture's producer and in the snapshot's sender (C): every line is JSON all the same."""
+    capture = capture_factory(pg_database, producer={"fetch.wait.max.ms": "100"})
     process = capture.spawn("--log-format", "json", "--log-level", "warning")
     wait_ready(capture)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     assert capture.log is not None
     lines = json_lines(capture.log.read_text())
+    warned = [line for line in lines if line["logger"] == "headwater.kafka" and "fetch.wait.max.ms" in line["message"]]
+    assert len(warned) >= 2, "capture's producer and the snapshot's sender each warn"
     assert {line["level"] for line in lines} <= {"WARNING", "ERROR", "CRITICAL"}, "INFO lines at --log-level warning"
     assert all({"time", "level", "component", "logger", "message"} <= set(line) for line in lines)
     start = next(line for line in lines if line["message"].startswith("capture starting"))
@@ -165,27 +188,24 @@ def episodes(log: str) -> tuple[list[str], list[str], list[str]]:
 def test_a_broker_away_is_logged_once_when_it_begins_and_once_when_it_ends(
     pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker
 ) -> None:
-    """Connections dropped and refused for 12 s, then the broker paused (SIGSTOP) for 12 s, under load: two
-    episodes, each one WARNING when it begins and one when it ends — not librdkafka's line every second."""
-    capture = capture_factory(pg_database, bootstrap=proxied_broker.bootstrap, on_error="log")
+    """Connections dropped and refused for 12 s, then the broker paused (SIGSTOP) for 12 s, under load with a
+    producer queue that fills within a second or two (capture then waits in the send): two episodes, each one
+    WARNING when it begins (5 s after Kafka stopped answering) and one when it ends — not librdkafka's line
+    every second; meanwhile /ready says why, the slot is still looked at and nothing unacknowledged is counted."""
+    capture = capture_factory(pg_database, bootstrap=proxied_broker.bootstrap, on_error="log",
+                              producer={"queue.buffering.max.messages": "500"})  # fmt: skip
     process = capture.spawn()
     wait_ready(capture)
     writer = ShopWriter(pg_database, rate=50).start()
     time.sleep(2)
-    outage = threading.Thread(target=proxied_broker.proxy.outage, args=(12,))
-    outage.start()
-    time.sleep(9)
-    during = httpx.get(capture.metrics_url + "/ready", timeout=5)
-    outage.join()
-    wait_ready(capture, timeout=60)
-    pid = proxied_broker.service.pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        time.sleep(12)
-        paused = httpx.get(capture.metrics_url + "/ready", timeout=5)
-    finally:
-        os.kill(pid, signal.SIGCONT)
+
+    def look(_: str) -> tuple[Samples, httpx.Response, Samples]:
+        early = scrape(capture.metrics_url)
+        time.sleep(2)
+        return early, httpx.get(capture.metrics_url + "/ready", timeout=5), scrape(capture.metrics_url)
+
+    seen = proxied_broker.outages(look, between=lambda: wait_ready(capture, timeout=60))
+    (early, during, late), paused = seen["cut"], seen["paused"][1]
     wait_ready(capture, timeout=60)
     committed = writer.stop()
     capture.wait_caught_up(pg_database, timeout=120)
@@ -197,4 +217,132 @@ def test_a_broker_away_is_logged_once_when_it_begins_and_once_when_it_ends(
     assert noise == [], "librdkafka's connection lines:\n" + "\n".join(noise[:5])
     for answer in (during, paused):
         assert answer.status_code == 503 and "Kafka" in answer.json()["reason"], answer.text
+    assert all(5 <= float(re.search(r"seconds=([\d.]+)", line)[1]) < 8 for line in began), began  # type: ignore[index]
+    assert value(late, "headwater_capture_producer_queue_messages") >= 500 - 10, "the queue did not fill"
+    assert value(late, "headwater_capture_broker_reachable") == 0
+    assert value(late, "headwater_capture_slot_lag_bytes") > value(early, "headwater_capture_slot_lag_bytes")
+    name = "headwater_capture_events_total"
+    assert value(late, name, table="public.orders", op="INSERT") == value(early, name, table="public.orders",
+                                                                          op="INSERT")  # fmt: skip
     assert committed > 500
+
+
+def test_the_slot_is_looked_at_before_capture_streams(pg_database: str, unique_name: str) -> None:
+    """Whatever capture's own thread does (here: nothing yet, phase "starting"), the slot watch shows the slot;
+    nothing is shown before it has looked: an unknown value is no sample, not 0."""
+    cfg = CaptureConfig(dsn=Secret(pg_database), slot=unique_name, status_interval=0.2, metrics_port=0)
+    metrics = CaptureMetrics(cfg)
+    first = exposition(metrics)
+    for name in ("headwater_capture_slot_retained_bytes", "headwater_capture_confirmed_lsn",
+                 "headwater_capture_broker_reachable", "headwater_capture_behind_source_seconds"):  # fmt: skip
+        assert maybe(first, name) is None, name
+    assert value(first, "headwater_capture_phase", phase="starting") == 1
+    conn = psycopg2.connect(pg_database)
+    conn.autocommit = True
+    watch = SlotWatch(cfg, metrics)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (unique_name,))
+            cur.execute("CREATE TABLE filler AS SELECT g, repeat('x', 100) AS t FROM generate_series(1, 20000) g")
+        watch.start()
+        assert wait_until(lambda: maybe(exposition(metrics), "headwater_capture_slot_retained_bytes"), 10)
+        seen = exposition(metrics)
+        assert value(seen, "headwater_capture_slot_retained_bytes") > 2_000_000  # the table's WAL, kept for the slot
+        assert value(seen, "headwater_capture_slot_lag_bytes") > 2_000_000
+        assert value(seen, "headwater_capture_server_lsn") > value(seen, "headwater_capture_confirmed_lsn") > 0
+    finally:
+        watch.stop()
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (unique_name,))
+        conn.close()
+    assert not watch.is_alive()
+
+
+@pytest.mark.unit
+def test_health_fails_once_captures_thread_is_silent_longer_than_it_may_wait() -> None:
+    """/health stays 200 while capture's thread gives signs of life (a report, a look at Kafka while it
+    waits on a full queue, snapshot progress), and fails past message.timeout.ms and a minute."""
+    cfg = CaptureConfig(dsn=Secret("postgresql:///unused"), producer=Settings({"message.timeout.ms": "30000"}))
+    metrics = CaptureMetrics(cfg)
+    probe = Probe(cfg, metrics)
+    assert metrics.wedged_after == 120  # 60 s at least, and a minute more
+    statuses: list[str] = []
+    body = json.loads(probe.app({"PATH_INFO": "/health"}, lambda status, headers: statuses.append(status))[0])
+    assert statuses[-1].startswith("200") and body["status"] == "alive" and body["phase"] == "starting"
+    metrics.beat_at -= 121  # nothing from capture's thread for two minutes
+    body = json.loads(probe.app({"PATH_INFO": "/health"}, lambda status, headers: statuses.append(status))[0])
+    assert statuses[-1].startswith("503") and body["status"] == "wedged" and body["silent_seconds"] >= 121
+    metrics.snapshot_rows("snapshot", "public.t", 10, 100)  # progress is a sign of life
+    assert probe.app({"PATH_INFO": "/health"}, lambda status, headers: statuses.append(status))
+    assert statuses[-1].startswith("200")
+    never = CaptureConfig(dsn=Secret("postgresql:///unused"), producer=Settings({"message.timeout.ms": "0"}))
+    assert CaptureMetrics(never).wedged_after is None  # messages that never time out may be waited for forever
+
+
+@pytest.mark.slow
+def test_changes_are_counted_once_kafka_acknowledged_them(proxied_broker: ProxiedBroker, unique_name: str,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    """Sent while the broker is cut off: not counted (nor are delivery errors) until Kafka answers; a message
+    that times out is a delivery error at the next look, not only when the session ends."""
+    cfg = CaptureConfig(dsn=Secret("postgresql:///unused"), bootstrap=proxied_broker.bootstrap, format="json",
+                        topic_prefix=unique_name, producer=Settings({"message.timeout.ms": "3000"}))  # fmt: skip
+    ensure_changes_topic(cfg)
+    producer, metrics = ChangeProducer(cfg), CaptureMetrics(cfg)
+    sink = ChangeSink(change_writer("json", 0, 0), producer)
+
+    def transaction(changes: int, lsn: int) -> None:
+        tx = TxBuffer(1 << 20, tmp_path)
+        for n in range(changes):
+            tx.add(RowChange("INSERT", "public", "t", f"{unique_name}.t", b'{"id":%d}' % n, None, b"{}"))
+        sink.emit_transaction(tx, lsn, lsn + 1, 1, 0)
+
+    def counted() -> tuple[float, float, float]:
+        found = exposition(metrics)
+        return (maybe(found, "headwater_capture_events_total", table="public.t", op="INSERT") or 0,
+                value(found, "headwater_capture_transactions_total"),
+                value(found, "headwater_capture_delivery_errors_total"))  # fmt: skip
+
+    proxied_broker.proxy.cut()
+    transaction(3, 100)
+    metrics.count(sink, producer)
+    assert counted() == (0, 0, 0), "counted before Kafka acknowledged"
+    proxied_broker.proxy.restore()
+    producer.flush(30)
+    metrics.count(sink, producer)
+    assert counted() == (3, 1, 0)
+    proxied_broker.proxy.cut()
+    transaction(2, 200)
+    time.sleep(4)  # message.timeout.ms passes
+    producer.poll(0.5)
+    metrics.watch_producer(producer, time.monotonic())
+    metrics.count(sink, producer)
+    assert counted() == (3, 1, 2), "timed-out messages: delivery errors at once, never counted as written"
+    proxied_broker.proxy.restore()
+
+
+def exposition(metrics: CaptureMetrics) -> Samples:
+    """Every sample of a ``CaptureMetrics`` as Prometheus would scrape it."""
+    from prometheus_client import generate_latest
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+            for s in family.samples}  # fmt: skip
+
+
+def wait_until(check: Callable[[], Any], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.unit
+def test_both_formats_count_changes_by_table_and_operation_until_taken() -> None:
+    changes = [("INSERT", "public", "t", "p.t", b"{}", None, b"{}")] * 3 + [("DELETE", "s", "u", "p.s.u", b"{}", None,
+                                                                              None)]  # fmt: skip
+    for writer in (change_writer("json", 0, 0), change_writer("avro", 1, 2)):
+        list(writer.records(changes, writer.transaction(1, 2, 3), writer.size(len(changes))))
+        assert writer.take_counts() == {("public", "t", "INSERT"): 3, ("s", "u", "DELETE"): 1}
+        assert writer.take_counts() == {}

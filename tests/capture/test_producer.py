@@ -7,6 +7,9 @@ is reported, never taken for acknowledged.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,11 +24,14 @@ from capture.producer import (
     SnapshotSender,
     ensure_changes_topic,
     librdkafka_library,
+    librdkafka_line,
     librdkafka_settings,
+    statistics,
 )
 from tables.config import Secret, Settings, StackConfig
 from tables.errors import FatalError
 from tables.kafka import read_topic
+from tables.logs import KAFKA_LOGGER
 from tests.capture.test_transcoder import CHANGE_KEY, ROW, copier_for, copy_line, with_
 from tests.plugins.stack import free_port
 
@@ -49,7 +55,7 @@ def test_a_bad_setting_is_refused_by_name() -> None:
     library = librdkafka_library()
     assert library is not None, "confluent-kafka's wheel ships librdkafka beside the package"
     with pytest.raises(ValueError, match=r"no\.such\.property"):
-        Sender(library, {"no.such.property": "1"}, "t", BrokerError)
+        Sender(library, {"no.such.property": "1"}, "t", BrokerError, librdkafka_line)
 
 
 def test_copier_sends_through_the_sender_what_it_would_batch(
@@ -74,7 +80,8 @@ def test_copier_sends_through_the_sender_what_it_would_batch(
 
     library = librdkafka_library()
     assert library is not None
-    handle = Sender(library, librdkafka_settings(config(local_stack.bootstrap, "p")), topic, BrokerError)
+    handle = Sender(library, librdkafka_settings(config(local_stack.bootstrap, "p")), topic, BrokerError,
+                    librdkafka_line)  # fmt: skip
     counts: list[int] = []
     sent_large: list[tuple[bytes, int, str]] = []
 
@@ -97,7 +104,7 @@ def test_copier_sends_through_the_sender_what_it_would_batch(
 def test_a_full_local_queue_is_waited_out(local_stack: StackConfig, topic_factory: Callable[..., str]) -> None:
     topic = topic_factory()
     settings = librdkafka_settings(config(local_stack.bootstrap, "p", **{"queue.buffering.max.messages": "10"}))
-    sender = Sender(librdkafka_library() or "", settings, topic, BrokerError)
+    sender = Sender(librdkafka_library() or "", settings, topic, BrokerError, librdkafka_line)
     for n in range(500):
         sender.send(b"value %d" % n, b"key")
     assert sender.flush(30.0) == 0 and sender.failure is None
@@ -111,8 +118,9 @@ def test_a_failed_delivery_is_raised_not_taken_for_acknowledged() -> None:
     sender.handle.send(b"value", b"key")
     with pytest.raises(ValueError, match="timeout"):
         sender.handle.flush(-1.0)
-    with pytest.raises(BrokerError, match=r"delivery to nobody\.changes failed"):
+    with pytest.raises(BrokerError, match=r"delivery to nobody\.changes failed") as failed:
         sender.flush(10.0)
+    assert failed.value.failed_deliveries == 1 == sender.handle.errors
     with pytest.raises(BrokerError, match=r"delivery to nobody\.changes failed"):
         sender.handle.send(b"later", b"key")
     sender.close()
@@ -140,3 +148,31 @@ def test_batches_without_a_sender_wait_for_room_too(local_stack: StackConfig, un
     producer.flush(30.0)
     values = [r.value for r in read_topic(local_stack.bootstrap, cfg.changes_topic)]
     assert sorted(values) == sorted(b"value %d" % n for n in range(500))
+
+
+def test_a_senders_librdkafka_lines_are_log_records_on_the_sending_thread(caplog: pytest.LogCaptureFixture) -> None:
+    """Not text on stderr: records of ``headwater.kafka`` (so --log-format json and the gate on connection
+    noise apply), made while the sender polls — from the thread that polls, never librdkafka's own."""
+    port = free_port()  # no broker there: connections are refused
+    settings = librdkafka_settings(config(f"127.0.0.1:{port}", "nobody", debug="broker"))
+    threads: set[str] = set()
+
+    def line(level: int, text: str) -> None:
+        threads.add(threading.current_thread().name)
+        librdkafka_line(level, text)
+
+    sender = Sender(librdkafka_library() or "", settings, "nobody.changes", BrokerError, line)
+    with caplog.at_level(logging.DEBUG, logger=KAFKA_LOGGER):
+        time.sleep(1.5)
+        assert not caplog.records, "logged before a poll: from librdkafka's threads"
+        sender.poll(1.0)
+        sender.close()
+    refused = [r for r in caplog.records if f"Connect to ipv4#127.0.0.1:{port} failed" in r.getMessage()]
+    assert refused and all(r.name == KAFKA_LOGGER for r in refused)
+    assert any(r.levelno == logging.DEBUG for r in caplog.records)  # debug=broker's lines, at DEBUG
+    assert threads == {threading.current_thread().name}
+
+
+def test_the_producers_statistics_interval_is_the_users_if_set() -> None:
+    assert statistics({"bootstrap.servers": "x"})["statistics.interval.ms"] == 1000
+    assert statistics({"statistics.interval.ms": "60000"})["statistics.interval.ms"] == "60000"

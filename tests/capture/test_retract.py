@@ -56,9 +56,9 @@ def test_live_keys_apply_the_raw_topic_in_order() -> None:
     ],
 )
 def test_key_values_as_postgresql_text(value: Any, text: str | None) -> None:
-    assert retract._pg_text(value) == text
+    assert retract.pg_text(value) == text
     if text in ("infinity", "-infinity"):
-        assert retract._pg_text(value, literal=True) == value.isoformat()
+        assert retract.pg_text(value, literal=True) == value.isoformat()
 
 
 KEY_TYPES = """

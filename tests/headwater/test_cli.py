@@ -19,6 +19,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
+from capture.state import State
 from headwater import stack
 from tests.plugins.stack import free_ports, stack_dir
 
@@ -378,6 +379,8 @@ def test_a_bad_log_level_or_format_is_refused_before_anything_runs(tmp_path: Pat
         ("analytics", ["--config", "--rows", "--master", "--bootstrap", "--kafka"],
          ["--kafka-port", "--postgres-password", "--dsn"]),
         ("config show", ["--config", "--component"], ["--kafka-port", "--bootstrap", "--dsn"]),
+        ("snapshot", ["--config", "--dsn", "--slot", "--state-dir", "--where", "--status", "--pause", "--resume",
+                      "--cancel", "--wait"], ["--bootstrap", "--include", "--kafka-port", "--producer"]),
     ],
 )  # fmt: skip
 def test_help_lists_only_the_commands_own_flags(
@@ -389,3 +392,24 @@ def test_help_lists_only_the_commands_own_flags(
     assert set(own) <= flags and not flags & set(foreign), sorted(flags)
     if command == "status":
         assert flags == {"--help", *own}
+
+
+def test_snapshot_leaves_requests_in_captures_state_and_refuses_what_it_cannot_ask(tmp_path: Path) -> None:
+    """``headwater snapshot`` needs capture's state; a request capture is not running to take waits there and
+    is listed by --status; a bad command line is refused in one line before anything is asked."""
+    where = ["--state-dir", str(tmp_path / "state"), "--slot", "s"]
+    missing = headwater("snapshot", "orders", *where, cwd=tmp_path, env=clean_env())
+    assert missing.returncode == 1 and "no capture state for slot s in" in missing.stderr
+    State(tmp_path / "state", "s").close()
+    for args, says in ((["--where", "x > 1"], "name at least one table"),
+                       (["--pause", "--where", "x > 1", "orders"], "goes with a snapshot only")):  # fmt: skip
+        refused = headwater("snapshot", *args, *where, cwd=tmp_path, env=clean_env())
+        assert refused.returncode == 2 and says in refused.stderr and "Traceback" not in refused.stderr, refused
+    both = headwater("snapshot", "--pause", "--cancel", *where, cwd=tmp_path, env=clean_env())
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    waiting = headwater("snapshot", "orders", "--where", "id > 3", "--wait", "0.3", *where, cwd=tmp_path,
+                        env=clean_env())  # fmt: skip
+    assert waiting.returncode == 0 and "request 1 is waiting for capture (slot s)" in waiting.stdout
+    status = headwater("snapshot", "--status", *where, cwd=tmp_path, env=clean_env())
+    assert "no backfills yet" in status.stdout
+    assert "1 (cli) snapshot orders where id > 3: waiting for capture" in status.stdout, status.stdout

@@ -21,7 +21,9 @@ import psycopg2
 import pytest
 
 from capture import agent, slot
+from capture.backfill import UNFINISHED, Backfill
 from capture.config import CaptureConfig
+from capture.state import State
 from headwater import shop
 from tables.config import Secret, StackConfig
 from tables.kafka import read_topic
@@ -82,6 +84,9 @@ class Capture:
             "--heartbeat-interval", str(c.heartbeat_interval), "--on-error", c.on_error, "--format", c.format,
             "--metrics-port", str(c.metrics_port), "--slot-warn-bytes", str(c.slot_warn_bytes),
             *(["--producer", ",".join(f"{k}={v}" for k, v in c.producer.items())] if c.producer else []),
+            "--backfill-chunk-rows", str(c.backfill_chunk_rows), *(["--signal-table", c.signal_table] if c.signal_table
+                                                                     else []),
+            *(["--allow-unkeyed"] if c.allow_unkeyed else []),
         ]  # fmt: skip
 
     def spawn(self, *extra: str) -> subprocess.Popen[bytes]:
@@ -113,6 +118,36 @@ class Capture:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.cfg.metrics_host}:{self.cfg.metrics_port}"
+
+    def backfills(self) -> list[Backfill]:
+        """Every backfill capture's state holds (as saved: a chunk once Kafka acknowledged it)."""
+        state = State(self.cfg.state_dir, self.cfg.slot)
+        try:
+            return state.backfills()
+        finally:
+            state.close()
+
+    def wait_backfilled(self, dsn: str, count: int = 1, timeout: float = 120.0) -> list[Backfill]:
+        """Until ``count`` backfills exist and none is unfinished, then until the slot caught up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.raise_error()
+            found = self.backfills()
+            if len(found) >= count and not any(b.status in UNFINISHED for b in found):
+                break
+            assert time.monotonic() < deadline, f"backfills not done: {[b.describe() for b in found]}"
+            assert self.process is None or self.process.poll() is None, "capture exited"
+            time.sleep(0.2)
+        self.wait_caught_up(dsn)
+        return found
+
+    def snapshot(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The real ``headwater snapshot`` command against this capture's state."""
+        argv = [sys.executable, "-m", "headwater.cli", "snapshot", *args, "--slot", self.cfg.slot,
+                "--state-dir", str(self.cfg.state_dir)]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert not check or done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
+        return done
 
     def raise_error(self) -> None:
         if self.error:
@@ -179,13 +214,14 @@ def capture_factory(local_stack: StackConfig, unique_name: str, tmp_path: Path) 
     admin = psycopg2.connect(local_stack.dsn("postgres"))
     admin.autocommit = True
     with admin.cursor() as cur:
+        slots = sorted({c.cfg.slot for c in made} | {unique_name})  # a test may run captures on slots of its own
         cur.execute(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-            " WHERE slot_name = %s AND active_pid IS NOT NULL",
-            (unique_name,),
+            " WHERE slot_name = ANY(%s) AND active_pid IS NOT NULL",
+            (slots,),
         )
         time.sleep(0.2)
         cur.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (unique_name,)
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ANY(%s)", (slots,)
         )
     admin.close()

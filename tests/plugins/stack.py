@@ -9,6 +9,7 @@ test its own database (``pg_database``, ``shop_db``) and topics (``topic_factory
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import psycopg2
@@ -26,6 +28,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater import shop, stack
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -241,8 +245,9 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
 
 
 class Proxy:
-    """TCP from ``port`` to ``target`` on 127.0.0.1. ``outage(seconds)`` drops every connection and
-    refuses new ones for a while: what a broker restart that keeps its data looks like to clients."""
+    """TCP from ``port`` to ``target`` on 127.0.0.1. ``outage(seconds)`` (or ``cut()`` then ``restore()``)
+    drops every connection and refuses new ones for a while: what a broker restart that keeps its data
+    looks like to clients. A connection stays open however long either side is silent."""
 
     def __init__(self, port: int, target: int) -> None:
         self.port, self.target = port, target
@@ -272,6 +277,8 @@ class Proxy:
                 upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
             except OSError:
                 continue
+            client.settimeout(None)  # blocking both ways: a connect timeout must not close a quiet connection
+            upstream.settimeout(None)
             with self.lock:
                 self.conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
@@ -287,9 +294,15 @@ class Proxy:
             self.conns.clear()
 
     def outage(self, seconds: float) -> None:
+        self.cut()
+        time.sleep(seconds)
+        self.restore()
+
+    def cut(self) -> None:
         self.down.set()
         self._drop_all()
-        time.sleep(seconds)
+
+    def restore(self) -> None:
         self.listener = self._listen()
         self.down.clear()
 
@@ -311,6 +324,42 @@ class ProxiedBroker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.proxy.port}"
+
+    @contextlib.contextmanager
+    def cut_off(self, seconds: float) -> Iterator[None]:
+        """Connections dropped and refused for ``seconds`` from entering the block; it ends when they are over."""
+        outage = threading.Thread(target=self.proxy.outage, args=(seconds,))
+        outage.start()
+        try:
+            yield
+        finally:
+            outage.join()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The broker stopped (SIGSTOP: connections stay open, nothing answers) for the block."""
+        pid = self.service.pid()
+        assert pid is not None, "the broker is not running"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def outages(self, look: Callable[[str], T], between: Callable[[], object], seconds: float = 12) -> dict[str, T]:
+        """Two outages of ``seconds``: connections cut off, then (after ``between()``) the broker paused.
+        ``look("cut")`` and ``look("paused")`` run from 7 s into each; what they return, by name."""
+        seen: dict[str, T] = {}
+        with self.cut_off(seconds):
+            time.sleep(7)
+            seen["cut"] = look("cut")
+        between()
+        with self.paused():
+            paused_at = time.monotonic()
+            time.sleep(7)
+            seen["paused"] = look("paused")
+            time.sleep(max(seconds - (time.monotonic() - paused_at), 0))
+        return seen
 
     def stop(self) -> None:
         self.proxy.close()

@@ -88,6 +88,18 @@ def problems(conn: Any, engine: Engine, tables: bool = True) -> list[str]:
     return found + compare_docs(expected, redis_docs, "redis")
 
 
+def not_here(engine: Engine) -> None:
+    """A worker that does not hold the raw partition shows no cut and watches none: an hour on, no age."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    engine.watch_cut(time.monotonic() + 3600)
+    text = generate_latest(engine.metrics.registry).decode()
+    shown = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    assert not shown & {"headwater_streams_view_cut_lsn", "headwater_streams_view_cut_age_seconds"}, shown
+    assert engine.metrics.cut.age(time.monotonic() + 3600) == 0
+
+
 def settled(conn: Any, engine: Engine, timeout: float = 90, tables: bool = True) -> None:
     last: list[str] = []
 
@@ -132,6 +144,9 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
         assert work.stop() >= 400
         settled(shop_db, engine)
         engine.revoked()  # another worker takes everything, then gives it back: the state resumes
+        not_here(engine)
+        engine.assigned(parts)  # the tables only: the views run elsewhere
+        not_here(engine)
         engine.assigned(parts | {engine.raw})
         ShopWriter(pg_database, rate=200).start().stop()
         settled(shop_db, engine)

@@ -60,6 +60,19 @@ def test_snapshot_reads_in_any_order_are_all_written() -> None:
     assert fan.counters.duplicates == 0
 
 
+def test_consistent_points_end_transactions_and_backfill_chunks_never_snapshot_rows() -> None:
+    """A backfill writes each chunk as a transaction of READ rows: its last row is a consistent point (views
+    publish there); the initial snapshot's rows (tx_size 0) are not, SNAPSHOT_END is."""
+    streamed = [change("UPDATE", 10, p)._replace(tx_size=3) for p in range(3)]
+    chunk = [change("READ", 20, p)._replace(tx_size=2) for p in range(2)]
+    snapshot = [change("READ", 5, p) for p in range(3)] + [change("DELETE", 5, 3)]
+    assert [c.ends_transaction for c in streamed + chunk] == [False, False, True, False, True]
+    assert not any(c.ends_transaction for c in snapshot)
+    assert Change("SNAPSHOT_END", "", "", "", 5, 4, None, None, None).ends_transaction
+    fan = FanOut(partitions=4)  # the chunk's READs are written, and move no watermark
+    assert all(fan.route(c, offset=i) for i, c in enumerate(chunk)) and fan.watermark == (-1, -1)
+
+
 def test_records_already_in_their_partition_are_not_written_again() -> None:
     partition = partition_for(key(1), 4)
     fan = FanOut(partitions=4, tails={(TOPIC, partition): (5, 0)})  # the last record there came from offset 5

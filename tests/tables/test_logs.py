@@ -88,7 +88,7 @@ def test_an_episode_is_said_once_when_it_begins_and_once_when_it_ends() -> None:
 
 def test_the_kafka_gate_counts_connection_failures_instead_of_logging_them(logger: tuple) -> None:
     log, out, _ = logger
-    gate = logs.KafkaLogGate()
+    gate = logs.KafkaLogGate(loggers=(log.name,))
     log.addFilter(gate)
     log.setLevel(logging.INFO)
     try:
@@ -101,3 +101,72 @@ def test_the_kafka_gate_counts_connection_failures_instead_of_logging_them(logge
     count, _, detail = gate.last()
     assert count == 3 and "Connection refused" in detail
     assert out.getvalue().splitlines() == ["CONFWARN [rdkafka#producer-1] Configuration property x is ignored"]
+
+
+def test_an_episode_counts_from_when_it_began_if_that_is_known() -> None:
+    """A broker found silent at 3 s that stopped answering at 0 s is announced at 5 s, not at 8 s."""
+    episode = logs.Episode(after=5)
+    assert episode.update(True, 3, since=0) is None and episode.lasted(3) == 3
+    assert episode.update(True, 5, since=2) == "began"  # the first ``since`` holds for the episode
+    assert episode.update(False, 6) == "ended"
+    assert episode.update(True, 7, since=9) is None and episode.lasted(7) == 0  # never later than now
+
+
+def test_a_client_set_up_for_another_listener_is_not_a_broker_away(logger: tuple) -> None:
+    """librdkafka words a security.protocol, TLS or SASL mismatch with "Disconnected": the gate keeps those."""
+    misconfigured = [
+        "FAIL [rdkafka#producer-1] 127.0.0.1:9093/bootstrap: Disconnected while requesting ApiVersion: might be "
+        "caused by incorrect security.protocol configuration (connecting to a SSL listener?) or broker version is "
+        "< 0.10 (see api.version.request) (after 3ms in state APIVERSION_QUERY)",
+        "FAIL [rdkafka#producer-1] 127.0.0.1:9092/bootstrap: SSL handshake failed: Disconnected: connecting to a "
+        "PLAINTEXT broker listener? (after 4ms in state SSL_HANDSHAKE)",
+        "FAIL [rdkafka#producer-1] 127.0.0.1:9092/bootstrap: Disconnected: verify that security.protocol is correctly "
+        "configured, broker might require SASL authentication (after 310ms in state UP)",
+    ]
+    assert not any(logs.unreachable(text) for text in misconfigured)
+    assert logs.unreachable("127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused")
+    assert logs.unreachable("127.0.0.1:9092/1: Disconnected (after 12034ms in state UP)")
+    log, out, _ = logger
+    gate = logs.KafkaLogGate(loggers=(log.name,))
+    log.addFilter(gate)
+    try:
+        for line in misconfigured:
+            log.error(line)
+    finally:
+        log.removeFilter(gate)
+    assert out.getvalue().splitlines() == misconfigured and gate.last()[0] == 0
+
+
+def test_setup_is_remembered_for_the_processes_it_starts() -> None:
+    """Capture's snapshot workers log as capture does: ``current()`` is what ``setup`` was given."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        logs.setup("capture", logs.LogOptions("warning", "json"), stream=io.StringIO())
+        assert logs.current() == ("capture", logs.LogOptions("warning", "json"))
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        logging.getLogger(logs.KAFKA_LOGGER).removeFilter(logs.KAFKA_GATE)
+
+
+def test_the_gate_on_a_handler_takes_only_the_kafka_clients_lines(logger: tuple) -> None:
+    """On Faust's handler: aiokafka's connection errors (one every 100 ms) and librdkafka's to DEBUG; a line
+    of anything else that happens to say "timed out" keeps its level."""
+    log, out, handler = logger
+    gate = logs.KafkaLogGate()
+    handler.addFilter(gate)
+    try:
+        logging.getLogger("aiokafka.conn").addHandler(handler)
+        logging.getLogger("aiokafka.conn").propagate = False
+        logging.getLogger("aiokafka.conn").error("Unable connect to node with id 1: [Errno 111] Connect call failed")
+        log.error("lost the PostgreSQL connection: timed out")
+    finally:
+        handler.removeFilter(gate)
+        logging.getLogger("aiokafka.conn").removeHandler(handler)
+        logging.getLogger("aiokafka.conn").propagate = True
+    assert out.getvalue().splitlines() == ["lost the PostgreSQL connection: timed out"]
+    assert gate.last()[0] == 1 and "Connect call failed" in gate.last()[2]

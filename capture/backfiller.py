@@ -1,0 +1,627 @@
+"""Backfills at run time: which tables to backfill, their chunks between watermarks, requests and progress.
+
+Promise: a table that joins the captured set — newly matched by ``include`` at start, or
+added to the publication while capture runs (its first Relation message, or a look at the
+publication every few seconds) — is backfilled; so is any captured table ``headwater
+snapshot`` (through capture's state) or a row of the signal table (through the stream)
+asks for, optionally narrowed by a predicate. One backfill runs at a time, in the order
+asked, in the stream's own thread: when the stream has a moment (``step``) it writes a low
+watermark, reads the next chunk by key (``capture.chunker``), writes the high watermark,
+and goes back to the stream; every commit streamed meanwhile drops the chunk's rows whose
+keys it changed (``capture.backfill.Window``); at the high watermark's commit the rest is
+sent as one transaction of READ rows before anything after it. Once the table is read, the
+keys the raw topic held for it before the backfill (read in a thread, ``capture.retract``)
+that the table no longer holds get DELETEs, checked between watermarks too. A chunk's
+progress is saved in capture's state once Kafka acknowledged it, so after a crash the
+backfill goes on after the last acknowledged chunk (a chunk written twice is harmless:
+its rows are read again, after newer watermarks). Pause, resume and cancel take effect at
+the next chunk. ``progress()`` is every backfill's numbers (rows, rate, ETA), logged every
+few seconds and saved for ``headwater status``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import psycopg2
+
+from capture import catalog, chunker, retract
+from capture.backfill import (
+    UNFINISHED,
+    Backfill,
+    KeyOf,
+    Progress,
+    Recent,
+    Request,
+    SignalError,
+    Table,
+    Window,
+    check_predicate,
+    parse_signal,
+    qualify,
+    suspect,
+)
+from capture.catalog import TableRef, TypeCache
+from capture.changes import ChangeSink, TxBuffer
+from capture.config import CaptureConfig
+from capture.decoder import Commit, Relation
+from capture.encoder import RowEncoder
+from capture.errors import UnsupportedValueError
+from capture.schemas import register_table
+from capture.state import Mailbox, State
+from capture.transcoder import copier_spec
+from tables.registry import NoRegistry, Registry
+from tables.wire import avro_body, body, frame
+
+log = logging.getLogger("headwater.capture")
+POLL_EVERY = 5.0  # seconds between looks at the publication for tables added to it
+LOG_EVERY = 5.0  # seconds between progress lines
+
+
+class Streaming(Protocol):
+    """What a ``Backfiller`` needs of the streamer (``capture.stream.Streamer``)."""
+
+    keyed: dict[tuple[str, str], bool]
+    watch: Any
+    backfills: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What reading one backfill's table needs; made when it starts, and again after its shape changed."""
+
+    reading: chunker.Reading
+    ident: Callable[[bytes], bytes]  # a key image -> what identifies the key (whatever schema id framed it)
+    old_key: KeyOf  # a full old row (REPLICA IDENTITY FULL) -> its key image
+    decode: retract.KeyDecoder  # a key image -> the key's values (retractions)
+
+
+class Candidates:
+    """The keys the raw topic holds alive for one table, read in a thread while the chunks are read: the
+    keys a retraction checks once the table is read."""
+
+    def __init__(self, cfg: CaptureConfig, table: Table, what: str) -> None:
+        self.cfg, self.table, self.what = cfg, table, what
+        self.keys: list[bytes] | None = None
+        self.error: BaseException | None = None
+        self.done = 0  # keys checked
+        self.stop = threading.Event()  # the session ends, or the backfill: stop reading
+        self.thread = threading.Thread(target=self._read, name=f"backfill-keys-{table[1]}", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        registry = Registry(self.cfg.registry_url) if self.cfg.format == "avro" else None
+        try:
+            live = retract.earlier_keys(self.cfg, [self.table], registry.parsed if registry else None, self.what,
+                                        stop=self.stop)  # fmt: skip
+            self.keys = list(live.keys[self.table]) if live is not None else []
+        except Exception as exc:  # reported by batch(), which reads again
+            self.error = exc
+        finally:
+            if registry is not None:
+                registry.close()
+
+    def batch(self, gone: Callable[[bytes], bool]) -> tuple[int, list[bytes]] | None:
+        """The next keys to check: (how many, those of them the stream did not delete meanwhile — their
+        tombstone is on the topic already); (0, []) when all are checked, None while they are being read."""
+        if self.keys is None:
+            return None
+        keys = self.keys[self.done : self.done + retract.BATCH]
+        return len(keys), [k for k in keys if not gone(k)]
+
+
+class Backfiller:
+    """Backfills of one capture session (see the module's promise); the stream's ``BackfillHooks``."""
+
+    def __init__(self, cfg: CaptureConfig, dsn: str, state: State, sink: ChangeSink,
+                 registrar: Registry | NoRegistry, streamer: Streaming) -> None:  # fmt: skip
+        self.cfg, self.state, self.sink, self.registrar, self.streamer = cfg, state, sink, registrar, streamer
+        self.mailbox = Mailbox(cfg.state_dir, cfg.slot)
+        self.dsn = dsn
+        self._conn: catalog.Connection | None = None
+        self._types: TypeCache | None = None
+        self._fast: bool | None = None
+        self.framed = cfg.format == "avro"
+        self.backfills: dict[int, Backfill] = {}  # unfinished, in the order asked
+        self.plans: dict[int, Plan] = {}
+        self.candidates: dict[int, Candidates] = {}
+        self.flight: Window | None = None  # the chunk read and waiting for its high watermark
+        self.watching: Table | None = None
+        self.recent = Recent()
+        self.gone: set[bytes] = set()  # keys of the watched table the stream deleted (their tombstone is written)
+        self.ident: Callable[[bytes], bytes] = body
+        self.pending: deque[tuple[int, Backfill]] = deque()  # (end LSN, progress) to save once Kafka has it
+        self.last_end = 0
+        self.ignored: set[Table] = set()  # relations seen that are not captured
+        self.failures: dict[int, int] = {}  # reads refused in a row, per backfill
+        self.session, self.flights = secrets.token_hex(6), 0
+        self.signal_at = (0, -1)
+        self.applied = state.signal_position()
+        self.polled = self.logged = time.monotonic()
+        streamer.backfills = self
+
+    def close(self) -> None:
+        for candidates in self.candidates.values():
+            candidates.stop.set()
+        if self._conn is not None:
+            self._conn.close()
+        self.mailbox.close()
+
+    @property
+    def conn(self) -> catalog.Connection:
+        """The backfills' own connection (autocommit), made when first needed: streaming starts without it."""
+        if self._conn is None or self._conn.closed:
+            conn = catalog.connect(self.dsn)
+            conn.autocommit = True
+            self._conn, self._types = conn, None
+        return self._conn
+
+    @property
+    def types(self) -> TypeCache:
+        if self._types is None:
+            self._types = TypeCache(self.conn)
+        return self._types
+
+    @property
+    def fast(self) -> bool:
+        """Rows through the compiled Copier: Avro on a UTF8 server."""
+        if self._fast is None:
+            self._fast = self.framed and catalog.server_utf8(self.conn)
+        return self._fast
+
+    # ---- start ---------------------------------------------------------------------------
+    def start(self, tables: list[TableRef], fresh: bool) -> None:
+        """The session's captured ``tables``: those that were not captured before are backfilled (``fresh``: a
+        snapshot just copied them all); unfinished backfills go on."""
+        names = {t.qualified for t in tables}
+        with self.state.db:
+            known = self.state.captured()
+            if not fresh and not known:
+                log.info("capture's state names no captured tables yet: recording %d (tables that join them later"
+                         " are backfilled)", len(names))  # fmt: skip
+                self.state.capture(add=names)
+            elif not fresh:
+                self.state.capture(remove=known - names)
+                for name in sorted(names - known):
+                    self._queue_new(name, "newly matched by include, or newly published")
+        for backfill in self.state.backfills(unfinished=True):
+            self.backfills[backfill.id] = backfill
+            if backfill.qualified not in self.streamer.keyed:
+                self._end(backfill, "cancelled", "the table is no longer captured")
+            elif backfill.status != "queued":
+                log.info("backfill %s: going on", backfill.describe())
+
+    def _queue_new(self, name: str, why: str) -> Backfill:
+        """A table captured from now on (``why``): record it, and backfill the rows it already holds."""
+        self.state.capture(add=[name])
+        backfill = self.state.add_backfill(name, None, "new table")
+        self.backfills[backfill.id] = backfill
+        log.info("%s is captured from now on (%s): backfill #%d copies the rows it holds", name, why, backfill.id)
+        return backfill
+
+    # ---- the stream's hooks ----------------------------------------------------------------
+    def relation(self, rel: Relation) -> None:
+        table = (rel.namespace, rel.name)
+        if table in self.streamer.keyed or table in self.ignored or table == self.cfg.signal:
+            return
+        self._join(table, "its first change came through the stream")
+
+    def _join(self, table: Table, how: str) -> None:
+        """A table the publication publishes and capture did not capture: captured from now on if it matches."""
+        ref = catalog.table_ref(self.conn, *table)
+        if ref is None or not self.cfg.wants(*table):
+            self.ignored.add(table)
+            return
+        if not ref.keyed and not self.cfg.allow_unkeyed:
+            log.warning("%s is published but has no primary key or replica identity index: not captured (set "
+                        "allow_unkeyed to capture it without)", ref.qualified)  # fmt: skip
+            self.ignored.add(table)
+            return
+        with self.state.db:
+            self._queue_new(ref.qualified, how)
+        self.streamer.keyed[table] = ref.keyed
+
+    def signal(self, values: dict[str, str | None], lsn: int) -> None:
+        at = (lsn, self.signal_at[1] + 1 if lsn == self.signal_at[0] else 0)  # the n-th signal of its commit
+        self.signal_at = at
+        if at <= self.applied:
+            return  # applied before a restart, streamed again from the last confirmed commit
+        kind, data = values.get("type"), values.get("data")
+        request: Request | None = None
+        with self.state.db:
+            try:
+                request = parse_signal(kind, data)
+                outcome = self.apply(request, "signal")
+            except SignalError as exc:
+                outcome = f"refused: {exc}"
+            self.state.signal_applied(*at)
+        self.applied = at
+        if request is not None:
+            self.mailbox.request(request.action, request.tables, request.predicate, "signal", outcome)
+        else:
+            self.mailbox.request(str(kind), (), data, "signal", outcome)
+        say = log.error if outcome.startswith("refused") else log.info
+        say("signal %s (%s): %s", values.get("id"), kind, outcome)
+
+    def commit(self, changes: TxBuffer, xid: int, marks: list[bytes], commit: Commit) -> None:
+        table, flight = self.watching, self.flight
+        window = flight if flight is not None and flight.opened else None
+        touched = False
+        if table is not None:
+            schema, name = table
+            for c in changes:
+                if c.table == name and c.schema == schema:
+                    touched = True
+                    if window is not None:
+                        window.see(c.op, c.key, c.before, self._old_key)
+                    if c.op == "DELETE" and c.key is not None:
+                        self.gone.add(self.ident(c.key))
+        self.recent.commit(xid, touched)
+        for mark in marks:
+            self._watermark(mark, commit, xid)
+
+    def _old_key(self, before: bytes) -> bytes | None:
+        plan = self.plans.get(self.flight.backfill) if self.flight is not None else None
+        return plan.old_key(before) if plan is not None else None
+
+    def _watermark(self, content: bytes, commit: Commit, xid: int) -> None:
+        found = chunker.parse_watermark(content)
+        flight = self.flight
+        if found is None or flight is None or found[1] != flight.token:
+            return  # another session's, or a chunk abandoned
+        if found[0] == "low":
+            flight.opened, flight.low_seq = True, self.recent.seq
+        elif flight.opened:
+            self.flight = None
+            self._close(flight, commit, xid)
+
+    def _close(self, window: Window, commit: Commit, xid: int) -> None:
+        """The high watermark of ``window`` came through: send what is left of it, before what follows."""
+        backfill = self.backfills.get(window.backfill)
+        plan = self.plans.get(window.backfill)
+        if backfill is None or plan is None or backfill.status not in ("running", "paused"):
+            return
+        if window.snapshot is not None and suspect(self.recent, window.low_seq, window.snapshot):
+            log.info("backfill #%d: a change the chunk's read could not see yet came through before its low"
+                     " watermark: reading the chunk again", backfill.id)  # fmt: skip
+            return
+        self.failures.pop(backfill.id, None)
+        rows = window.result()
+        sent = self.sink.emit_chunk(window.op, plan.reading.encoder.table, rows, commit.commit_lsn, xid,
+                                    commit.commit_time, backfill.id)  # fmt: skip
+        if window.op == "READ":
+            self._remember(backfill, window, rows, commit.commit_lsn)
+            backfill.rows += sent
+            backfill.dropped += window.read - sent
+            backfill.cursor = window.upper
+            backfill.phase = "retract" if window.last else "chunks"
+        else:
+            backfill.retracted += sent
+            self.candidates[backfill.id].done += window.read_keys
+        self.last_end = commit.end_lsn
+        self.pending.append((self.last_end, dataclasses.replace(backfill)))
+
+    def _remember(self, backfill: Backfill, window: Window, rows: list[tuple[bytes | None, bytes | None]],
+                  lsn: int) -> None:  # fmt: skip
+        """The TOASTable values of the rows sent, for later updates that leave them unchanged."""
+        if not window.large:
+            return
+        sent = {body(key) for key, _ in rows if key is not None}
+        for key, column, text in window.large:
+            if key in sent:
+                self.state.remember(backfill.table, key, column, lsn, text)
+
+    # ---- chunks ----------------------------------------------------------------------------
+    def step(self) -> bool:
+        if self.flight is not None:
+            return False
+        backfill = self._current()
+        if backfill is None:
+            self.streamer.watch = self.watching = None
+            return False
+        try:
+            return self._advance(backfill)
+        except chunker.ShapeChanged:
+            log.info("backfill #%d: the columns of %s changed: registering its new shape", backfill.id, backfill.table)
+            self.plans.pop(backfill.id, None)
+        except (SignalError, UnsupportedValueError) as exc:
+            self._end(backfill, "failed", str(exc))
+        except psycopg2.Error as exc:
+            if catalog.connection_lost(exc):
+                raise
+            self._failed_read(backfill, exc)
+        return True
+
+    def _failed_read(self, backfill: Backfill, exc: psycopg2.Error) -> None:
+        """A read PostgreSQL refused: once, with the table's shape and types read again (a DDL may have raced
+        it), then the backfill fails with PostgreSQL's message."""
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        self.failures[backfill.id] = self.failures.get(backfill.id, 0) + 1
+        if self.failures[backfill.id] > 1:
+            self._end(backfill, "failed", text)
+            return
+        log.warning("backfill #%d: reading %s failed (%s): trying once more", backfill.id, backfill.table, text)
+        self.plans.pop(backfill.id, None)
+        self.types.types.clear()
+
+    def _current(self) -> Backfill | None:
+        """The backfill to work on: the first running, else the first queued (started now)."""
+        running = [b for b in self.backfills.values() if b.status == "running"]
+        if running:
+            return running[0]
+        queued = next((b for b in self.backfills.values() if b.status == "queued"), None)
+        if queued is not None:
+            self._start(queued)
+        return queued
+
+    def _start(self, backfill: Backfill) -> None:
+        plan = self._plan(backfill)
+        ks = plan.reading.ks
+        backfill.estimate = chunker.validate(self.conn, ks.table, backfill.predicate)
+        backfill.upto = chunker.last_bound(self.conn, ks, backfill.predicate)
+        backfill.status, backfill.started_at = "running", time.time()
+        backfill.phase = "chunks" if backfill.upto is not None else "retract"
+        with self.state.db:
+            self.state.save_backfill(backfill)
+        key = ", ".join(ks.key) or "heap pages (no key)"
+        log.info("backfill #%d of %s started (%s): ~%d rows, in chunks of %d by %s", backfill.id, backfill.table,
+                 backfill.origin, backfill.estimate, self.cfg.backfill_chunk_rows, key)  # fmt: skip
+
+    def _advance(self, backfill: Backfill) -> bool:
+        """Read the next chunk (or retraction batch) of ``backfill``; False if it waits for the raw topic."""
+        plan = self._ready(backfill)
+        if backfill.phase == "chunks":
+            self.flight = self._read_chunk(backfill, plan)
+            return True
+        candidates = self._candidates(backfill)
+        batch = candidates.batch(lambda key: plan.ident(key) in self.gone)
+        if batch is None:
+            return False
+        if not batch[0]:
+            self._end(backfill, "done")
+        elif not batch[1]:
+            candidates.done += batch[0]
+        else:
+            self.flight = self._read_missing(backfill, plan, batch[1])
+            self.flight.read_keys = batch[0]
+        return True
+
+    def _ready(self, backfill: Backfill) -> Plan:
+        """Its plan, the raw topic's keys being read, the stream watching its table, its rate counting."""
+        plan = self._plan(backfill)
+        self._candidates(backfill)
+        if self.watching != backfill.qualified:
+            self.watching, self.recent, self.gone = backfill.qualified, Recent(), set()
+        self.ident = plan.ident
+        self.streamer.watch = self
+        if not backfill.since[0]:
+            backfill.begin()
+        return plan
+
+    def _candidates(self, backfill: Backfill) -> Candidates:
+        found = self.candidates.get(backfill.id)
+        if found is None or found.error is not None:
+            if found is not None:
+                log.error("backfill #%d: reading the raw topic's keys of %s failed (%s): reading them again",
+                          backfill.id, backfill.table, found.error)  # fmt: skip
+            found = self.candidates[backfill.id] = Candidates(self.cfg, backfill.qualified, f"backfill #{backfill.id}")
+        return found
+
+    def _stop_reading(self, backfill: int) -> None:
+        found = self.candidates.pop(backfill, None)
+        if found is not None:
+            found.stop.set()
+
+    def _token(self) -> str:
+        self.flights += 1
+        return f"{self.session}:{self.flights}"
+
+    def _read_chunk(self, backfill: Backfill, plan: Plan) -> Window:
+        assert backfill.upto is not None
+        token = self._token()
+        chunker.watermark(self.conn, "low", token)
+        ref = plan.reading.ks.table
+        chunk = plan.reading.chunk(self.conn, backfill.predicate, backfill.cursor, backfill.upto,
+                                   lambda: catalog.table_schema(self.conn, self.types, self.cfg.topic_prefix, ref))
+        chunker.watermark(self.conn, "high", token)
+        window = Window(backfill.id, backfill.qualified, token, "READ", chunk.rows, plan.ident, framed=self.framed)
+        window.snapshot, window.upper, window.last, window.large = chunk.snapshot, chunk.upper, chunk.last, chunk.large
+        return window
+
+    def _read_missing(self, backfill: Backfill, plan: Plan, keys: list[bytes]) -> Window:
+        token = self._token()
+        chunker.watermark(self.conn, "low", token)
+        gone, snapshot = chunker.missing(self.conn, plan.reading.encoder.table, keys, plan.decode)
+        chunker.watermark(self.conn, "high", token)
+        window = Window(backfill.id, backfill.qualified, token, "DELETE", [(k, None) for k in gone], plan.ident,
+                        framed=self.framed)
+        window.snapshot = snapshot
+        return window
+
+    def _plan(self, backfill: Backfill) -> Plan:
+        found = self.plans.get(backfill.id)
+        if found is not None:
+            return found
+        ref = catalog.table_ref(self.conn, *backfill.qualified)
+        if ref is None:
+            raise SignalError(f"{backfill.table} no longer exists")
+        shape = catalog.table_schema(self.conn, self.types, self.cfg.topic_prefix, ref)
+        value_id, key_id = register_table(self.registrar, shape)
+        encoder = RowEncoder(shape, value_id, key_id, self.cfg.format)
+        spec = copier_spec(encoder) if self.fast else None
+        ident, old_key, decode = self._codecs(encoder, key_id)
+        ks = chunker.keyset(self.conn, ref, shape)
+        reading = chunker.Reading(ks, encoder, spec, self.cfg.backfill_chunk_rows, decode)
+        plan = self.plans[backfill.id] = Plan(reading, ident, old_key, decode)
+        return plan
+
+    def _codecs(self, encoder: RowEncoder, key_id: int | None) -> tuple[Callable[[bytes], bytes], KeyOf,
+                                                                       retract.KeyDecoder]:  # fmt: skip
+        """How keys of this table are identified, taken from an old full row, and decoded."""
+        shape = encoder.table
+        names = [shape.columns[i].name for i in shape.key_indexes]
+        if self.cfg.format == "json" or not isinstance(self.registrar, Registry) or key_id is None:
+            return (lambda key: key), _json_old_key(names), retract.json_keys(shape)
+        registry, key_schema = self.registrar, self.registrar.parsed(key_id)
+
+        def old_key(before: bytes) -> bytes | None:
+            row = registry.decode(before)
+            return frame(key_id) + avro_body(key_schema, {n: row[n] for n in names}) if names else None
+
+        return body, old_key, retract.avro_keys(shape, registry.schema)
+
+    # ---- ends ------------------------------------------------------------------------------
+    def _end(self, backfill: Backfill, status: str, message: str = "") -> None:
+        """Done, failed or cancelled: saved once Kafka acknowledged what it sent (at once for the others)."""
+        backfill.status, backfill.message, backfill.finished_at = status, message, time.time()
+        self.backfills.pop(backfill.id, None)
+        self.plans.pop(backfill.id, None)
+        self._stop_reading(backfill.id)
+        if self.flight is not None and self.flight.backfill == backfill.id:
+            self.flight = None
+        if status == "done":
+            self.pending.append((self.last_end, dataclasses.replace(backfill)))
+            elapsed = backfill.finished_at - (backfill.started_at or backfill.finished_at)
+            log.info("backfill #%d of %s done: %d rows in %.1f s, %d keys the table no longer holds retracted",
+                     backfill.id, backfill.table, backfill.rows, elapsed, backfill.retracted)  # fmt: skip
+            return
+        with self.state.db:
+            self.state.save_backfill(backfill)
+        (log.error if status == "failed" else log.info)("backfill #%d of %s %s%s", backfill.id, backfill.table,
+                                                         status, f": {message}" if message else "")  # fmt: skip
+
+    # ---- housekeeping ----------------------------------------------------------------------
+    def housekeeping(self, acked_lsn: int | None) -> None:
+        self._save(acked_lsn)
+        self._requests()
+        now = time.monotonic()
+        if now - self.polled >= POLL_EVERY:
+            self.polled = now
+            for table in sorted(catalog.published(self.conn, self.cfg.publication) - set(self.streamer.keyed)
+                                - self.ignored - {self.cfg.signal}):  # fmt: skip
+                self._join(table, f"added to publication {self.cfg.publication}")
+        if now - self.logged >= LOG_EVERY:
+            self.logged = now
+            for backfill in self.backfills.values():
+                if backfill.status == "running":
+                    log.info("backfill %s", backfill.describe())
+
+    def _save(self, acked_lsn: int | None) -> None:
+        """Save the progress Kafka acknowledged (a chunk's high watermark at or below ``acked_lsn``)."""
+        while self.pending and (self.pending[0][0] == 0 or (acked_lsn is not None and self.pending[0][0] <= acked_lsn)):
+            _, saved = self.pending.popleft()
+            live = self.backfills.get(saved.id)
+            if live is not None and live.status == "paused" and saved.status == "running":
+                saved.status = "paused"
+            if live is None and saved.status != "done":
+                continue  # cancelled or failed meanwhile: saved then
+            with self.state.db:
+                self.state.save_backfill(saved, live.rate() if live is not None else 0.0)
+
+    def _requests(self) -> None:
+        """Requests ``headwater snapshot`` left in capture's state."""
+        for rid, request in self.mailbox.pending_requests():
+            with self.state.db:
+                try:
+                    if isinstance(request, str):
+                        raise SignalError(request)
+                    outcome = self.apply(request, "request")
+                except SignalError as exc:
+                    outcome = f"refused: {exc}"
+            self.mailbox.handled(rid, outcome)  # after the backfills it queued are saved: never lost, once twice
+            say = log.error if outcome.startswith("refused") else log.info
+            say("request %d: %s", rid, outcome)
+
+    # ---- requests --------------------------------------------------------------------------
+    def apply(self, request: Request, origin: str) -> str:
+        """Carry out a request (inside the caller's ``with state.db``); returns what was done, or raises
+        ``SignalError`` saying why nothing was."""
+        if request.action == "snapshot":
+            return self._snapshot(request, origin)
+        targets = self._targets(request.tables)
+        change = {"pause": self._pause, "resume": self._resume, "cancel": self._cancel}[request.action]
+        done = [b for b in targets if change(b)]
+        if not done:
+            raise SignalError(f"no backfill to {request.action}" + (f" of {', '.join(request.tables)}"
+                                                                     if request.tables else ""))  # fmt: skip
+        for backfill in done:
+            self.state.save_backfill(backfill)
+        return f"{request.action}: " + ", ".join(f"#{b.id} {b.table}" for b in done)
+
+    def _targets(self, names: tuple[str, ...]) -> list[Backfill]:
+        tables = {".".join(qualify(n)) for n in names}
+        return [b for b in self.backfills.values() if not tables or b.table in tables]
+
+    def _pause(self, backfill: Backfill) -> bool:
+        if backfill.status not in ("queued", "running"):
+            return False
+        backfill.status = "paused"
+        return True
+
+    def _resume(self, backfill: Backfill) -> bool:
+        if backfill.status != "paused":
+            return False
+        backfill.status = "running" if backfill.started_at else "queued"
+        backfill.begin()
+        return True
+
+    def _cancel(self, backfill: Backfill) -> bool:
+        if backfill.status not in UNFINISHED:
+            return False
+        backfill.status, backfill.finished_at = "cancelled", time.time()
+        self.backfills.pop(backfill.id, None)
+        self.plans.pop(backfill.id, None)
+        self._stop_reading(backfill.id)
+        if self.flight is not None and self.flight.backfill == backfill.id:
+            self.flight = None
+        return True
+
+    def _snapshot(self, request: Request, origin: str) -> str:
+        predicate = check_predicate(request.predicate) if request.predicate is not None else None
+        refs = [self._captured(name) for name in request.tables]
+        for ref in refs:
+            chunker.validate(self.conn, ref, predicate)
+        queued = []
+        for ref in refs:
+            backfill = self.state.add_backfill(ref.qualified, predicate, origin)
+            self.backfills[backfill.id] = backfill
+            queued.append(f"#{backfill.id} {ref.qualified}")
+        return "queued backfill " + ", ".join(queued) + (f" where {predicate}" if predicate else "")
+
+    def _captured(self, name: str) -> TableRef:
+        """The captured table ``name``, or ``SignalError`` saying why it cannot be backfilled."""
+        table = qualify(name)
+        ref = catalog.table_ref(self.conn, *table)
+        if ref is None:
+            raise SignalError(f"there is no table {'.'.join(table)} in this database")
+        if table not in self.streamer.keyed and not ref.keyed and not self.cfg.allow_unkeyed:
+            raise SignalError(f"{ref.qualified} has no primary key or replica identity index: a backfill reads a"
+                              " table in chunks by its key, and drops the rows the stream changed meanwhile by key;"
+                              " add a primary key, or set allow_unkeyed to capture and backfill it without"
+                              " one")  # fmt: skip
+        if table not in self.streamer.keyed:
+            raise SignalError(f"{ref.qualified} is not captured (include/exclude patterns, or the publication "
+                              f"{self.cfg.publication} does not publish it)")  # fmt: skip
+        return ref
+
+    # ---- numbers ---------------------------------------------------------------------------
+    def progress(self) -> list[Progress]:
+        """Every unfinished backfill's numbers: the one place the log, status and metrics read them from."""
+        now = time.monotonic()
+        return [Progress.of(b, now) for b in self.backfills.values()]
+
+
+def _json_old_key(names: list[str]) -> KeyOf:
+    def old_key(before: bytes) -> bytes | None:
+        row = json.loads(before)
+        return json.dumps({n: row.get(n) for n in names}, separators=(",", ":"), ensure_ascii=False).encode()
+
+    return old_key

@@ -1,0 +1,299 @@
+"""A backfill's reads: watermarks, chunks by key, retraction checks (the SQL side of ``capture.backfill``).
+
+Promise: only what capture's role may do — SELECT on the table, the catalog, and
+``pg_logical_emit_message`` for the watermarks. A chunk is read in one read-only
+REPEATABLE READ transaction that starts after its low watermark committed and ends before
+its high watermark is written: ``pg_current_snapshot()`` (what the read could see), the
+key that closes the chunk (``backfill_chunk_rows`` rows after the previous chunk, by the
+table's key in its index's order — composite keys compared as rows, so the index is used),
+then the rows with ``COPY``: through the compiled ``Copier`` in its rows mode on the fast
+path (Avro on a UTF8 server), else the general path (the reference, same bytes). A table
+without key (``allow_unkeyed``) is read in ranges of heap pages instead. A ``--where``
+predicate narrows every read; it runs inside the read-only transaction with capture's
+privileges, after ``backfill.check_predicate`` kept it inside its parentheses. Key values
+travel as PostgreSQL's own text and come back through casts to the key's types, so every
+key type compares exactly as the table's index does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from capture import retract
+from capture._copier import Copier
+from capture.backfill import WATERMARK_PREFIX, Row, SignalError, Snapshot
+from capture.catalog import Connection, TableRef, connection_lost
+from capture.encoder import RowEncoder
+from capture.snapshot import _Lines, general_path
+from capture.transcoder import CopierSpec
+from tables.catalog import TableSchema
+from tables.wire import body
+
+Large = list[tuple[bytes, int, str]]  # (key body, column index, text) of values long enough to be TOASTed
+Bound = list[str | None]  # a key as the texts of its columns, in the key's order (or [page] without key)
+
+KEY_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+FROM (SELECT i.indkey FROM pg_index i WHERE i.indrelid = %s AND (i.indisreplident OR i.indisprimary)
+      ORDER BY i.indisreplident DESC LIMIT 1) i,
+     unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = %s AND a.attnum = k.attnum
+ORDER BY k.ord
+"""
+
+
+@dataclass(frozen=True)
+class Keyset:
+    """How one table is read in chunks: its shape, its key columns in index order with their types (none for a
+    table without key), and the rows one heap page holds (for tables without key)."""
+
+    table: TableRef
+    shape: TableSchema
+    key: tuple[str, ...]
+    types: tuple[str, ...]
+    per_page: float = 100.0
+
+    @property
+    def relation(self) -> sql.Composable:
+        return sql.SQL("ONLY {}").format(sql.Identifier(self.table.schema, self.table.name))
+
+    def columns(self) -> sql.Composable:
+        return sql.SQL(", ").join(sql.Identifier(c) for c in self.key)
+
+    def order(self, direction: str = "") -> sql.Composable:
+        """ORDER BY the key, the columns named through the table (never the text outputs of ``texts``)."""
+        table = sql.Identifier(self.table.schema, self.table.name)
+        return sql.SQL(", ").join(sql.SQL("{}.{}" + direction).format(table, sql.Identifier(c)) for c in self.key)
+
+    def texts(self) -> sql.Composable:
+        """The key columns as text, named apart from the columns (ORDER BY a bare name would take the text)."""
+        return sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(c), sql.Identifier(f"_hw_{i}"))
+                                  for i, c in enumerate(self.key))  # fmt: skip
+
+    def row(self, bound: Bound) -> sql.Composable:
+        """A key as a row of typed literals: ``('7'::integer, 'x'::text)``."""
+        values = (sql.SQL("{}::{}").format(sql.Literal(v), sql.SQL(t)) for v, t in zip(bound, self.types, strict=True))
+        return sql.SQL("({})").format(sql.SQL(", ").join(values))
+
+    def where(self, predicate: str | None, after: Bound | None, upto: Bound | None) -> sql.Composable:
+        """The rows of one range: after ``after`` (exclusive) up to ``upto`` (inclusive), matching ``predicate``."""
+        parts: list[sql.Composable] = [sql.SQL("({}\n)").format(sql.SQL(predicate))] if predicate else []
+        if not self.key:
+            first = int(after[0] or 0) if after else 0
+            parts.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)")))
+            if upto is not None:
+                parts.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({int(upto[0] or 0)},0)")))
+        else:
+            keys = sql.SQL("({})").format(self.columns())
+            if after is not None:
+                parts.append(sql.SQL("{} > {}").format(keys, self.row(after)))
+            if upto is not None:
+                parts.append(sql.SQL("{} <= {}").format(keys, self.row(upto)))
+        return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+
+
+def keyset(conn: Connection, table: TableRef, shape: TableSchema) -> Keyset:
+    """The table's key columns in its key index's order (a table without key: none, and its rows per page)."""
+    with conn.cursor() as cur:
+        cur.execute(KEY_SQL, (table.oid, table.oid))
+        rows = cur.fetchall()
+        cur.execute("SELECT greatest(reltuples, 0) / greatest(relpages, 1) FROM pg_class WHERE oid = %s",
+                    (table.oid,))  # fmt: skip
+        per_page = float(cur.fetchone()[0] or 100.0)  # type: ignore[index]
+    return Keyset(table, shape, tuple(r[0] for r in rows), tuple(r[1] for r in rows), max(per_page, 1.0))
+
+
+def _execute(conn: Connection, query: sql.Composable, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(query, args)
+        return cur.fetchall() if cur.description else []
+
+
+def validate(conn: Connection, table: TableRef, predicate: str | None) -> int:
+    """The rows a backfill of ``table`` will read, as the planner estimates them; a predicate PostgreSQL
+    refuses (syntax, unknown column, ...) raises ``SignalError`` with its message."""
+    where = sql.SQL("({}\n)").format(sql.SQL(predicate)) if predicate else sql.SQL("true")
+    query = sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM ONLY {} WHERE {}").format(
+        sql.Identifier(table.schema, table.name), where)  # fmt: skip
+    _execute(conn, sql.SQL("BEGIN READ ONLY"))
+    try:
+        plan = _execute(conn, query)[0][0]
+    except psycopg2.Error as exc:
+        if connection_lost(exc):
+            raise
+        raise SignalError(f"PostgreSQL refuses the predicate on {table.qualified}: "
+                          f"{str(exc).strip().splitlines()[0]}") from exc  # fmt: skip
+    finally:
+        _rollback(conn)
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def last_bound(conn: Connection, ks: Keyset, predicate: str | None) -> Bound | None:
+    """The largest key matching ``predicate`` now (rows inserted after it come through the stream), or the
+    number of heap pages for a table without key; None when there is nothing to read."""
+    if not ks.key:
+        rows = _execute(conn, sql.SQL("SELECT pg_relation_size({}) / current_setting('block_size')::int").format(
+            sql.Literal(ks.table.oid)))  # fmt: skip
+        pages = int(rows[0][0])
+        return [str(pages)] if pages else None
+    order = ks.order(" DESC")
+    query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1").format(
+        ks.texts(), ks.relation, ks.where(predicate, None, None), order)  # fmt: skip
+    found = _execute(conn, query)
+    return list(found[0]) if found else None
+
+
+def watermark(conn: Connection, kind: str, token: str) -> None:
+    """Write the low or high watermark of chunk ``token`` into the WAL (its own transaction)."""
+    payload = json.dumps({"w": kind, "t": token})
+    _execute(conn, sql.SQL("SELECT pg_logical_emit_message(true, %s, %s)"), (WATERMARK_PREFIX, payload))
+
+
+def parse_watermark(content: bytes) -> tuple[str, str] | None:
+    """(kind, token) of a watermark message's content, None if it is not one."""
+    try:
+        found = json.loads(content)
+        return str(found["w"]), str(found["t"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class ShapeChanged(Exception):
+    """The table's columns changed since its encoder was made: make it again, then read the chunk."""
+
+
+@dataclass
+class Chunk:
+    """One chunk as read: its rows, their TOASTable values, where the next chunk starts, whether it is the
+    last one, and what the read could see."""
+
+    rows: list[Row]
+    large: Large
+    upper: Bound | None
+    last: bool
+    snapshot: Snapshot
+
+
+class Reading:
+    """Reads one table's chunks with one encoder (the shape registered for its topic)."""
+
+    def __init__(self, ks: Keyset, encoder: RowEncoder, spec: CopierSpec | None, size: int,
+                 decode: retract.KeyDecoder) -> None:  # fmt: skip
+        self.ks, self.encoder, self.spec, self.size, self.decode = ks, encoder, spec, size, decode
+
+    def chunk(self, conn: Connection, predicate: str | None, after: Bound | None, upto: Bound,
+              shape: Callable[[], TableSchema]) -> Chunk:  # fmt: skip
+        """The next chunk after ``after`` (None: the first), never past ``upto``, in one transaction;
+        ``ShapeChanged`` if the table's shape (``shape()``, read in it) is no longer the encoder's."""
+        snapshot = _begin(conn)
+        try:
+            if shape() != self.encoder.table:
+                raise ShapeChanged(self.ks.table.qualified)
+            rows, large, upper = self._read(conn, predicate, after, upto)
+            _execute(conn, sql.SQL("COMMIT"))
+        except BaseException:
+            _rollback(conn)
+            raise
+        return Chunk(rows, large, upper or upto, upper is None or upper == upto, snapshot)
+
+    def _read(self, conn: Connection, predicate: str | None, after: Bound | None,
+              upto: Bound) -> tuple[list[Row], Large, Bound | None]:  # fmt: skip
+        """The chunk's rows and the key that closes it (None: the rest up to ``upto`` was read). By key: the
+        first ``size`` rows in key order, the next chunk starting after the last one's key (its image decoded
+        back to PostgreSQL's text; asked from PostgreSQL when a date or timestamp in it is at an end of Avro's
+        range, where infinity and a real value look the same); without key: a range of heap pages."""
+        ks, table = self.ks, self.encoder.table
+        if not ks.key:
+            first = int(after[0] or 0) if after else 0
+            end = first + max(1, round(self.size / ks.per_page))
+            upper: Bound | None = [str(end)] if end < int(upto[0] or 0) else None
+            rows, large = self._copy(conn, ks.where(predicate, after, upper or upto), sql.SQL(""))
+            return rows, large, upper
+        limit = sql.SQL(" ORDER BY {} LIMIT {}").format(ks.order(), sql.Literal(self.size))
+        rows, large = self._copy(conn, ks.where(predicate, after, upto), limit)
+        if len(rows) < self.size:
+            return rows, large, None
+        last = rows[-1][0]
+        assert last is not None
+        values = dict(zip([c.name for c in table.columns if c.is_key], self.decode(last), strict=True))
+        if any(retract.at_an_end(v) for v in values.values()):  # infinity, or a real value there: ask
+            return rows, large, self._nth_key(conn, predicate, after, upto)
+        return rows, large, [retract.pg_text(values[k], literal=True) for k in ks.key]
+
+    def _nth_key(self, conn: Connection, predicate: str | None, after: Bound | None, upto: Bound) -> Bound:
+        """The texts of the chunk's last key as PostgreSQL gives them (same transaction: the same rows)."""
+        ks = self.ks
+        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1 OFFSET {}").format(
+            ks.texts(), ks.relation, ks.where(predicate, after, upto), ks.order(), sql.Literal(self.size - 1))
+        return list(_execute(conn, query)[0])
+
+    def _copy(self, conn: Connection, where: sql.Composable, then: sql.Composable) -> tuple[list[Row], Large]:
+        """The rows COPY gives (in its order) and their TOASTable values."""
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in self.encoder.table.columns)
+        query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}{}) TO STDOUT").format(cols, self.ks.relation, where, then)
+        rows: list[Row] = []
+        large: Large = []
+        target = self._target(rows, large)
+        with conn.cursor() as cur:
+            cur.copy_expert(query, target)
+        if isinstance(target, Copier):
+            target.finish()
+        return rows, large
+
+    def _target(self, rows: list[Row], large: Large) -> Copier | _Lines:
+        """Where COPY's text goes: the Copier (rows mode) or the general path, both into ``rows``."""
+        general = general_path(self.encoder)
+        if self.spec is None:
+            return _Lines(lambda line: _general_row(general, line, rows, large))
+
+        def on_batch(batch: list[Row], big: Large) -> None:
+            rows.extend(batch)
+            large.extend(big)
+
+        s = self.spec
+        return Copier(s.columns, s.value_prefix, s.key_prefix, b"", b"", b"", 0, 1, general, on_batch,
+                      self.size + 1, rows=True)  # fmt: skip
+
+
+def _general_row(general: Callable[[bytes], tuple[bytes, bytes | None, list[tuple[int, str]] | None]], line: bytes,
+                 rows: list[Row], large: Large) -> None:  # fmt: skip
+    value, key, big = general(line)
+    rows.append((key, value))
+    if key is not None and big:
+        large.extend((body(key), i, text) for i, text in big)
+
+
+def _begin(conn: Connection) -> Snapshot:
+    _execute(conn, sql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+    try:
+        return Snapshot.parse(_execute(conn, sql.SQL("SELECT pg_current_snapshot()::text"))[0][0])
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _rollback(conn: Connection) -> None:
+    if not conn.closed:
+        with contextlib.suppress(psycopg2.Error):
+            _execute(conn, sql.SQL("ROLLBACK"))
+
+
+def missing(conn: Connection, shape: TableSchema, keys: Sequence[bytes], decode: retract.KeyDecoder
+            ) -> tuple[list[bytes], Snapshot]:  # fmt: skip
+    """Which of ``keys`` the table does not hold, asked in one read-only transaction (``retract.missing``)."""
+    snapshot = _begin(conn)
+    try:
+        gone = retract.missing(conn, shape, keys, decode)
+        _execute(conn, sql.SQL("COMMIT"))
+    except BaseException:
+        _rollback(conn)
+        raise
+    return gone, snapshot
