@@ -148,7 +148,7 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
     assert len(read_topic(capture.cfg.bootstrap, topic)) == before
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, pytest.param(3, marks=pytest.mark.heavy)])
 def test_workers_killed_twelve_times_under_load_converge_within_a_minute(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     local_stack: StackConfig, workers: int,
