@@ -27,6 +27,7 @@ from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import change_writer
 from capture.errors import BrokerError, CheckpointMismatchError, SlotLostError, SourceError, SourceUnreachableError
+from capture.kafkawatch import KafkaWatch
 from capture.metrics import CaptureMetrics, Probe
 from capture.producer import ChangeProducer, ensure_changes_topic
 from capture.schemas import register_table
@@ -48,7 +49,7 @@ def run(cfg: CaptureConfig, stop: threading.Event | None = None, metrics: Captur
     """Capture until ``stop`` is set (or a fatal error), serving metrics, health and readiness meanwhile."""
     stop = stop or threading.Event()
     metrics = metrics or CaptureMetrics(cfg)
-    probe = Probe(cfg, metrics, beside=[SlotWatch(cfg, metrics)])
+    probe = Probe(cfg, metrics, beside=[SlotWatch(cfg, metrics), KafkaWatch(cfg, metrics)])
     log.warning("capture starting: slot %s, publication %s, into %s at %s", cfg.slot, cfg.publication,
                 cfg.changes_topic, cfg.bootstrap, extra=facts(slot=cfg.slot, topic=cfg.changes_topic))  # fmt: skip
     outcome = "asked to stop"
