@@ -323,12 +323,13 @@ class _Collector:
         from prometheus_client.core import GaugeMetricFamily
 
         cut = self.sources.cut()
-        lsn = GaugeMetricFamily("headwater_streams_view_cut_lsn", "commit LSN of the views' last published cut")
+        lsn = GaugeMetricFamily("headwater_streams_view_cut_lsn", "commit LSN of the views' last published cut "
+                                 "(on the raw partition's owner; elsewhere this worker's last point)")  # fmt: skip
         if cut is not None:
             lsn.add_metric([], cut)
         yield lsn
         age = GaugeMetricFamily(CUT_AGE, "seconds the views have held changes their cut does not (0: the cut holds "
-                                "everything applied), on the worker that runs the views")  # fmt: skip
+                                "everything applied), on each worker keeping view partitions")  # fmt: skip
         if (seconds := self.sources.cut_age()) is not None:
             age.add_metric([], seconds)
         yield age
