@@ -21,7 +21,7 @@ from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.dbzrun import DebeziumRun
 from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
-from streams.metrics import StreamsMetrics
+from streams.metrics import StreamsMetrics, clock
 from streams.writer import Pending, TableWriter
 from tables.change import ChangeReader
 from tables.logs import facts
@@ -88,12 +88,12 @@ class FanOutRun:
 
     def handle(self, batch: Sequence[Raw]) -> None:
         """Route and write a batch of raw changes (offset, key, value) in offset order."""
-        started = time.monotonic()
+        started = clock()
         self._handle(batch)
         if self.fanout is not None:
             self.metrics.fanned(self.fanout.counters)  # per batch, not per change
         self.checkpoint()
-        self.busy += time.monotonic() - started
+        self.busy += self.metrics.spent("fanout", started)
         self.batches += 1
         self.report(batch[-1][0])
 
