@@ -141,12 +141,20 @@ class ValueSchema:
 
 def value_schema(req: Request) -> ValueSchema:
     """The newest schema registered as ``<topic>-value`` (a missing topic or subject is a ``SourceError``)."""
+    registry = Registry(req.registry)
     try:
-        found = Registry(req.registry).latest(f"{req.topic}-value")
+        found = registry.latest(f"{req.topic}-value")
+        by_record = [] if found else [s for s in registry.subjects() if s.startswith(f"{req.topic}-") and s not in
+                                      (f"{req.topic}-key", f"{req.topic}-value")]  # fmt: skip
     except RetryableError as exc:
         raise SourceUnavailable(exc.message, topic=req.topic, hint=req.registry_hint) from exc
     if found is None:
         partitions(req)  # a topic Kafka does not have is the better message
+        if by_record:  # TopicRecordNameStrategy: the raw topic with nested row images
+            raise SourceError(f"{req.topic} registers a schema per record type ({', '.join(sorted(by_record)[:3])}"
+                              f"{', ...' if len(by_record) > 3 else ''}), and a DataFrame has one",
+                              topic=req.topic, hint="read the table topics (option 'table'), or capture with "
+                              "[capture] raw_images = 'framed' to read the raw topic")  # fmt: skip
         raise SourceError(f"no schema is registered under {req.topic}-value in {req.registry}", topic=req.topic,
                           hint="Headwater reads Avro topics written by capture or the streams workers")  # fmt: skip
     return ValueSchema(*found)

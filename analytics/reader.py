@@ -28,7 +28,8 @@ from pyspark.sql import types as T
 
 from analytics.errors import SourceError, SourceUnavailable
 from analytics.plan import Request, Slice, ValueSchema
-from analytics.types import Field, arrow_schema, column_array, plain, record_fields
+from analytics.types import Field, arrow_schema, column_array, record_fields
+from tables.avro import plain
 from tables.errors import RetryableError
 from tables.kafka import reader
 from tables.registry import Registry

@@ -5,10 +5,10 @@ Avro record: decimal(p,s) for decimals up to 38 digits (wider ones as their exac
 date, time, timestamp (``timestamp-*``) and timestamp_ntz (``local-timestamp-*``),
 binary, strings for enums, uuids and everything textual, arrays, structs for nested
 records, maps with string keys; a field is nullable when its union holds ``null``.
-``plain(schema)`` is the same schema without logical types: records are decoded with it
-so values arrive as their raw ints and bytes, and ``Column.array(values)`` turns a list of
-them into an Arrow array of the type Spark expects (``arrow_type`` of the Spark type)
-without building a Python date, datetime or Decimal per value where it can.
+Records are decoded with ``tables.avro.plain(schema)`` (no logical types) so values arrive
+as their raw ints and bytes, and ``Column.array(values)`` turns a list of them into an Arrow
+array of the type Spark expects (``arrow_type`` of the Spark type) without building a Python
+date, datetime or Decimal per value where it can.
 A union of a decimal and a string (how capture writes numerics that may be NaN or
 infinite) maps to the decimal; its string values (NaN, Infinity) read as null.
 """
@@ -209,19 +209,6 @@ def _json_text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.hex()
     return value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-
-
-def plain(schema: Any) -> Any:
-    """The schema with every ``logicalType`` removed (values decode to raw ints and bytes)."""
-    if isinstance(schema, list):
-        return [plain(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: plain(v) for k, v in schema.items() if k != "logicalType"}
-    if "logicalType" in schema:
-        out.pop("precision", None)
-        out.pop("scale", None)
-    return out
 
 
 def arrow_type(spark: T.DataType) -> pa.DataType:

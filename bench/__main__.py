@@ -1,6 +1,6 @@
 """``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics] [--changes N] [--rows N]
-[--scale N] [--seconds S] [--rate R] [--messages N] [--customers N] [--orders N]`` (or ``./dev bench``); ``capture``
-runs the backfill benchmark after its own."""
+[--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--messages N] [--customers N]
+[--orders N]`` (or ``./dev bench``); ``capture`` runs the backfill benchmark after its own."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="steady load of the views latency benchmark, transactions/s (default: half the sustained)",
     )
+    parser.add_argument("--workers", type=int, default=1, help="stream workers of the views benchmark (one group)")
+    parser.add_argument("--connections", type=int, default=4, help="connections the views benchmark commits from")
+    parser.add_argument("--burst", type=int, default=6000, help="transactions of the views benchmark's burst")
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the analytics benchmark's topic")
     parser.add_argument("--customers", type=int, default=20_000, help="customers of the shopview benchmark's shop")
     parser.add_argument("--orders", type=int, default=200_000, help="orders of the shopview benchmark's shop")
@@ -41,7 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.which in ("all", "tables"):
         tables.main(scale=args.scale)
     if args.which in ("all", "views"):
-        views.main(seconds=args.seconds, rate_steady=args.rate)
+        views.main(
+            seconds=args.seconds,
+            burst=args.burst,
+            rate_steady=args.rate,
+            workers=args.workers,
+            connections=args.connections,
+        )
     if args.which in ("all", "shopview"):
         shopview.main(customers=args.customers, orders=args.orders, seconds=max(args.seconds, 120.0),
                       rate=args.rate or 150.0)  # fmt: skip

@@ -8,6 +8,11 @@
    the backlog's last commit.
 2. Snapshot: ``COPY (SELECT ...) TO STDOUT`` of the captured tables to /dev/null
    against headwater's snapshot of the same tables (rows to the raw topic, acked).
+3. Row images (``[capture] raw_images``): a second backlog drained by four slots created at the
+   same point, one after the other: framed images (the default), nested, nested, framed, each
+   into its own raw topic (``framed1.changes``, ``nested2.changes``, ..., which ``bench/fanout.py``
+   fans out); then the snapshot of step 2 again with each, in the same order. Rates and the raw
+   messages' mean size, each mode against the other in the same run.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import psycopg2
 
 from capture import slot
 from capture.config import CaptureConfig
-from capture.producer import DEFAULTS, SnapshotSender
+from capture.producer import DEFAULTS, SnapshotSender, ensure_changes_topic
 from capture.state import snapshot_done
 from headwater import shop, stack
 from tables.kafka import read_topic
@@ -142,19 +147,28 @@ def snapshot(cfg: stack.StackConfig, dsn: str, rows: int, work: Path) -> tuple[f
     copy = "; ".join(f"COPY (SELECT * FROM {t}) TO STDOUT" for t in shop.TABLES)  # noqa: S608 - fixed names
     copy_seconds = sh([str(bindir() / "psql"), dsn, "-qc", copy], stdout=subprocess.DEVNULL)
     env = {**os.environ, "HEADWATER_CAPTURE_DSN": dsn}
-    log = (work / "capture-snapshot.log").open("ab")
-    start = time.monotonic()
-    proc = subprocess.Popen(capture_argv(cfg, "snap", "bench_snapshot", work / "state-snap"),
-                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    while not snapshot_done(work / "state-snap", "bench_snapshot"):
-        if proc.poll() is not None:
-            raise RuntimeError(f"capture exited with {proc.returncode}")
-        time.sleep(0.05)
-    ours = time.monotonic() - start
-    proc.terminate()
-    proc.wait()
+    ours = timed_snapshot(capture_argv(cfg, "snap", "bench_snapshot", work / "state-snap"), env,
+                          work / "capture-snapshot.log")  # fmt: skip
     conn.close()
     return copy_seconds, ours, total, _snapshot_phase(work / "capture-snapshot.log")
+
+
+def timed_snapshot(argv: list[str], env: dict[str, str], log: Path) -> float:
+    """Seconds from starting capture (``argv``, its output appended to ``log``) until its state records the
+    snapshot done; capture is stopped then."""
+    state, slot_name = Path(argv[argv.index("--state-dir") + 1]), argv[argv.index("--slot") + 1]
+    start = time.monotonic()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while not snapshot_done(state, slot_name):
+            if proc.poll() is not None:
+                raise RuntimeError(f"capture exited with {proc.returncode}: see {log}")
+            time.sleep(0.05)
+        return time.monotonic() - start
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def _snapshot_phase(log: Path) -> float:
@@ -181,7 +195,8 @@ def _produce(bootstrap: str, prefix: str, count: int, size: int) -> None:
 def kafka_alone(cfg: stack.StackConfig, messages: int, workers: int, size: int = 110) -> float:
     """Seconds for ``workers`` processes to produce ``messages`` pre-encoded messages (the snapshot's
     producer and settings, no database, no encoding): the ceiling of one message per row here."""
-    ctx = multiprocessing.get_context("spawn")
+    ensure_changes_topic(CaptureConfig(bootstrap=cfg.bootstrap, topic_prefix="ceiling"))  # capture's producer
+    ctx = multiprocessing.get_context("spawn")  # does not make topics (allow.auto.create.topics = false)
     procs = [ctx.Process(target=_produce, args=(cfg.bootstrap, "ceiling", messages // workers, size))
              for _ in range(workers)]  # fmt: skip
     start = time.monotonic()
@@ -214,11 +229,92 @@ def seeded_stack() -> Iterator[tuple[stack.StackConfig, str, Path]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+IMAGES = ("framed", "nested")
+RUNS = ("framed1", "nested2", "nested3", "framed4")  # each a raw topic's prefix; its mode is the name's letters
+
+
+def mode_of(run: str) -> str:
+    return run.rstrip("0123456789")
+
+
+def images_streaming(cfg: stack.StackConfig, dsn: str, changes: int, work: Path) -> dict[str, tuple[float, int, float]]:
+    """One backlog drained by framed and nested captures (``RUNS``: slots made at the same point, drained one
+    after the other): per run, (seconds, changes on its raw topic, mean value bytes)."""
+    env = {**os.environ, "HEADWATER_CAPTURE_DSN": dsn}
+    log = (work / "capture-images.log").open("ab")
+    for run in RUNS:  # each slot made by capture itself, before the backlog
+        argv = capture_argv(cfg, run, f"bench_{run}", work / f"state-{run}", "--skip-snapshot", "--raw-images",
+                            mode_of(run))  # fmt: skip
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_confirmed(dsn, f"bench_{run}", proc)
+        proc.terminate()
+        proc.wait()
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(BACKLOG_SQL % {"txs": changes // CHANGES_PER_TX})
+    conn.close()
+    out = {}
+    for run in RUNS:
+        argv = capture_argv(cfg, run, f"bench_{run}", work / f"state-{run}", "--raw-images", mode_of(run))
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        seconds = wait_confirmed(dsn, f"bench_{run}", proc)
+        proc.terminate()
+        proc.wait()
+        sizes = [len(r.value or b"") for r in read_topic(cfg.bootstrap, f"{run}.changes", timeout=600)]
+        out[run] = (seconds, len(sizes), sum(sizes) / max(len(sizes), 1))
+        _drop_slot(dsn, f"bench_{run}")
+    return out
+
+
+def images_snapshot(cfg: stack.StackConfig, dsn: str, work: Path) -> tuple[dict[str, list[tuple[float, float]]], int]:
+    """The snapshot with each mode, framed, nested, nested, framed: per mode, (from process start, phase); and
+    the rows copied."""
+    env = {**os.environ, "HEADWATER_CAPTURE_DSN": dsn}
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("VACUUM ANALYZE")
+        cur.execute("SELECT sum(n_live_tup) FROM pg_stat_user_tables")  # as snapshot() counts them
+        rows = int(cur.fetchone()[0])  # type: ignore[index]
+    conn.close()
+    out: dict[str, list[tuple[float, float]]] = {m: [] for m in IMAGES}
+    for n, mode in enumerate(map(mode_of, RUNS)):
+        name, state, log = f"bench_snap_{n}", work / f"state-snap-{n}", work / f"capture-snap-{n}.log"
+        seconds = timed_snapshot(capture_argv(cfg, f"snap{n}", name, state, "--raw-images", mode), env, log)
+        out[mode].append((seconds, _snapshot_phase(log)))
+        _drop_slot(dsn, name)
+    return out, rows
+
+
+def _drop_slot(dsn: str, name: str) -> None:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    conn.close()
+
+
+def print_images(streamed: dict[str, tuple[float, int, float]], snaps: dict[str, list[tuple[float, float]]],
+                 rows: int) -> None:  # fmt: skip
+    print(f"\nrow images on the raw topic ([capture] raw_images), each mode against the other ({rows} rows snapshot):")
+    for run, (seconds, count, size) in streamed.items():
+        print(f"  streaming {run:<7}: {seconds:7.1f} s  {count / seconds:9.0f} changes/s  {size:6.1f} bytes/message")
+    best = {m: min(s for r, (s, _, _) in streamed.items() if mode_of(r) == m) for m in IMAGES}
+    print(f"  streaming, best of two: nested at {best['framed'] / best['nested']:.0%} of framed")
+    for mode, runs in snaps.items():
+        shown = ", ".join(f"{total:.1f} s (phase {phase:.1f} s, {rows / phase:,.0f} rows/s)" for total, phase in runs)
+        print(f"  snapshot {mode:<6}: {shown}")
+    best = {m: min(p for _, p in runs) for m, runs in snaps.items()}
+    print(f"  snapshot phase, best of two: nested at {best['framed'] / best['nested']:.0%} of framed")
+
+
 def main(changes: int, rows: int) -> None:
     with seeded_stack() as (cfg, dsn, work):
         recv, ours, produced = streaming(cfg, dsn, changes, work)
         copy, snap, total, phase = snapshot(cfg, dsn, rows, work)
         alone = kafka_alone(cfg, total, workers=2)
+        streamed, (snaps, snap_rows) = images_streaming(cfg, dsn, changes, work), images_snapshot(cfg, dsn, work)
     print(f"\nproducer settings: {', '.join(f'{k}={v}' for k, v in DEFAULTS.items())}")
     print(f"streaming backlog: {produced} changes on the raw topic")
     print(f"  pg_recvlogical (pgoutput -> /dev/null): {recv:7.1f} s  {produced / recv:9.0f} changes/s")
@@ -237,3 +333,4 @@ def main(changes: int, rows: int) -> None:
         f"                                          {alone:7.1f} s  {total / alone:9.0f} messages/s"
         f" = {copy / alone:.0%} of COPY (the broker path alone, one message per row)"
     )
+    print_images(streamed, snaps, snap_rows)

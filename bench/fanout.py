@@ -13,6 +13,11 @@ capture benchmark). Then, on the same broker:
 Both rates are changes / seconds from the first change consumed to the last written
 and acknowledged (group joins and start-up left out). The time until the worker's
 Faust tables hold every row (they are fed from the table topics) is printed too.
+
+Then the row images (``[capture] raw_images``): one more backlog captured four times, framed,
+nested, nested, framed (``bench.capture.images_streaming``), and a worker fanning out each raw
+topic in turn; and the decoding alone, ``streams.fanrun.decode`` over every message of each
+topic in this process, in µs per change.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bench import capture
 from headwater import shop, stack
 from headwater.reconcile import latest_rows
+from streams.fanrun import decode
+from tables.change import ChangeReader
+from tables.kafka import read_topic
 from tables.registry import Registry
 
 PARTITIONS = 4
@@ -126,6 +134,52 @@ def _poll(port: int, path: str, value: Callable[[Any], int]) -> int:
         return 0
 
 
+def fanout_seconds(cfg: stack.StackConfig, work: Path, prefix: str, total: int, port: int) -> float:
+    """Seconds from the first raw change the worker's fan-out counted to ``total`` (its /fanout/ counters)."""
+    proc = spawn_worker(cfg, work, prefix, port)
+    try:
+        started = 0.0
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}: see {work / 'worker.log'}")
+            done = _poll(port, "/fanout/", lambda a: int(a.get("changes", 0)))
+            if done and not started:
+                started = time.monotonic()
+            if done >= total:
+                return time.monotonic() - started
+            time.sleep(0.02)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def decode_micros(cfg: stack.StackConfig, topic: str) -> tuple[float, int]:
+    """µs per message of the fan-out's decoding (``streams.fanrun.decode``: images framed) over a whole raw
+    topic (its first 200,000), best of three passes (the first also fetches the schemas), and the messages decoded."""
+    values = [r.value for r in read_topic(cfg.bootstrap, topic, timeout=600) if r.value is not None][:200_000]
+    read = ChangeReader(Registry(cfg.registry_url))
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for value in values:
+            decode(read, value)
+        best = min(best, time.perf_counter() - started)
+    return best / len(values) * 1e6, len(values)
+
+
+def images(cfg: stack.StackConfig, dsn: str, changes: int, work: Path) -> None:
+    """The fan-out of the same backlog with framed and with nested row images (see the module's promise)."""
+    streamed = capture.images_streaming(cfg, dsn, changes, work)
+    seconds = {run: fanout_seconds(cfg, work, run, streamed[run][1], 26070 + n) for n, run in enumerate(capture.RUNS)}
+    print(f"\nfan-out of {streamed[capture.RUNS[0]][1]} raw changes by row images (a worker each, in turn)")
+    for run in capture.RUNS:
+        micros, count = decode_micros(cfg, f"{run}.changes")
+        print(f"  {run:<7}: {seconds[run]:.1f} s ({streamed[run][1] / seconds[run]:,.0f} changes/s); decoding alone"
+              f" {micros:.1f} µs/change ({count} changes, {streamed[run][2]:.1f} bytes each)")  # fmt: skip
+    best = {m: min(s for r, s in seconds.items() if capture.mode_of(r) == m) for m in capture.IMAGES}
+    print(f"  best of two: nested at {best['framed'] / best['nested']:.0%} of framed")
+
+
 def main(changes: int) -> None:
     with capture.seeded_stack() as (cfg, dsn, work):
         _, _, produced = capture.streaming(cfg, dsn, changes, work)
@@ -134,6 +188,7 @@ def main(changes: int) -> None:
             future.result()
         plain = asyncio.run(plain_loop(cfg, produced))
         ours, tables, rows = faust_worker(cfg, work, produced)
+        images(cfg, dsn, changes, work)
     print(f"\nfan-out of {produced} raw changes into {PARTITIONS}-partition table topics")
     print(f"  plain aiokafka loop (decode, send, acks=all):     {plain:7.1f} s  {produced / plain:9.0f} changes/s")
     print(f"  faust -A streams worker (fan-out, dedupe, tables): {ours:7.1f} s  {produced / ours:9.0f} changes/s")

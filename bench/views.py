@@ -1,18 +1,34 @@
-"""End-to-end latency of a view: PostgreSQL commit -> the view row on its topic and in Redis.
+"""Views under load: commit -> view row latency, the sustained rate, each stage's capacity and CPU per worker.
 
-On the bench stack (seeded sample shop), ``headwater capture`` and ``faust -A streams
-worker`` keep the README's ``orders_enriched`` view (orders ⋈ customers ⋈ items ⋈ products)
-with the Redis mirror on. Each bench transaction sets one order's ``note`` to a unique
-token and touches that order's customer (so the join is exercised); its start time is
-when ``COMMIT`` returned. Observers record when the token first shows up:
+On the bench stack (seeded sample shop), ``headwater capture`` and ``--workers N`` ``faust -A
+streams worker`` processes (one consumer group) keep the README's ``orders_enriched`` view (orders
+⋈ customers ⋈ items ⋈ products) with the Redis mirror on. Each bench transaction sets one
+order's ``note`` to a unique token and touches that order's customer (so the join is
+exercised); its start time is when ``COMMIT`` returned. The load comes from ``--connections C``
+processes, each committing on its own connection for its own orders (no two wait on one row
+lock), so the pipeline and not the driver bounds the rate. Observers record when the token
+first shows up:
 
 * on the view topic — a librdkafka consumer reading it from its end (fetch wait 5 ms);
 * in Redis — a keyspace-notification subscriber reading the row's ``doc``;
 * and, to tell capture's share apart, on the raw change topic (the order's new row).
 
-1. the sustainable rate: a burst of transactions committed as fast as one connection
-   can; rate = burst / time until the view topic shows the last of them;
-2. a steady load at half that rate (or ``--rate``) for ``--seconds``; p50 / p99 / max latency of both.
+1. the sustainable rate: a burst of ``--burst`` transactions committed as fast as the connections
+   can, with ``synchronous_commit`` off (on this machine a WAL flush per commit held PostgreSQL
+   to ~1,000 transactions/s, below the pipeline); rate = burst / time from the first commit until
+   the view topic showed the last transaction of every connection. The driver's own commit rate
+   is printed next to it: when the two are close, the driver (or PostgreSQL) was the bound, not
+   the pipeline.
+2. a steady load at half that rate (or ``--rate``) for ``--seconds``; p50 / p99 / max latency.
+
+For both phases the workers' ``/metrics`` are read before and after: each stage's *capacity* is
+what it handled divided by the seconds it was busy handling it (``headwater_streams_busy_seconds``:
+changes/s at 100% busy, for the fan-out, the views and the Redis mirror), and by the CPU seconds its
+thread spent (``headwater_streams_cpu_seconds``: busy time without the waits for a core or the GIL,
+which the other stages of the same process and the other processes on the machine cause), and
+each process's CPU-seconds (``/proc/<pid>/stat`` utime + stime, every thread) per 1,000
+transactions. The machine's load
+average is printed before and after (other work on the same cores skews every figure).
 
 Orders are taken round-robin, so one batch rarely updates an order twice; a token
 overwritten before it was published is counted as superseded, not as a latency.
@@ -21,26 +37,35 @@ overwritten before it was published is counted as superseded, not as a latency.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg2
 import redis
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import capture
 from bench.fanout import spawn_worker
 from headwater import shop, stack
 from tables.registry import Registry
 
-PORT = 26067
+PORT = 26067  # worker i listens on PORT + i
 TOPIC = "views.views.orders_enriched"
 RAW = "views.changes"
+TICKS = os.sysconf("SC_CLK_TCK")
+Procs = dict[str, subprocess.Popen[bytes]]  # name -> process
+STAGES = {"fanout": "headwater_streams_fanout_changes_total", "views": "headwater_streams_view_changes_total",
+          "mirror": "headwater_streams_redis_records_total"}  # fmt: skip
 
 
 class Seen:
@@ -102,21 +127,41 @@ def commit(cur: Any, order: int, token: str) -> float:
     return time.monotonic()
 
 
-def run_load(dsn: str, orders: list[int], count: int, rate: float | None, tag: str) -> dict[str, float]:
-    """``count`` transactions (at ``rate`` per second, or as fast as possible); token -> commit time."""
+def connection_load(dsn: str, orders: list[int], numbers: list[int], rate: float | None, tag: str,
+                    start_at: float) -> dict[str, float]:  # fmt: skip
+    """One connection's share of a load (run in a process of its own) on its own ``orders``, round-robin:
+    token -> commit time."""
     conn = psycopg2.connect(dsn)
     committed: dict[str, float] = {}
-    started = time.monotonic()
+    time.sleep(max(start_at - time.monotonic(), 0))  # CLOCK_MONOTONIC: the same clock in every process
     with conn.cursor() as cur:
-        for n in range(count):
+        if rate is None:  # a burst: PostgreSQL's WAL flush per commit would bound it, not the pipeline
+            cur.execute("SET synchronous_commit TO off")
+        for done, n in enumerate(numbers):
             token = f"bench-{tag}-{n}"
-            committed[token] = commit(cur, orders[n % len(orders)], token)
+            committed[token] = commit(cur, orders[done % len(orders)], token)
             if rate:
-                delay = started + (n + 1) / rate - time.monotonic()
+                delay = start_at + (done + 1) / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
     conn.close()
     return committed
+
+
+def run_load(dsn: str, orders: list[int], count: int, rate: float | None, tag: str,
+             connections: int) -> tuple[dict[str, float], list[str]]:  # fmt: skip
+    """``count`` transactions from ``connections`` processes (in all ``rate`` per second, or as fast as they
+    can): token -> commit time, and each connection's last token. Connection i commits transactions
+    i, i + C, ... on orders i, i + C, ... (its own: no token is overwritten by another connection's)."""
+    shares = [list(range(i, count, connections)) for i in range(connections)]
+    each = None if rate is None else rate / connections
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(connections) as pool:
+        start_at = time.monotonic() + 2.0  # every process has imported and connected by then
+        work = [(dsn, orders[i::connections], share, each, tag, start_at) for i, share in enumerate(shares) if share]
+        parts = pool.starmap(connection_load, work)
+    committed = {token: at for part in parts for token, at in part.items()}
+    return committed, [f"bench-{tag}-{share[-1]}" for share in shares if share]
 
 
 def wait_seen(seen: Seen, token: str, timeout: float = 300) -> float:
@@ -144,7 +189,7 @@ def describe(name: str, values: list[float], superseded: int) -> str:
 
 
 def wait_published(cfg: stack.StackConfig, timeout: float = 300) -> None:
-    """Until the worker published the view (Redis shows a cut)."""
+    """Until the workers published the view (Redis shows a cut)."""
     client = redis.Redis.from_url(cfg.redis_url)
     deadline = time.monotonic() + timeout
     while client.hget("views:orders_enriched", "cut_lsn") is None:
@@ -153,8 +198,81 @@ def wait_published(cfg: stack.StackConfig, timeout: float = 300) -> None:
         time.sleep(0.5)
 
 
+# ---- what the processes spent -----------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (``/proc/<pid>/stat`` fields 14 and 15), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def scrape(port: int) -> dict[str, float]:
+    """A worker's counters: each stage's items and busy seconds (``<stage>`` and ``<stage>_busy``)."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for stage, name in STAGES.items():
+                if sample.name == name:
+                    values[stage] = sample.value
+            if sample.name == "headwater_streams_busy_seconds_total":
+                values[f"{sample.labels['stage']}_busy"] = sample.value
+            if sample.name == "headwater_streams_cpu_seconds_total":
+                values[f"{sample.labels['stage']}_cpu"] = sample.value
+    return values
+
+
+@dataclass
+class Sample:
+    """The processes' CPU-seconds and the workers' counters at one moment."""
+
+    at: float
+    cpu: dict[str, float]
+    counters: list[dict[str, float]] = field(default_factory=list)
+
+
+def sample(procs: Procs, workers: int) -> Sample:
+    return Sample(time.monotonic(), {name: cpu_seconds(p.pid) for name, p in procs.items()},
+                  [scrape(PORT + i) for i in range(workers)])  # fmt: skip
+
+
+def stage_lines(before: Sample, after: Sample) -> list[str]:
+    """Per worker and stage: items handled, seconds busy (share of the span), capacity at 100% busy, and
+    the stage thread's CPU seconds with the capacity they give (items per CPU-second)."""
+    span = after.at - before.at
+    lines = []
+    for i, (old, new) in enumerate(zip(before.counters, after.counters, strict=True)):
+        for stage in STAGES:
+            items = new.get(stage, 0) - old.get(stage, 0)
+            busy = new.get(f"{stage}_busy", 0) - old.get(f"{stage}_busy", 0)
+            cpu = new.get(f"{stage}_cpu", 0) - old.get(f"{stage}_cpu", 0)
+            if items <= 0 or busy <= 0:
+                continue
+            per_cpu = items / max(cpu, 1e-6)
+            lines.append(f"    worker {i} {stage:6}: {items:8.0f} in {busy:6.2f} s busy ({busy / span:4.0%}): "
+                         f"capacity {items / busy:7.0f}/s; {cpu:6.2f} CPU-s: {per_cpu:7.0f}/CPU-s")  # fmt: skip
+    return lines
+
+
+def cpu_lines(before: Sample, after: Sample, transactions: int) -> list[str]:
+    lines = []
+    for name, start in before.cpu.items():
+        used = after.cpu[name] - start
+        lines.append(f"    {name:9}: {used:6.2f} CPU-s = {1000 * used / transactions:5.2f} CPU-s per 1,000 tx "
+                     f"({used / (after.at - before.at):4.0%} of a core)")  # fmt: skip
+    return lines
+
+
+def load_text() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+# ---- the pipeline -------------------------------------------------------------------------
 @contextmanager
-def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[subprocess.Popen[bytes]]:
+def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int) -> Iterator[Procs]:
+    """Capture and ``workers`` stream workers (one group), stopped afterwards; name -> process."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     with conn.cursor() as cur:
@@ -164,26 +282,65 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path) -> Iterator[subproces
     config.write_text(shop.VIEWS_TOML)
     log = (work / "capture-views.log").open("ab")
     argv = capture.capture_argv(cfg, "views", "bench_views", work / "state-views")
-    capture_proc = subprocess.Popen(argv, env={**capture.os.environ, "HEADWATER_CAPTURE_DSN": dsn}, stdout=log,
-                                    stderr=subprocess.STDOUT)  # fmt: skip
-    capture.wait_confirmed(dsn, "bench_views", capture_proc)
-    worker = spawn_worker(cfg, work, "views", PORT, config)
+    procs = {"capture": subprocess.Popen(argv, env={**capture.os.environ, "HEADWATER_CAPTURE_DSN": dsn}, stdout=log,
+                                         stderr=subprocess.STDOUT)}  # fmt: skip
     try:
-        yield worker
+        capture.wait_confirmed(dsn, "bench_views", procs["capture"])
+        for i in range(workers):
+            home = work / f"worker{i}"
+            home.mkdir()
+            procs[f"worker {i}"] = spawn_worker(cfg, home, "views", PORT + i, config)
+        yield procs
     finally:
-        for proc in (worker, capture_proc):
+        for proc in procs.values():
             proc.terminate()
+        for proc in procs.values():
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:  # never left running
                 proc.kill()
                 proc.wait(timeout=60)
-        for line in (work / "worker.log").read_text(errors="replace").splitlines():
-            if "views at raw offset" in line or "fan-out at raw offset" in line:
-                print("  worker:", line.split("] ")[-1])
+        for i in range(workers):
+            for line in (work / f"worker{i}" / "worker.log").read_text(errors="replace").splitlines()[-400:]:
+                if "views at raw offset" in line or "fan-out at raw offset" in line:
+                    print(f"  worker {i}:", line.split("] ")[-1])
 
 
-def main(seconds: float = 20.0, burst: int = 2000, rate_steady: float | None = None) -> None:
+@dataclass
+class Phase:
+    """One load: what was committed, and the samples around it."""
+
+    committed: dict[str, float]
+    before: Sample
+    after: Sample
+
+
+def burst_phase(cfg: stack.StackConfig, dsn: str, orders: list[int], procs: Procs, workers: int,
+                burst: int, connections: int, topic_seen: Seen) -> tuple[Phase, float, float]:  # fmt: skip
+    """The burst: the phase, the sustained rate and the driver's own commit rate (transactions/s)."""
+    print(f"burst: {burst} transactions as fast as {connections} connections commit ...", flush=True)
+    before = sample(procs, workers)
+    fast, lasts = run_load(dsn, orders, burst, None, "burst", connections)
+    first = min(fast.values())
+    done = max(wait_seen(topic_seen, token) for token in lasts)
+    phase = Phase(fast, before, sample(procs, workers))
+    return phase, burst / (done - first), burst / (max(fast.values()) - first)
+
+
+def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: float, seconds: float,
+                 connections: int, seen: tuple[Seen, Seen]) -> Phase:  # fmt: skip
+    before = sample(procs, workers)
+    committed, lasts = run_load(dsn, orders, int(rate * seconds), rate, "steady", connections)
+    for token in lasts:
+        for observer in seen:
+            wait_seen(observer, token)
+    time.sleep(1)
+    return Phase(committed, before, sample(procs, workers))
+
+
+def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = None, workers: int = 1,
+         connections: int = 4) -> None:  # fmt: skip
+    print(f"views bench: {workers} worker(s), {connections} connections; {load_text()}", flush=True)
     with capture.seeded_stack() as (cfg, dsn, work):
         conn = psycopg2.connect(dsn)
         with conn.cursor() as cur:
@@ -191,7 +348,7 @@ def main(seconds: float = 20.0, burst: int = 2000, rate_steady: float | None = N
             orders = [row[0] for row in cur.fetchall()]
         conn.close()
         raw_seen, topic_seen, redis_seen, stop = Seen(), Seen(), Seen(), threading.Event()
-        with pipeline(cfg, dsn, work):
+        with pipeline(cfg, dsn, work, workers) as procs:
             wait_published(cfg)
             observers = [threading.Thread(target=follow_topic, args=(cfg, TOPIC, topic_seen, stop)),
                          threading.Thread(target=follow_topic, args=(cfg, RAW, raw_seen, stop)),
@@ -200,30 +357,41 @@ def main(seconds: float = 20.0, burst: int = 2000, rate_steady: float | None = N
                 thread.start()
             try:
                 time.sleep(1)
-                run_load(dsn, orders, 1, None, "warm")
-                wait_seen(topic_seen, "bench-warm-0")
-                print(f"burst: {burst} transactions as fast as one connection commits ...", flush=True)
-                fast = run_load(dsn, orders, burst, None, "burst")
-                first = min(fast.values())
-                rate = burst / (wait_seen(topic_seen, f"bench-burst-{burst - 1}") - first)
+                run_load(dsn, orders, connections, None, "warm", connections)
+                wait_seen(topic_seen, f"bench-warm-{connections - 1}")
+                fast, rate, driver = burst_phase(cfg, dsn, orders, procs, workers, burst, connections, topic_seen)
                 steady = rate_steady or rate / 2
-                time.sleep(15)  # let every agent (fan-out, tables, views) drain the burst
-                print(f"  sustained {rate:.0f} transactions/s end to end; steady load at {steady:.0f}/s for "
-                      f"{seconds:.0f} s ...", flush=True)  # fmt: skip
-                committed = run_load(dsn, orders, int(steady * seconds), steady, "steady")
-                last = max(committed, key=lambda t: committed[t])
-                wait_seen(topic_seen, last)
-                wait_seen(redis_seen, last)
-                time.sleep(1)
+                time.sleep(15)  # let every stage (fan-out, tables, views, mirror) drain the burst
+                print(f"  sustained {rate:.0f} transactions/s end to end (the driver committed at {driver:.0f}/s); "
+                      f"steady load at {steady:.0f}/s for {seconds:.0f} s ...", flush=True)  # fmt: skip
+                slow = steady_phase(dsn, orders, procs, workers, steady, seconds, connections, (topic_seen, redis_seen))
             finally:
                 stop.set()
                 for thread in observers:
                     thread.join()
-    share = f"{steady / rate:.0%} of" if rate_steady else "half of"
+    report(fast, slow, rate, driver, steady, rate_steady is not None, (raw_seen, topic_seen, redis_seen))
+
+
+def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, given: bool,
+           seen: tuple[Seen, Seen, Seen]) -> None:  # fmt: skip
+    raw_seen, topic_seen, redis_seen = seen
+    committed = slow.committed
+    share = f"{steady / rate:.0%} of" if given else "half of"
+    print(f"\nburst: {len(fast.committed)} transactions, sustained {rate:.0f}/s (driver {driver:.0f}/s)")
+    print("  stages (changes, or records for the mirror):")
+    print("\n".join(stage_lines(fast.before, fast.after)))
+    print("  CPU:")
+    print("\n".join(cpu_lines(fast.before, fast.after, len(fast.committed))))
     print(f"\nview orders_enriched: commit -> view row, {len(committed)} transactions at {steady:.0f}/s "
           f"({share} the {rate:.0f}/s sustained)")  # fmt: skip
     print(describe("raw topic (capture only)", *latencies(committed, raw_seen)))
     print(describe("view topic              ", *latencies(committed, topic_seen)))
     print(describe("Redis                   ", *latencies(committed, redis_seen)))
+    print("  stages:")
+    print("\n".join(stage_lines(slow.before, slow.after)))
+    print("  CPU:")
+    print("\n".join(cpu_lines(slow.before, slow.after, len(committed))))
+    print(f"  {load_text()} (after)")
     print("  capture: librdkafka idempotent acks=all linger 5 ms; worker: tansu profile (Faust fetch wait 10 ms),")
-    print("  batch wait 5 ms, view rows by librdkafka idempotent acks=all linger 1 ms; observers fetch wait 5 ms")
+    print("  batch wait 5 ms, view rows by librdkafka idempotent acks=all linger 5 ms (points, fragments, cuts: 0 ms);")
+    print("  observers fetch wait 5 ms; the burst commits with synchronous_commit off, the steady load with it on")

@@ -21,7 +21,10 @@
  * messages: ``on_batch`` gets lists of ``(key, value)`` tuples (a backfill holds its
  * chunk's rows until the chunk's high watermark, ``capture.backfiller``), and
  * ``envelopes`` writes those rows' raw-topic changes once the chunk is due
- * (``send_envelopes``: and sends each through a ``Sender``, from one buffer).
+ * (``send_envelopes``: and sends each through a ``Sender``, from one buffer). With ``nested``
+ * set (``raw_images = "nested"``), the key and value go into the change as nested records:
+ * their union branch and their Avro body, without the frame and the length of a bytes field,
+ * after ``tail`` (the nested change record ends with its images: ``tables.change``).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -68,6 +71,7 @@ typedef struct {
     Py_ssize_t ncols;
     PyObject *value_prefix, *key_prefix, *head, *size, *kafka_key, *tail;
     int rows_only; /* hand (key, value) tuples to on_batch instead of messages */
+    int nested;    /* images as nested records (branch 1, the body without its frame), not framed bytes */
     PyObject *fallback, *on_batch, *sender; /* sender: a Sender, or NULL for batches of dicts */
     PyObject *batch, *large, *pool; /* pool: message dicts to reuse once on_batch let go of them */
     long long position, stride;
@@ -458,25 +462,41 @@ error:
     return -1;
 }
 
+/* An optional row image (None or framed bytes) as the change's field: null, or union branch 1 and then
+ * the framed bytes as a bytes field (framed), or the record's Avro body alone (nested) */
+static int image(Buf *m, PyObject *o, int nested) {
+    if (o == Py_None)
+        return buf_byte(m, 0);
+    if (!PyBytes_Check(o) || (nested && PyBytes_GET_SIZE(o) < 5)) {
+        PyErr_SetString(PyExc_TypeError, "row images must be framed bytes or None");
+        return -1;
+    }
+    if (nested)
+        return buf_byte(m, 2) < 0 || buf_add(m, PyBytes_AS_STRING(o) + 5, PyBytes_GET_SIZE(o) - 5) < 0 ? -1 : 0;
+    return buf_byte(m, 2) < 0 || buf_long(m, PyBytes_GET_SIZE(o)) < 0 ||
+                   buf_add(m, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)) < 0
+               ? -1
+               : 0;
+}
+
+/* One change with no old image into m: head, position, size, then the images and the tail (framed), or the tail
+ * and the images (nested) */
+static int changed(Buf *m, PyObject *head, long long position, PyObject *size, PyObject *key, PyObject *after,
+                   PyObject *tail, int nested) {
+    if (buf_add(m, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)) < 0 || buf_long(m, position) < 0 ||
+        buf_add(m, PyBytes_AS_STRING(size), PyBytes_GET_SIZE(size)) < 0 ||
+        (nested && buf_add(m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0) || image(m, key, nested) < 0 ||
+        buf_byte(m, 0) < 0 || image(m, after, nested) < 0 ||
+        (!nested && buf_add(m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0))
+        return -1;
+    return 0;
+}
+
 /* The raw-topic READ change around a row, into self->msg: what ChangeWriter.read_encoder writes */
 static int envelope(Copier *self, PyObject *key, PyObject *after) {
     Buf *m = &self->msg;
     m->n = 0;
-    if (buf_add(m, PyBytes_AS_STRING(self->head), PyBytes_GET_SIZE(self->head)) < 0 || buf_long(m, self->position) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(self->size), PyBytes_GET_SIZE(self->size)) < 0)
-        return -1;
-    if (key == Py_None) {
-        if (buf_byte(m, 0) < 0)
-            return -1;
-    } else if (buf_byte(m, 2) < 0 || buf_long(m, PyBytes_GET_SIZE(key)) < 0 ||
-               buf_add(m, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) < 0) {
-        return -1;
-    }
-    if (buf_add(m, "\x00\x02", 2) < 0 || buf_long(m, PyBytes_GET_SIZE(after)) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(after), PyBytes_GET_SIZE(after)) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(self->tail), PyBytes_GET_SIZE(self->tail)) < 0)
-        return -1;
-    return 0;
+    return changed(m, self->head, self->position, self->size, key, after, self->tail, self->nested);
 }
 
 /* The row itself, (key, value), into the batch (rows mode) */
@@ -623,47 +643,32 @@ static int row(Copier *self, const char *line, Py_ssize_t len) {
 
 /* ---- a backfill's chunk ---------------------------------------------------------------- */
 
-static int optional_bytes(Buf *m, PyObject *o) {
-    if (o == Py_None)
-        return buf_byte(m, 0);
-    if (!PyBytes_Check(o)) {
-        PyErr_SetString(PyExc_TypeError, "row images must be bytes or None");
-        return -1;
-    }
-    return buf_byte(m, 2) < 0 || buf_long(m, PyBytes_GET_SIZE(o)) < 0 ||
-                   buf_add(m, PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o)) < 0
-               ? -1
-               : 0;
-}
-
 /* The raw-topic change around row i of a chunk, (key, value), into m: what ChangeWriter.records writes for it
- * (head: op, table, topic, transaction; size: the chunk's; tail: the fields after after) */
-static int chunk_change(Buf *m, PyObject *head, Py_ssize_t i, PyObject *size, PyObject *row, PyObject *tail) {
+ * (head: op, table, topic, transaction; size: the chunk's; tail: the fields after after; nested: the images) */
+static int chunk_change(Buf *m, PyObject *head, Py_ssize_t i, PyObject *size, PyObject *row, PyObject *tail,
+                        int nested) {
     m->n = 0;
     if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2) {
         PyErr_SetString(PyExc_TypeError, "rows must be (key, value) tuples");
         return -1;
     }
-    if (buf_add(m, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head)) < 0 || buf_long(m, i) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(size), PyBytes_GET_SIZE(size)) < 0 || optional_bytes(m, PyTuple_GET_ITEM(row, 0)) < 0 ||
-        buf_byte(m, 0) < 0 || optional_bytes(m, PyTuple_GET_ITEM(row, 1)) < 0 ||
-        buf_add(m, PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail)) < 0)
-        return -1;
-    return 0;
+    return changed(m, head, i, size, PyTuple_GET_ITEM(row, 0), PyTuple_GET_ITEM(row, 1), tail, nested);
 }
 
-/* envelopes(head, size, rows, tail): the raw-topic change around each (key, value) of rows, positions 0, 1, ...,
- * before null: what ChangeWriter.records writes for a backfill's chunk (head: op, table, topic, transaction) */
+/* envelopes(head, size, rows, tail, nested=False): the raw-topic change around each (key, value) of rows, positions
+ * 0, 1, ..., before null: what ChangeWriter.records writes for a backfill's chunk (head: op, table, topic,
+ * transaction) */
 static PyObject *envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *head, *size, *rows, *tail;
-    if (!PyArg_ParseTuple(args, "SSO!S", &head, &size, &PyList_Type, &rows, &tail))
+    int nested = 0;
+    if (!PyArg_ParseTuple(args, "SSO!S|p", &head, &size, &PyList_Type, &rows, &tail, &nested))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(rows);
     PyObject *out = PyList_New(n);
     Buf m = {0};
     for (Py_ssize_t i = 0; out && i < n; i++) {
         PyObject *msg = NULL;
-        if (chunk_change(&m, head, i, size, PyList_GET_ITEM(rows, i), tail) < 0 ||
+        if (chunk_change(&m, head, i, size, PyList_GET_ITEM(rows, i), tail, nested) < 0 ||
             !(msg = PyBytes_FromStringAndSize(m.p, m.n)))
             Py_CLEAR(out);
         else
@@ -679,8 +684,9 @@ static PyObject *envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
 static PyObject *send_envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *sender, *kafka_key, *head, *size, *rows, *tail;
     Py_ssize_t first;
-    if (!PyArg_ParseTuple(args, "O!SSSO!Sn", &SenderType, &sender, &kafka_key, &head, &size, &PyList_Type, &rows,
-                          &tail, &first))
+    int nested = 0;
+    if (!PyArg_ParseTuple(args, "O!SSSO!Sn|p", &SenderType, &sender, &kafka_key, &head, &size, &PyList_Type, &rows,
+                          &tail, &first, &nested))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(rows);
     Py_ssize_t *offsets = PyMem_Malloc((n + 1) * sizeof(Py_ssize_t));
@@ -690,7 +696,7 @@ static PyObject *send_envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
         PyErr_NoMemory();
     for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
         offsets[i] = all.n;
-        rc = chunk_change(&m, head, first + i, size, PyList_GET_ITEM(rows, i), tail);
+        rc = chunk_change(&m, head, first + i, size, PyList_GET_ITEM(rows, i), tail, nested);
         if (rc == 0)
             rc = buf_add(&all, m.p, m.n);
     }
@@ -707,9 +713,11 @@ static PyObject *send_envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"envelopes", envelopes, METH_VARARGS, "envelopes(head, size, rows, tail): a backfill chunk's raw-topic changes"},
+    {"envelopes", envelopes, METH_VARARGS,
+     "envelopes(head, size, rows, tail, nested=False): a backfill chunk's raw-topic changes"},
     {"send_envelopes", send_envelopes, METH_VARARGS,
-     "send_envelopes(sender, kafka_key, head, size, rows, tail, first): a chunk's changes through a Sender"},
+     "send_envelopes(sender, kafka_key, head, size, rows, tail, first, nested=False): a chunk's changes through a "
+     "Sender"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -808,17 +816,18 @@ static int parse_column(Column *c, PyObject *spec) {
 
 static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     static char *kws[] = {"columns", "value_prefix", "key_prefix", "head", "size", "kafka_key", "position",
-                          "stride", "fallback", "on_batch", "batch_rows", "sender", "tail", "rows", NULL};
+                          "stride", "fallback", "on_batch", "batch_rows", "sender", "tail", "rows", "nested", NULL};
     PyObject *columns, *vp, *kp, *head, *size, *kk, *fallback, *on_batch, *sender = Py_None, *tail = NULL;
-    int rows_only = 0;
+    int rows_only = 0, nested = 0;
     long long position, stride;
     Py_ssize_t batch_rows;
     if (self->cols) {
         PyErr_SetString(PyExc_RuntimeError, "a Copier is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn|OSp", kws, &columns, &vp, &kp, &head, &size, &kk,
-                                     &position, &stride, &fallback, &on_batch, &batch_rows, &sender, &tail, &rows_only))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OSOSSSLLOOn|OSpp", kws, &columns, &vp, &kp, &head, &size, &kk,
+                                     &position, &stride, &fallback, &on_batch, &batch_rows, &sender, &tail, &rows_only,
+                                     &nested))
         return -1;
     if (!PyList_Check(columns) || PyList_GET_SIZE(columns) == 0 || !(kp == Py_None || PyBytes_Check(kp)) ||
         !PyCallable_Check(fallback) || !PyCallable_Check(on_batch) || batch_rows < 1 || stride < 1 ||
@@ -846,6 +855,7 @@ static int Copier_init(Copier *self, PyObject *args, PyObject *kwargs) {
     self->kafka_key = Py_NewRef(kk);
     self->tail = tail ? Py_NewRef(tail) : PyBytes_FromStringAndSize("\x00", 1);
     self->rows_only = rows_only;
+    self->nested = nested;
     if (!self->tail)
         return -1;
     self->fallback = Py_NewRef(fallback);

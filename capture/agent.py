@@ -27,15 +27,15 @@ from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import change_writer
 from capture.errors import BrokerError, CheckpointMismatchError, SlotLostError, SourceError, SourceUnreachableError
+from capture.kafkawatch import KafkaWatch
 from capture.metrics import CaptureMetrics, Probe
 from capture.producer import ChangeProducer, ensure_changes_topic
-from capture.schemas import register_table
+from capture.schemas import Ids, register_changes, register_table
 from capture.slotwatch import SlotWatch
 from capture.state import Checkpoint, State, snapshot_done
 from capture.stream import Loop, Streamer
 from capture.workers import Workers
 from tables.catalog import TableSchema
-from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
 from tables.errors import HeadwaterError, RetryableError, first_line
 from tables.logs import facts
 from tables.registry import NoRegistry, Registry
@@ -48,7 +48,7 @@ def run(cfg: CaptureConfig, stop: threading.Event | None = None, metrics: Captur
     """Capture until ``stop`` is set (or a fatal error), serving metrics, health and readiness meanwhile."""
     stop = stop or threading.Event()
     metrics = metrics or CaptureMetrics(cfg)
-    probe = Probe(cfg, metrics, beside=[SlotWatch(cfg, metrics)])
+    probe = Probe(cfg, metrics, beside=[SlotWatch(cfg, metrics), KafkaWatch(cfg, metrics)])
     log.warning("capture starting: slot %s, publication %s, into %s at %s", cfg.slot, cfg.publication,
                 cfg.changes_topic, cfg.bootstrap, extra=facts(slot=cfg.slot, topic=cfg.changes_topic))  # fmt: skip
     outcome = "asked to stop"
@@ -125,7 +125,11 @@ class Session:
     def run(self, stop: threading.Event) -> None:
         cfg = self.cfg
         conn = catalog.connect(self.dsn)
-        state = State(cfg.state_dir, cfg.slot)
+        try:
+            state = State(cfg.state_dir, cfg.slot)
+        except BaseException:
+            conn.close()
+            raise
         registrar: Registry | NoRegistry = Registry(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
         sink: ChangeSink | None = None
@@ -138,11 +142,7 @@ class Session:
             tables = catalog.ensure_publication(conn, cfg, catalog.select_tables(conn, cfg))
             workers = self._workers()  # before any Kafka client: forked while this process has one thread
             self.probe.start()  # its threads after the fork, too
-            writer = change_writer(
-                cfg.format,
-                registrar.register(f"{cfg.changes_topic}-key", CHANGE_KEY_SCHEMA),
-                registrar.register(f"{cfg.changes_topic}-value", CHANGE_VALUE_SCHEMA),
-            )
+            writer = change_writer(cfg.format, *register_changes(registrar, cfg), cfg.raw_images)
             ensure_changes_topic(cfg, written=self._written(state))
             producer = ChangeProducer(cfg)
             producer.on_wait = functools.partial(self.metrics.watch_producer, producer)  # Kafka watched while it waits
@@ -169,8 +169,10 @@ class Session:
                 self.metrics.session_ended(sink, producer)
                 producer.abandon()
             registrar.close()
-            self._leave_nothing(state)
-            state.close()
+            try:
+                self._leave_nothing(state)
+            finally:
+                state.close()
 
     def _stream(self, parts: Parts, repl: Connection, start_lsn: int, stop: threading.Event) -> None:
         """Stream from the slot until stopped (``capture.stream``)."""
@@ -179,14 +181,16 @@ class Session:
         checkpoint = parts.state.load()
         confirmed = checkpoint.confirmed_lsn if checkpoint else start_lsn
         heartbeat_conn = catalog.connect(self.dsn)
-        backfiller = Backfiller(self.cfg, self.dsn, parts.state, parts.sink, parts.registrar, streamer)
-        self.streamed = True
         try:
-            backfiller.start(parts.tables, fresh=start_lsn != 0)
-            Loop(self.cfg, repl, heartbeat_conn, streamer, parts.producer, parts.state, confirmed,
-                 self.metrics).run(start_lsn, stop)  # fmt: skip
+            backfiller = Backfiller(self.cfg, self.dsn, parts.state, parts.sink, parts.registrar, streamer)
+            self.streamed = True
+            try:
+                backfiller.start(parts.tables, fresh=start_lsn != 0)
+                Loop(self.cfg, repl, heartbeat_conn, streamer, parts.producer, parts.state, confirmed,
+                     self.metrics).run(start_lsn, stop)  # fmt: skip
+            finally:
+                backfiller.close()
         finally:
-            backfiller.close()
             heartbeat_conn.close()
 
     def _leave_nothing(self, state: State) -> None:
@@ -265,14 +269,15 @@ class Session:
 
     def _snapshot(self, parts: Parts, lsn: int, name: str, stop: threading.Event) -> None:
         cfg, tables, registrar, sink = self.cfg, parts.tables, parts.registrar, parts.sink
-        ids: dict[str, tuple[int, int | None]] = {}
+        ids: dict[str, Ids] = {}
         shapes: list[TableSchema] = []
         for table in tables:
             shape = catalog.table_schema(parts.conn, parts.types, cfg.topic_prefix, table)
-            ids[table.qualified] = register_table(registrar, shape)
+            ids[table.qualified] = register_table(registrar, shape, cfg)
+            sink.writer.learn(shape, ids[table.qualified])
             shapes.append(shape)
-        parsed = registrar.parsed if isinstance(registrar, Registry) else None
-        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables], parsed)
+        registry = registrar if isinstance(registrar, Registry) else None
+        earlier = retract.earlier_keys(cfg, [(t.schema, t.name) for t in tables], registry)
         chunks, estimates = snapshot.plan(parts.conn, tables, cfg.snapshot_chunk_pages)
         report = self.metrics.snapshot_rows
         progress = snapshot.Progress(estimates, chunks, parts.state, lambda t, n, of: report("snapshot", t, n, of))

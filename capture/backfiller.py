@@ -128,7 +128,7 @@ class Candidates:
     def _read(self) -> None:
         registry = Registry(self.cfg.registry_url) if self.cfg.format == "avro" else None
         try:
-            live = retract.earlier_keys(self.cfg, [self.table], registry.parsed if registry else None, self.what,
+            live = retract.earlier_keys(self.cfg, [self.table], registry, self.what,
                                         stop=self.stop)  # fmt: skip
             self.keys = list(live.keys[self.table]) if live is not None else []
         except Exception as exc:  # reported by batch(), which reads again
@@ -152,7 +152,6 @@ class Backfiller:
     def __init__(self, cfg: CaptureConfig, dsn: str, state: State, sink: ChangeSink,
                  registrar: Registry | NoRegistry, streamer: Streaming) -> None:  # fmt: skip
         self.cfg, self.state, self.sink, self.registrar, self.streamer = cfg, state, sink, registrar, streamer
-        self.mailbox = Mailbox(cfg.state_dir, cfg.slot)
         self.dsn = dsn
         self._conn: catalog.Connection | None = None
         self._types: TypeCache | None = None
@@ -178,6 +177,7 @@ class Backfiller:
         self.signal_at = (0, -1)
         self.applied = state.signal_position()
         self.polled = self.logged = time.monotonic()
+        self.mailbox = Mailbox(cfg.state_dir, cfg.slot)  # last: nothing after it can fail and leave it open
         streamer.backfills = self
 
     def close(self) -> None:
@@ -556,10 +556,11 @@ class Backfiller:
         if ref is None:
             raise SignalError(f"{backfill.table} no longer exists")
         shape = catalog.table_schema(self.conn, self.types, self.cfg.topic_prefix, ref)
-        value_id, key_id = register_table(self.registrar, shape)
-        encoder = RowEncoder(shape, value_id, key_id, self.cfg.format)
+        ids = register_table(self.registrar, shape, self.cfg)
+        self.sink.writer.learn(shape, ids)
+        encoder = RowEncoder(shape, ids.value, ids.key, self.cfg.format)
         spec = copier_spec(encoder) if self.fast else None
-        ident, old_key, decode = self._codecs(encoder, key_id)
+        ident, old_key, decode = self._codecs(encoder, ids.key)
         ks = chunker.keyset(self.conn, ref, shape)
         reading = chunker.Reading(ks, encoder, spec, self.cfg.backfill_chunk_rows, decode)
         plan = self.plans[backfill.id] = Plan(reading, ident, old_key, decode)

@@ -49,6 +49,9 @@ class CaptureConfig:
     exclude: str = setting("", "comma-separated schema.table patterns to leave out")
     topic_prefix: str = setting("headwater", "prefix of every topic (default: [pipeline] topic_prefix, else headwater)")
     format: str = setting("avro", "avro (Confluent wire format, schemas in the registry) or json")
+    raw_images: str = setting(
+        "framed", "row images in the raw topic (avro): framed (Confluent-framed bytes) or nested (Avro records)"
+    )
     allow_unkeyed: bool = setting(False, "capture tables without primary key or replica identity index")
     skip_snapshot: bool = setting(False, "stream only, without the initial consistent snapshot")
     on_error: str = setting("log", "on a transient error: log and retry, or exit non-zero")
@@ -87,6 +90,10 @@ class CaptureConfig:
                 )
         if self.format not in ("avro", "json"):
             raise InvalidSetting("format", f"must be 'avro' or 'json', got {self.format!r}")
+        if self.raw_images not in ("framed", "nested"):
+            raise InvalidSetting("raw_images", f"must be 'framed' or 'nested', got {self.raw_images!r}")
+        if self.format == "json" and self.raw_images == "nested":
+            raise InvalidSetting("raw_images", "applies to format = 'avro' (the json format always nests row images)")
         if self.on_error not in ("log", "exit"):
             raise InvalidSetting("on_error", f"must be 'log' or 'exit', got {self.on_error!r}")
         if self.metrics_port:
@@ -124,6 +131,11 @@ class CaptureConfig:
     @property
     def changes_topic(self) -> str:
         return changes_topic(self.topic_prefix)
+
+    @property
+    def nested(self) -> bool:
+        """Row images go into the raw topic as nested Avro records (``raw_images = "nested"``)."""
+        return self.format == "avro" and self.raw_images == "nested"
 
 
 def load_capture(

@@ -106,6 +106,9 @@ class JsonChangeWriter:
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str, str], list[int]] = {}  # (schema, table, op) -> [changes since counted]
 
+    def learn(self, table: object, ids: object) -> None:
+        """A table shape was registered: nothing to learn (the json format nests every image)."""
+
     def encode_key(self, schema: str, table: str) -> bytes:
         return json.dumps({"schema": schema, "table": table}, separators=(",", ":")).encode()
 

@@ -136,6 +136,7 @@ class CaptureMetrics:
         r.register(_Collector(self))
         self.phase, self.reason = "starting", "starting"
         self.broker = Episode(after=BROKER_WARN_AFTER)
+        self.broker_lock = threading.Lock()  # capture's thread and, during the snapshot, capture.kafkawatch
         self.slot_high = Episode()
         self.outage = Episode()  # a reconnect: from the first failure until streaming again
         self.failures = 0  # failed attempts in the current reconnect episode
@@ -266,19 +267,17 @@ class CaptureMetrics:
         """Whether Kafka answers now (``silence``: since when it does not, and how that shows); logs the
         episode's beginning and end."""
         since, detail = silence if silence is not None else (None, "")
-        change = self.broker.update(silence is not None, now, since)
+        with self.broker_lock:
+            change = self.broker.update(silence is not None, now, since)
+            lasted = self.broker.lasted(now)
         self.known["broker_up"] = 0 if self.broker.announced else 1
         if change == "began":
-            lasted = self.broker.lasted(now)
-            log.warning(
-                "Kafka at %s does not answer (%s, for %.0f s); %d messages wait, nothing is lost: capture "
-                "confirms nothing past them and goes on once Kafka is back",
-                self.cfg.bootstrap,
-                detail,
-                lasted,
-                waiting,
-                extra=facts(topic=self.cfg.changes_topic, seconds=round(lasted, 1)),
-            )
+            waits = ("the snapshot's rows wait in its senders (it fails if Kafka stays away past their "
+                     "message.timeout.ms)" if self.phase == "snapshot" else
+                     f"{waiting} messages wait, nothing is lost: capture confirms nothing past them")  # fmt: skip
+            log.warning("Kafka at %s does not answer (%s, for %.0f s); %s and goes on once Kafka is back",
+                        self.cfg.bootstrap, detail, lasted, waits,
+                        extra=facts(topic=self.cfg.changes_topic, seconds=round(lasted, 1)))  # fmt: skip
         elif change == "ended":
             log.warning("Kafka at %s answers again", self.cfg.bootstrap, extra=facts(topic=self.cfg.changes_topic))
 

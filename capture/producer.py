@@ -340,7 +340,7 @@ class ChangeProducer:
         return self.chunks
 
     def send_chunk(self, sender: Sender, kafka_key: bytes, head: bytes, size: bytes,
-                   rows: list[tuple[bytes | None, bytes | None]], tail: bytes) -> None:  # fmt: skip
+                   rows: list[tuple[bytes | None, bytes | None]], tail: bytes, nested: bool) -> None:  # fmt: skip
         """A backfill chunk's changes (``capture._copier.send_envelopes``), after everything sent before and before
         anything sent after: what was sent is acknowledged first, then the chunk goes through ``sender`` (C, no
         Python per message) and is acknowledged before this returns. The stream waits meanwhile; ``on_wait``
@@ -352,7 +352,7 @@ class ChangeProducer:
             while len(sender) + CHUNK_SLICE > self.queue_max and not sender.failure:
                 sender.poll(0.05)
                 told = self._waiting(told)
-            send_envelopes(sender, kafka_key, head, size, rows[first : first + CHUNK_SLICE], tail, first)
+            send_envelopes(sender, kafka_key, head, size, rows[first : first + CHUNK_SLICE], tail, first, nested)
         start = time.monotonic()
         while (remaining := sender.flush(WAIT_REPORT)) and not sender.failure and time.monotonic() - start < timeout:
             told = self._waiting(told)

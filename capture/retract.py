@@ -33,13 +33,14 @@ from psycopg2 import sql
 from capture.catalog import Connection
 from capture.config import CaptureConfig
 from tables.catalog import TableSchema
+from tables.change import ChangeReader
 from tables.kafka import bounds, read_to_end, reader
+from tables.registry import Registry
 from tables.wire import body, schema_id
 
 log = logging.getLogger("headwater.capture")
 Table = tuple[str, str]  # (schema, name)
 KeyDecoder = Callable[[bytes], list[Any]]  # key image -> the key columns' values, in key order
-Parsed = Callable[[int], Any]  # schema id -> the parsed writer schema (``Registry.parsed``)
 Earlier = tuple[str, Table, bytes | None, bytes | None]  # (op, table, key, before) of a raw change
 BATCH = 5000
 
@@ -81,11 +82,12 @@ def raw_end(cfg: CaptureConfig) -> int:
         consumer.close()
 
 
-def earlier_changes(cfg: CaptureConfig, end: int, parsed: Parsed | None) -> Iterator[Earlier]:
+def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None) -> Iterator[Earlier]:
     """(op, table, key, before) of every raw change below offset ``end``, in order; Avro records are read
-    with their writer's schema (``parsed``), so records of every version of the change schema are read."""
+    with their writer's schema from ``registry``, so records of every version of the change schema, with
+    framed or nested images, are read (images framed: ``tables.change.ChangeReader``)."""
     consumer = reader({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
-    decode = _json_change if cfg.format == "json" or parsed is None else _avro_reader(parsed)
+    decode = _json_change if cfg.format == "json" or registry is None else _avro_reader(ChangeReader(registry))
     try:
         for msg in read_to_end(consumer, [TopicPartition(cfg.changes_topic, 0, 0)], timeout=600):
             if (msg.offset() or 0) >= end:
@@ -97,9 +99,9 @@ def earlier_changes(cfg: CaptureConfig, end: int, parsed: Parsed | None) -> Iter
         consumer.close()
 
 
-def _avro_reader(parsed: Parsed) -> Callable[[bytes], Earlier]:
+def _avro_reader(read: ChangeReader) -> Callable[[bytes], Earlier]:
     def decode(value: bytes) -> Earlier:
-        c: Any = fastavro.schemaless_reader(io.BytesIO(body(value)), parsed(schema_id(value)), None)
+        c = read(value)
         return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
 
     return decode
@@ -115,7 +117,7 @@ def _json_image(image: Any) -> bytes | None:
     return None if image is None else json.dumps(image, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], parsed: Parsed | None, what: str = "this snapshot",
+def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry | None, what: str = "this snapshot",
                  stop: threading.Event | None = None) -> LiveKeys | None:  # fmt: skip
     """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``);
     None when the topic is empty. ``stop`` set: it stops reading (and says nothing)."""
@@ -124,7 +126,7 @@ def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], parsed: Parsed | N
         return None
     started = clock.monotonic()
     live = LiveKeys(tables)
-    for op, table, key, before in earlier_changes(cfg, end, parsed):
+    for op, table, key, before in earlier_changes(cfg, end, registry):
         if stop is not None and stop.is_set():
             return None
         live.apply(op, table, key, before)

@@ -31,9 +31,10 @@ from capture._copier import Copier
 from capture.catalog import Connection, TableRef, TypeCache, connect, server_utf8, table_schema
 from capture.changes import ChangeSink
 from capture.config import CaptureConfig
-from capture.encoder import RowEncoder, change_writer
+from capture.encoder import ChangeWriter, RowEncoder, change_writer
 from capture.errors import SourceError
 from capture.producer import ChangeProducer, SnapshotSender
+from capture.schemas import Ids
 from capture.state import State
 from capture.transcoder import CopierSpec, copier_spec
 from tables.catalog import TableSchema
@@ -175,7 +176,7 @@ class Job:
     snapshot_name: str
     lsn: int
     time_us: int
-    ids: dict[str, tuple[int, int | None]]  # table -> (value schema id, key schema id)
+    ids: dict[str, Ids]  # table -> its shape's schema ids (value, key, nested change record)
     change_ids: tuple[int, int]  # raw topic (key, value) schema ids
     index: int = 0
     stride: int = 1
@@ -202,7 +203,7 @@ class Copying:
     def run(self, job: Job, chunks: Iterable[Chunk], report: Report) -> tuple[int, int]:
         """Copy ``chunks``; returns (rows, highest position used + 1) once Kafka acknowledged every row."""
         conn = import_snapshot(job.cfg.dsn.reveal(), job.snapshot_name)
-        sink = ChangeSink(change_writer(job.cfg.format, *job.change_ids), self.producer)
+        sink = ChangeSink(change_writer(job.cfg.format, *job.change_ids, job.cfg.raw_images), self.producer)
         sink.start_snapshot(job.lsn, job.time_us, first=job.index, stride=job.stride)
         state = State(job.cfg.state_dir, job.cfg.slot)
         types = TypeCache(self.catalog_conn)
@@ -213,7 +214,9 @@ class Copying:
                 name = chunk.table.qualified
                 if name not in encoders:
                     shape = table_schema(self.catalog_conn, types, job.cfg.topic_prefix, chunk.table)
-                    encoder = RowEncoder(shape, *job.ids[name], job.cfg.format)
+                    ids = job.ids[name]
+                    sink.writer.learn(shape, ids)
+                    encoder = RowEncoder(shape, ids.value, ids.key, job.cfg.format)
                     encoders[name] = (encoder, copier_spec(encoder) if self.fast else None)
                 rows += _copy_chunk(conn, chunk, *encoders[name], sink, self.sender, report, state, job.lsn)
             (self.sender or sink.producer).flush(timeout=600)
@@ -309,7 +312,8 @@ def _copy_compiled(conn: Connection, query: sql.Composed, table: TableSchema, sp
         report(qualified, sent, False)
 
     copier = Copier(spec.columns, spec.value_prefix, spec.key_prefix, head, size, kafka_key, position, stride,
-                    general, on_batch, BATCH_ROWS, sender.handle if sender else None)  # fmt: skip
+                    general, on_batch, BATCH_ROWS, sender.handle if sender else None,
+                    nested=isinstance(sink.writer, ChangeWriter) and sink.writer.nested)  # fmt: skip
     try:
         with conn.cursor() as cur:
             cur.copy_expert(query, copier)

@@ -19,10 +19,11 @@ themselves travel through a ``Mailbox`` of their own (each write commits at once
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,13 +91,14 @@ class State:
         self.slot = slot
         self.path.touch(mode=0o600, exist_ok=True)
         self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level="DEFERRED")
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(checkpoint)")}
-        if "settled" not in columns:  # a state file written before the column existed
-            self.db.execute("ALTER TABLE checkpoint ADD COLUMN settled INTEGER NOT NULL DEFAULT 0")
-        self.db.commit()
+        with _closed_on_error(self.db):
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(checkpoint)")}
+            if "settled" not in columns:  # a state file written before the column existed
+                self.db.execute("ALTER TABLE checkpoint ADD COLUMN settled INTEGER NOT NULL DEFAULT 0")
+            self.db.commit()
         for path in directory.glob(f"{slot}.sqlite*"):  # the -wal and -shm files hold table data too
             path.chmod(0o600)
 
@@ -248,8 +250,9 @@ class Mailbox:
         self.path = directory / f"{slot}.requests.sqlite"
         self.path.touch(mode=0o600, exist_ok=True)
         self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(REQUESTS)
+        with _closed_on_error(self.db):
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(REQUESTS)
         for path in directory.glob(f"{slot}.requests.sqlite*"):
             path.chmod(0o600)
 
@@ -307,6 +310,16 @@ def _backfill(row: Any) -> Backfill:
     return Backfill(bid, table, predicate, origin, status, phase, json.loads(cursor) if cursor else None,
                     json.loads(upto) if upto else None, rows, estimate, retracted, message, dropped, created, started,
                     finished)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _closed_on_error(db: sqlite3.Connection) -> Iterator[None]:
+    """Set-up of a new connection: closed if it fails (a file locked or unreadable), never left to the collector."""
+    try:
+        yield
+    except BaseException:
+        db.close()
+        raise
 
 
 def private_dir(directory: Path) -> None:

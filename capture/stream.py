@@ -202,7 +202,9 @@ class Streamer:
             log.info("schema of %s changed: registered a new version for %s", table.qualified, table.topic)
 
     def register(self, table: TableSchema) -> RowEncoder:
-        return RowEncoder(table, *register_table(self.registrar, table), self.cfg.format)
+        ids = register_table(self.registrar, table, self.cfg)
+        self.sink.writer.learn(table, ids)
+        return RowEncoder(table, ids.value, ids.key, self.cfg.format)
 
     # ---- rows -------------------------------------------------------------------------------
     def _lsn(self) -> int:

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from capture import _copier
-from capture.avro import _DOUBLE, Encoder, _Compiler, long_bytes
 from capture.encoder import FIXED_SIZE, TOAST_MIN, AvroWriter, RowEncoder
+from tables.avro import _DOUBLE, Encoder, _Compiler, long_bytes
 from tables.catalog import TableSchema
 from tables.types import parse_bool, parse_date, parse_numeric, parse_timestamp
 

@@ -50,6 +50,7 @@ from headwater.reconcile import (
 )
 from streams import metrics as streams_metrics
 from streams.config import StreamsConfig
+from tables.change import ChangeReader
 from tables.config import StackConfig, config_path, read_file
 from tables.errors import FatalError
 from tables.kafka import read_topic
@@ -109,7 +110,8 @@ def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> 
 
 def show_changes(capture: CaptureConfig) -> None:
     decode = Registry(capture.registry_url)
-    changes = [decode(r.value) for r in read_topic(capture.bootstrap, capture.changes_topic)]
+    read = ChangeReader(decode)  # images framed, whichever raw_images capture writes
+    changes = [read(r.value) for r in read_topic(capture.bootstrap, capture.changes_topic) if r.value is not None]
     ops = Counter(c["op"] for c in changes)
     print(f"  {len(changes)} changes: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items())))
     print("  the last three, decoded:")

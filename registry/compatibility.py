@@ -23,8 +23,9 @@ from typing import Any
 import fastavro
 from fastavro.schema import SchemaParseException, UnknownType
 
+from tables.avro import NAMED, full_name, walk_named
+
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
-NAMED = frozenset({"record", "error", "enum", "fixed"})
 PROMOTIONS = {
     "int": {"long", "float", "double"},
     "long": {"float", "double"},
@@ -70,38 +71,22 @@ def parse(text: str) -> Schema:
         raise InvalidSchema(f"{type(exc).__name__}: {exc}") from exc
     canonical = json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
     names: dict[str, dict[str, Any]] = {}
-    _collect(raw, None, names)  # annotates raw's named types with their full names
+    _collect(raw, names)  # annotates raw's named types with their full names
     return Schema(raw, canonical, names)
 
 
-def _fullname(name: str, namespace: str | None) -> str:
-    return name if "." in name or not namespace else f"{namespace}.{name}"
+def _collect(raw: Any, names: dict[str, dict[str, Any]]) -> None:
+    """Index every named type by full name, annotated with it (``__fullname__``), checking each as it goes."""
 
+    def visit(node: dict[str, Any], full: str) -> None:
+        _require(node, node["type"])
+        for fld in node.get("fields", ()):
+            if not isinstance(fld, dict) or "name" not in fld or "type" not in fld:
+                raise InvalidSchema(f"every field of record '{node['name']}' needs a 'name' and a 'type'")
+        names[full] = node
+        node.setdefault("__fullname__", full)
 
-def _collect(node: Any, namespace: str | None, names: dict[str, dict[str, Any]]) -> None:
-    """Index every named type by full name, with the namespace its references resolve in."""
-    if isinstance(node, list):
-        for branch in node:
-            _collect(branch, namespace, names)
-    elif isinstance(node, dict):
-        kind = node.get("type")
-        if kind in NAMED:
-            full = _fullname(node["name"], node.get("namespace", namespace))
-            names[full] = node
-            namespace = full.rpartition(".")[0] or None
-            node.setdefault("__fullname__", full)
-        _require(node, kind)
-        if kind in ("record", "error"):
-            for fld in node["fields"]:
-                if not isinstance(fld, dict) or "name" not in fld or "type" not in fld:
-                    raise InvalidSchema(f"every field of record '{node['name']}' needs a 'name' and a 'type'")
-                _collect(fld["type"], namespace, names)
-        elif kind == "array":
-            _collect(node["items"], namespace, names)
-        elif kind == "map":
-            _collect(node["values"], namespace, names)
-        elif isinstance(kind, dict | list):
-            _collect(kind, namespace, names)
+    walk_named(raw, visit)
 
 
 REQUIRED = {"record": ("fields", list), "error": ("fields", list), "enum": ("symbols", list), "fixed": ("size", int)}
@@ -121,7 +106,7 @@ def _resolve(node: Any, schema: Schema, namespace: str | None = None) -> Any:
         if isinstance(node, str):
             if node in PRIMITIVES:
                 return node
-            for candidate in (_fullname(node, namespace), node):
+            for candidate in (full_name(node, namespace), node):
                 if candidate in schema.names:
                     return schema.names[candidate]
             return node

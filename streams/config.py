@@ -29,7 +29,16 @@ from tables.config import (
     read_file,
     setting,
 )
-from tables.topics import changes_topic, cuts_topic, debezium_prefix, dlq_topic, progress_topic, view_topic
+from tables.topics import (
+    changes_topic,
+    cuts_topic,
+    debezium_prefix,
+    dlq_topic,
+    fragments_topic,
+    points_topic,
+    progress_topic,
+    view_topic,
+)
 from tables.views import ViewSpec, parse_views
 
 APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -57,13 +66,19 @@ class StreamsConfig:
     web_port: int = setting(6066, "port of the query endpoint (faust worker --web-port overrides it)")
     canonical_url: str = setting("", "URL other workers use to reach this one (default http://web_host:web_port)")
     group_instance_id: str = setting(
-        "", "static group membership (KIP-345): a stable id unique to this worker; a restart takes its "
-        "partitions back at once, a stop holds them for the session (10 s); empty: off"
+        "",
+        "static group membership (KIP-345): a stable id unique to this worker; a restart takes its "
+        "partitions back at once, a stop holds them for the session (10 s); empty: off",
     )
     batch_size: int = setting(2000, "raw changes the fan-out handles per batch")
     batch_wait: float = setting(0.005, "seconds an agent waits to fill a batch (latency against per-batch work)")
     state_dir: Path = setting(Path(".headwater/streams"), "Faust's data directory (default: <data_dir>/streams)")
     redis_url: str = setting("", "Redis of the views (default: [pipeline]'s, else the local stack's; 'none': off)")
+    view_point_interval: float = setting(
+        0.02,
+        "seconds at least between two points the views publish at (the raw "
+        "partition's owner waits longer while publications take longer)",
+    )
     cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
                                     "WARNING (0: never)")  # fmt: skip
     debezium: bool = setting(False, "also write every change as Debezium's PostgreSQL connector would, to "
@@ -92,6 +107,8 @@ class StreamsConfig:
             raise InvalidSetting("table_standby_replicas", "must be 0 or more")
         if self.cut_warn_after < 0:
             raise InvalidSetting("cut_warn_after", "must be 0 (never) or a number of seconds")
+        if self.view_point_interval < 0:
+            raise InvalidSetting("view_point_interval", "must be 0 or a number of seconds")
         if self.batch_wait <= 0:
             raise InvalidSetting("batch_wait", "must be a positive number of seconds")
         check_port("web_port", self.web_port)
@@ -122,6 +139,16 @@ class StreamsConfig:
     def cuts_topic(self) -> str:
         """Where the workers publish how far each view is complete (a commit LSN and the view topic's ends)."""
         return cuts_topic(self.topic_prefix)
+
+    @property
+    def points_topic(self) -> str:
+        """Where the raw partition's owner announces the raw topic's end and the views' publication points."""
+        return points_topic(self.topic_prefix)
+
+    @property
+    def fragments_topic(self) -> str:
+        """Where each worker reports the view partitions it published at a point."""
+        return fragments_topic(self.topic_prefix)
 
     def view_topic(self, view: str) -> str:
         return view_topic(self.topic_prefix, view)

@@ -1,36 +1,36 @@
-"""Publishing the views' cuts: each consistent point's cut once Kafka has every row written before it.
+"""A worker's share of the cuts: its view rows out, and each point's fragment once Kafka has its rows.
 
-Promise: ``Cuts.write(topic, partition, key, value, headers)`` sends one view row without
-waiting and counts it against the current point; ``Cuts.point(lsn)`` closes the point. A poller
-thread serves the producer's deliveries and, in the order the points were closed, publishes
-each point's cut — per view, the commit LSN and every view-topic partition's end — once all of
-its rows and every earlier point's are acknowledged. A refused row stops the cuts for good:
-``failed`` names it and the next ``write`` raises. The view topics' ends are shared between the
-poller and the feed thread (which sets them when it reads the topics back) under one lock.
-``close`` stops the poller and waits for it. No I/O until the first point.
+Promise: ``Cuts.write(topic, partition, key, value, headers)`` sends one view row without waiting
+and counts it against the current point; ``Cuts.point(lsn, offset, parts, seconds)`` closes the
+point (its commit LSN, raw offset, the ``(view, partition)`` it published and how long that took).
+A poller thread serves the producer's deliveries and, in the order the points were closed, hands
+each point to ``done`` with the end offset of every partition it names, once all of its rows and
+every earlier point's are acknowledged (``done`` writes the worker's fragment of the cuts,
+``streams.materializer``). A refused row stops it for good: ``failed`` names it and the next
+``write`` raises. ``drain`` waits until everything written is acknowledged and handed on — a
+revocation returns only then, so no row of a partition given up lands after its next owner has
+read the partition back. The view topics' ends are shared between the poller and the feed thread
+(which sets them when it reads a partition back) under one lock. ``close`` stops the poller and
+waits for it. No I/O until the first point.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import fastavro
 from confluent_kafka import KafkaError, Producer
 
 from streams.writer import Pending, produce
 from tables.errors import FatalError
-from tables.topics import CUTS_PARTITION
-from tables.views import CUT_PARSED
-from tables.wire import HEADER_LSN, avro_body
 
 log = logging.getLogger("headwater.streams")
-KEY_STRING = fastavro.parse_schema("string")
-Frames = tuple[bytes, bytes]  # the cut value's and key's Confluent frames
+Ends = list[tuple[str, int, int]]  # (view, partition, end offset)
 
 
 class Delivered(Pending):
@@ -50,27 +50,28 @@ class Delivered(Pending):
 
 
 @dataclass
-class PendingCut:
+class Point:
     """A consistent point whose rows are on their way to Kafka."""
 
     lsn: int
-    delivered: Delivered
+    offset: int  # the raw offset it is at
+    parts: list[tuple[str, int]]  # (view, partition) published at it
+    seconds: float  # how long the publication took
+    delivered: Delivered = field(default_factory=Delivered)
 
 
 class Cuts:
-    """View rows out, and each consistent point's cuts once Kafka acknowledged its rows."""
+    """View rows out, and each point handed on once Kafka acknowledged its rows (see the module promise)."""
 
-    def __init__(self, producer: Producer, topic: str, views: dict[str, str],
-                 frames: Callable[[], Frames]) -> None:  # fmt: skip
+    def __init__(self, producer: Producer, views: dict[str, str], done: Callable[[Point, Ends], None]) -> None:
         self.producer = producer
-        self.topic = topic  # the cuts topic
         self.views = views  # view name -> its topic
-        self.frames = frames  # registers the cut schemas when first needed
+        self.done = done
         self.ends: dict[str, dict[int, int]] = {name: {} for name in views}
-        self.lock = threading.Lock()  # guards ends and cut
-        self.cut: int | None = None  # commit LSN of the last cut published
+        self.lock = threading.Lock()  # guards ends and handed
+        self.handed: int | None = None  # commit LSN of the last point handed on
         self.failed: KafkaError | None = None
-        self.pending: deque[PendingCut] = deque()
+        self.pending: deque[Point] = deque()
         self.current = Delivered()
         self.stopping = threading.Event()
         self.poller: threading.Thread | None = None
@@ -82,51 +83,66 @@ class Cuts:
         self.current.outstanding += 1
         produce(self.producer, topic, partition, key, value, headers, self.current.delivered)
 
-    def point(self, lsn: int) -> None:
-        """Close the current point at ``lsn``: its cuts follow once its rows are acknowledged."""
-        self.pending.append(PendingCut(lsn, self.current))
+    def point(self, lsn: int, offset: int, parts: list[tuple[str, int]], seconds: float) -> None:
+        """Close the current point: it is handed on once its rows are acknowledged (at once when it wrote no
+        row and no earlier point waits: a partition without changes is not held back by the poller's wait)."""
+        point = Point(lsn, offset, parts, seconds, self.current)
         self.current = Delivered()
+        if not self.pending and point.delivered.outstanding == 0:
+            self._hand_on(point)
+            return
+        self.pending.append(point)
         if self.poller is None:
             self.poller = threading.Thread(target=self._poll, name="headwater-view-cuts", daemon=True)
             self.poller.start()
 
     def reached(self, view: str, ends: dict[int, int]) -> None:
-        """The view topic holds at least ``ends`` (read back at a start)."""
+        """The view topic holds at least ``ends`` (read back when a partition was taken)."""
         with self.lock:
             held = self.ends[view]
             for partition, end in ends.items():
                 held[partition] = max(held.get(partition, 0), end)
 
     def last(self) -> int | None:
+        """The commit LSN of the last point handed on (its rows all acknowledged)."""
         with self.lock:
-            return self.cut
+            return self.handed
+
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Until every row written is acknowledged and every point handed on (False: not within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        if self.producer.flush(timeout) > 0:
+            return False
+        while self.pending and self.poller is not None and self.poller.is_alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def _poll(self) -> None:
         while not self.stopping.is_set():
-            self.producer.poll(0.005)
+            self.producer.poll(0.05)  # a delivery ends the wait
             while self.pending and self.pending[0].delivered.outstanding <= 0:
-                point = self.pending.popleft()
+                point = self.pending[0]
                 if point.delivered.failed is not None:
                     self.failed = point.delivered.failed
-                    log.error("Kafka refused a view row (%s): no more cuts are published", self.failed)
+                    log.error("Kafka refused a view row (%s): no more points are published", self.failed)
                     return
-                self._publish(point)
+                self._hand_on(point)
+                self.pending.popleft()
 
-    def _publish(self, point: PendingCut) -> None:
-        value_frame, key_frame = self.frames()
-        for name, topic in self.views.items():
-            self.reached(name, {p: end for (t, p), end in point.delivered.ends.items() if t == topic})
-            with self.lock:
-                ends = [{"partition": p, "offset": o} for p, o in sorted(self.ends[name].items())]
-            value = value_frame + avro_body(CUT_PARSED, {"view": name, "commit_lsn": point.lsn, "topic": topic,
-                                                         "ends": ends})  # fmt: skip
-            key = key_frame + avro_body(KEY_STRING, name)
-            produce(self.producer, self.topic, CUTS_PARTITION, key, value, [(HEADER_LSN, b"%d" % point.lsn)])
+    def _hand_on(self, point: Point) -> None:
         with self.lock:
-            self.cut = point.lsn
+            for (topic, partition), end in point.delivered.ends.items():
+                name = next(n for n, t in self.views.items() if t == topic)
+                self.ends[name][partition] = max(self.ends[name].get(partition, 0), end)
+            ends = [(view, partition, self.ends[view].get(partition, 0)) for view, partition in point.parts]
+        self.done(point, ends)
+        with self.lock:
+            self.handed = point.lsn
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the poller (cuts not yet published are published by the next run) and flush."""
+        """Stop the poller (points not yet handed on are published again by the next run) and flush."""
         self.stopping.set()
         if self.poller is not None:
             self.poller.join(timeout)

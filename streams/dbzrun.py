@@ -51,7 +51,7 @@ class DebeziumRun:
     """Writes the Debezium-format records of the raw changes the fan-out handles."""
 
     def __init__(self, cfg: StreamsConfig, registry: Registry, writer: TableWriter, old_key: Callable[[Change], Any],
-                 decode: Callable[[Registry, bytes | None], Change]) -> None:  # fmt: skip
+                 decode: Callable[[bytes | None], Change]) -> None:  # fmt: skip
         if not cfg.debezium_database:
             raise FatalError("[streams] debezium is on but debezium_database is not set",
                              hint="set [streams] debezium_database to the captured database's name (source.db)")
@@ -98,7 +98,7 @@ class DebeziumRun:
             for msg in read_to_end(consumer, [start], timeout=60):
                 if int(msg.offset() or 0) >= offset:
                     break
-                seen = self.decode(self.registry, msg.value())
+                seen = self.decode(msg.value())
                 if (seen.commit_lsn, seen.xid) == (change.commit_lsn, change.xid) and seen.position < change.position:
                     found[seen.position] = seen
         finally:

@@ -9,9 +9,13 @@ its topic had at the last fetch; until then — loading after a start, catching 
 fan-out — 503 with ``Retry-After`` and the progress, never 404. 400 for a key that does not
 fit the key columns, 503 with ``Retry-After`` while a rebalance is under way.
 Composite keys are the key columns in order, comma-separated (``/tables/order_items/7,2``).
-``GET /views/`` lists the views with the cut they are published to; ``GET
-/views/<view>/<key>`` answers a view row (by its base row's key) the same way, with the
-commit LSN it reflects. The pages read the engine; routing is the Faust app's.
+``GET /views/`` lists the views, the view partitions this worker holds, the last point it
+published them at and (on the raw partition's owner, which makes the cuts) the last cut; ``GET
+/views/<view>/<key>`` answers a view row (by its base row's key) from the worker holding its view
+partition (routed there like a table's key), with the commit LSN it reflects: the row as that
+worker last published it, which may be newer than the last cut (read Redis or the view topic
+up to a cut for rows of one cut); 503 while that partition replays or moves. The pages read the
+engine; routing is the Faust app's.
 ``GET /metrics`` is the engine's metrics in the Prometheus text format (``streams.metrics``);
 ``GET /health`` answers 200 while the worker runs; ``GET /ready`` 200 once it serves everything it
 holds, else 503 with the reason (rebalancing, recovering, loading: ``Engine.unready``). Every
@@ -36,7 +40,7 @@ from streams.tablefeed import Progress
 from streams.viewtopic import view_key
 from tables.partition import partition_for
 from tables.views import LSN_FIELD
-from tables.wire import UndecodableMessage, lsn_text
+from tables.wire import UndecodableMessage, body, lsn_text
 
 RETRY = {"Retry-After": "2"}
 
@@ -121,17 +125,34 @@ def table_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, key
                      "commit_lsn": lsn_text(lsn), "position": position, "row": to_json(row)})  # fmt: skip
 
 
-def view_row(engine: Engine, web: Any, name: str, key_bytes: bytes, key: str) -> Any:
-    """This worker's answer for a view row it keeps: the row or 404."""
-    assert engine.views is not None
+def view_row(engine: Engine, web: Any, name: str, key_bytes: bytes, key: str, partition: int) -> Any:
+    """This worker's answer for a view row of a partition it holds: the row, 404, or 503 while it replays."""
+    views = engine.views
+    assert views is not None
     view = engine.catalog.views[name]
-    found = engine.views.row(name, view_key(view, key_bytes))
+    if not views.holds(partition):
+        return web.json({"error": f"partition {partition} of {view.topic} is not held here yet"}, status=503,
+                        headers=RETRY)  # fmt: skip
+    found = views.row(name, view_key(view, key_bytes), partition)
+    replay = views.replaying()
+    if found is None and replay is not None:
+        return web.json({"error": f"view {name} is replaying the raw topic up to offset {replay}"}, status=503,
+                        headers=RETRY)  # fmt: skip
     if found is None:
         return web.json({"error": f"no row of view {name} with key {key}"}, status=404)
     lsn, doc = found
     doc.pop(LSN_FIELD, None)
     return web.json({"view": name, "key": to_json(engine.schemas.decode(key_bytes)), "commit_lsn": lsn_text(lsn),
                      "row": to_json(doc)})  # fmt: skip
+
+
+def views_listing(engine: Engine) -> dict[str, Any]:
+    """``GET /views/``: the views, the partitions held here, and the last cut when this worker makes them."""
+    if engine.views is None:
+        return {"views": []}
+    assembler = engine.owner.assembler
+    cut = assembler.last() if assembler is not None else None
+    return {**engine.views.describe(), "cut_lsn": None if cut is None else lsn_text(cut)}
 
 
 def unready(app: Any, engine: Engine) -> str | None:
@@ -207,7 +228,7 @@ def install_views(app: Any, engine: Engine, router: Router) -> None:
     @app.page("/views/")
     @counted(engine, "/views/")
     async def list_views(web: Any, request: Any) -> Any:
-        return web.json(engine.views.describe() if engine.views else {"views": []})
+        return web.json(views_listing(engine))
 
     @app.page("/views/{name}/{key}")
     @counted(engine, "/views/{name}/{key}")
@@ -220,8 +241,11 @@ def install_views(app: Any, engine: Engine, router: Router) -> None:
             key_bytes = base.key.encode_text(unquote(key))
         except KeyError400 as exc:
             return web.json({"error": str(exc), "key": view.key_columns}, status=400)
-        elsewhere = await router.routed(lambda: router.owner(engine.cfg.changes_topic, 0), web, request, "the views")
-        return elsewhere if elsewhere is not None else view_row(engine, web, view.spec.name, key_bytes, unquote(key))
+        partition = partition_for(view.key_frame + body(key_bytes), engine.cfg.partitions)
+        elsewhere = await router.routed(lambda: router.owner(view.topic, partition), web, request, "this view row")
+        if elsewhere is not None:
+            return elsewhere
+        return view_row(engine, web, view.spec.name, key_bytes, unquote(key), partition)
 
 
 def install_probes(app: Any, engine: Engine) -> None:

@@ -6,10 +6,13 @@ schemas) and makes every topic — compacted, with ``[streams] partitions`` part
 anything reads one. ``Engine`` is given its settings, registry, writer, catalog and stores; the
 host (``streams.host``, a Faust app) tells it which partitions this worker is assigned
 (``assigned``), when they are taken away (``revoked``) and when to stop (``close``, which stops
-every thread the engine started). The owner of the raw partition runs two feeds on it
-(``streams.feed``): the fan-out (``streams.fanrun``) and the views (``streams.materializer``,
-mirrored into Redis by ``streams.mirror``); the table-topic partitions assigned are read into the
-table store by one ``streams.tablefeed.TableFeed``, restarted at every rebalance. A feed's fatal
+every thread the engine started). The owner of the raw partition runs the fan-out
+(``streams.fanrun`` on a ``streams.feed.Feed``) and, with views, the points' announcer and the
+cuts' assembler (``streams.leader``) and the Redis mirror (``streams.mirror``). Every worker that
+holds partitions of the view topics keeps those partitions' views (``streams.materializer`` on a
+``streams.feed.ViewFeed``); a revocation returns only once Kafka acknowledged every view row it
+wrote. The table-topic partitions assigned are read into the table store by one
+``streams.tablefeed.TableFeed``, restarted at every rebalance. A feed's fatal
 error goes to ``on_fatal`` (the host stops the worker). ``metrics`` (``streams.metrics``) holds every
 part's counters and reads the engine's progress when scraped (the views' cut and its age only while
 this worker owns the raw partition), and its readers report librdkafka's statistics to
@@ -25,12 +28,15 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streams import clients
 from streams.catalog import TableTopic, discover
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
 from streams.cursor import Raw
 from streams.fanrun import FanOutRun
-from streams.feed import Feed
+from streams.feed import Feed, Follower, ViewFeed
+from streams.frontier import Pace
+from streams.leader import Announcer, Assembler, coordination_producer
 from streams.materializer import Materializer
 from streams.metrics import StreamsMetrics, Watcher
 from streams.mirror import RedisMirror
@@ -76,22 +82,45 @@ def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registr
 
 
 class Owner:
-    """The raw topic's feeds, running while this worker owns the raw partition (``streams.feed``)."""
+    """What the raw partition's owner runs (``streams.feed``): the fan-out and, with views, the points'
+    announcer, the cuts' assembler (``streams.leader``) and the Redis mirror."""
 
-    def __init__(self, cfg: StreamsConfig, run: FanOutRun, views: Materializer | None, mirror: RedisMirror | None,
-                 on_fatal: Fatal, settings: Settings) -> None:  # fmt: skip
-        self.cfg, self.run, self.views, self.mirror, self.on_fatal = cfg, run, views, mirror, on_fatal
+    def __init__(self, cfg: StreamsConfig, run: FanOutRun, views: Materializer | None,
+                 mirror: Callable[[], RedisMirror] | None, on_fatal: Fatal, settings: Settings) -> None:  # fmt: skip
+        self.cfg, self.run, self.views, self.make_mirror, self.on_fatal = cfg, run, views, mirror, on_fatal
         self.settings = settings
-        self.feeds: list[Feed] = []
+        self.feeds: list[Follower] = []
+        self.pace = Pace(cfg.view_point_interval)
+        self.producer = coordination_producer(clients.producer_settings(cfg)) if views is not None else None
+        self.assembler: Assembler | None = None
+        self.mirror: RedisMirror | None = None
 
     def start(self) -> None:
         if self.feeds:
             return
-        self.feeds.append(self._feed("fan-out", self.run.resume, self.run.handle, self.run.tick))
-        if self.views is not None:
-            if self.mirror is not None and not self.mirror.is_alive():
+        views, producer = self.views, self.producer
+        if views is None or producer is None:
+            self.feeds.append(self._feed("fan-out", self.run.resume, self.run.handle, self.run.tick))
+        else:
+            subjects, topics = views.subjects, {n: v.topic for n, v in views.views.items()}
+            announcer = Announcer(self.cfg, producer, subjects, self.pace, views.writer_id)
+            fanned: list[Feed] = []  # the points ride on the fan-out's reader: its fetches tell the raw end
+
+            def handle(batch: list[Raw]) -> None:
+                self.run.handle(batch)
+                announcer.saw(fanned[0].end)
+
+            def tick() -> None:
+                self.run.tick()
+                announcer.saw(fanned[0].end)
+
+            fanned.append(self._feed("fan-out", self.run.resume, handle, tick))
+            self.assembler = Assembler(self.cfg, producer, subjects, self.pace, topics, self._fatal("cuts"))
+            views.on_fragment = self.assembler.add
+            self.feeds += [fanned[0], self.assembler]
+            if self.make_mirror is not None:
+                self.mirror = self.make_mirror()
                 self.mirror.start()
-            self.feeds.append(self._feed("views", self.views.resume, self.views.handle, self.views.idle))
         for feed in self.feeds:
             feed.start()
 
@@ -102,13 +131,51 @@ class Owner:
         self.feeds.clear()
         self.run.fanout = None
         if self.views is not None:
-            self.views.joiner = None
+            self.views.on_fragment = None
+        self.assembler = None
+        if self.mirror is not None:
+            self.mirror.stopping.set()
+            self.mirror.join(timeout=10)
+        if self.producer is not None:
+            self.producer.flush(10)
+
+    def _fatal(self, name: str) -> Callable[[FatalError], None]:
+        return lambda exc: self.on_fatal(name, exc)
 
     def _feed(self, name: str, start: Callable[[], int], handle: Callable[[list[Raw]], None],
               idle: Callable[[], None]) -> Feed:  # fmt: skip
         return Feed(name, self.cfg.changes_topic, self.settings(name), start=start, handle=handle, idle=idle,
-                    on_fatal=lambda exc: self.on_fatal(name, exc), batch_size=self.cfg.batch_size,
-                    wait=self.cfg.batch_wait)  # fmt: skip
+                    on_fatal=self._fatal(name), batch_size=self.cfg.batch_size, wait=self.cfg.batch_wait)  # fmt: skip
+
+
+class Views:
+    """The views' feed of the view partitions this worker holds (``streams.materializer``)."""
+
+    def __init__(self, cfg: StreamsConfig, views: Materializer, on_fatal: Fatal, settings: Settings) -> None:
+        self.cfg, self.views, self.on_fatal, self.settings = cfg, views, on_fatal, settings
+        self.feed: ViewFeed | None = None
+
+    def start(self, partitions: set[int]) -> None:
+        self.stop()
+        if not partitions:
+            return
+        self.views.assign(partitions)
+        views = self.views
+        self.feed = ViewFeed("views", self.cfg.changes_topic, self.cfg.points_topic, self.settings("views"),
+                             start=views.resume, handle=views.handle, idle=views.idle, crowded=views.crowded,
+                             on_fatal=lambda exc: self.on_fatal("views", exc), batch_size=self.cfg.batch_size,
+                             wait=self.cfg.batch_wait)  # fmt: skip
+        self.feed.start()
+
+    def stop(self) -> None:
+        """Stop the feed, then wait until Kafka has every view row written (a revocation returns only then:
+        the next owner of a partition reads it back complete)."""
+        if self.feed is None:
+            return
+        self.feed.stop()
+        self.feed = None
+        if not self.views.drain():
+            log.warning("views: Kafka did not acknowledge every view row within 60 s of giving partitions up")
 
 
 class Tables:
@@ -154,19 +221,30 @@ class Engine:
         self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics, metrics)
         views = catalog.views
         self.views = Materializer(cfg, views, catalog.shapes, view_store, writer, schemas, metrics) if views else None
-        self.mirror = RedisMirror(cfg, views, schemas, metrics) if views and cfg.redis_url != "none" else None
-        self.owner = Owner(cfg, self.fanout, self.views, self.mirror, on_fatal, self.reader)
+        mirror = (lambda: RedisMirror(cfg, views, schemas, metrics)) if views and cfg.redis_url != "none" else None
+        self.owner = Owner(cfg, self.fanout, self.views, mirror, on_fatal, self.reader)
+        self.viewing = Views(cfg, self.views, on_fatal, self.reader) if self.views is not None else None
+        self.view_topics = frozenset(v.topic for v in views.values())
         self.tables = Tables(cfg, store, catalog.topics, on_fatal, self.reader)
         self.backlog = Backlog(self.raw_end, self.fanned)
         self.assignments = 0  # rebalances this worker was told of
         metrics.sources.raw, metrics.sources.cut, metrics.sources.redis = self.raw_positions, self.cut, self.redis
-        metrics.sources.cut_age = lambda: metrics.cut.age() if self.views is not None and self.owner.feeds else None
+        metrics.sources.cut_age = lambda: metrics.cut.age() if self.views is not None and self.viewing_feed() else None
         metrics.sources.tables = lambda: dict(self.tables.feed.progress) if self.tables.feed else {}
         self.watcher = Watcher([self.watch_cut, metrics.kafka.check])
 
     def reader(self, name: str) -> dict[str, Any]:
         """A reader's librdkafka settings, its statistics reported to ``metrics.kafka`` as ``name``."""
         return self.metrics.kafka.settings(name, reader_settings(self.cfg, table_feed=name == "tables"))
+
+    def viewing_feed(self) -> bool:
+        """Whether this worker keeps view partitions now."""
+        return self.viewing is not None and self.viewing.feed is not None
+
+    @property
+    def mirror(self) -> RedisMirror | None:
+        """The Redis mirror, while this worker owns the raw partition."""
+        return self.owner.mirror
 
     @property
     def raw(self) -> Part:
@@ -182,9 +260,14 @@ class Engine:
         self.tables.start(parts)
         if self.raw in parts:
             self.owner.start()
+        if self.viewing is not None:
+            self.viewing.start({p for topic, p in parts if topic in self.view_topics})
 
     def revoked(self) -> None:
-        """Another worker may hold the partitions next: stop reading (blocks until the feeds stopped)."""
+        """Another worker may hold the partitions next: stop reading (blocks until the feeds stopped and
+        Kafka has every view row written)."""
+        if self.viewing is not None:
+            self.viewing.stop()
         self.owner.stop()
         self.metrics.cut.reset()
         self.tables.stop()
@@ -197,10 +280,6 @@ class Engine:
         for thread in (self.backlog, self.watcher):
             if thread.is_alive():
                 thread.join(timeout=10)
-        if self.mirror is not None:
-            self.mirror.stopping.set()
-            if self.mirror.is_alive():
-                self.mirror.join(timeout=10)
         if self.views is not None:
             self.views.close()
         self.store.close()
@@ -233,20 +312,28 @@ class Engine:
         if not backlog.done.is_set():
             return (f"the fan-out is at raw offset {backlog.at} of {backlog.target}, where the raw topic ended when "
                     "this worker started")  # fmt: skip
-        replay = self.views.replaying() if self.views is not None and self.owner.feeds else None
+        replay = self.views.replaying() if self.views is not None and self.viewing and self.viewing.feed else None
         if replay is not None:
             return f"the views replay the raw topic up to offset {replay} before publishing again"
         return None
 
     def raw_positions(self) -> dict[str, tuple[int, int]]:
-        """Reader -> (next raw offset, the raw topic's end as last fetched), while this worker owns it."""
-        cursors = {"fan-out": self.fanout.cursor, "views": self.views.cursor if self.views else None}
-        return {feed.label: (cursor.next, feed.end) for feed in list(self.owner.feeds)
-                if (cursor := cursors.get(feed.label)) is not None}  # fmt: skip
+        """Reader -> (next raw offset, the raw topic's end as last fetched): the fan-out's while this worker
+        owns the raw partition, the views' while it holds view partitions."""
+        found = {feed.label: (self.fanout.cursor.next, feed.end) for feed in list(self.owner.feeds)
+                 if feed.label == "fan-out" and isinstance(feed, Feed)}  # fmt: skip
+        feed = self.viewing.feed if self.viewing is not None else None
+        if feed is not None and self.views is not None:
+            found["views"] = (self.views.position, feed.end)
+        return found
 
     def cut(self) -> int | None:
-        """The views' last published cut, while this worker runs the views (None elsewhere)."""
-        return self.views.cuts.last() if self.views is not None and self.owner.feeds else None
+        """The views' last cut on the raw partition's owner (which makes them), else this worker's last point
+        while it keeps view partitions (None elsewhere)."""
+        assembler = self.owner.assembler
+        if assembler is not None:
+            return assembler.last()
+        return self.views.cuts.last() if self.views is not None and self.viewing_feed() else None
 
     def redis(self) -> dict[str, tuple[int, int]]:
         """View -> (commit LSN of the cut Redis shows, of the newest cut seen), as this worker's mirror knows."""
@@ -257,7 +344,7 @@ class Engine:
         return {name: (lsn, max(newest.get(name, lsn), lsn)) for name, lsn in list(mirror.applied.items())}
 
     def watch_cut(self, now: float) -> None:
-        """Every second (``streams.metrics.Watcher``): how long the views' cut has stood still, while this
-        worker runs the views (``revoked`` resets the watch)."""
-        if self.views is not None and self.owner.feeds:
+        """Every second (``streams.metrics.Watcher``): how long this worker's publications have stood still,
+        while it keeps view partitions (``revoked`` resets the watch)."""
+        if self.views is not None and self.viewing_feed():
             self.metrics.cut.observe(self.views.cuts.last(), self.views.unpublished, now)

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.dbzrun import DebeziumRun
 from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
-from streams.metrics import StreamsMetrics
+from streams.metrics import StreamsMetrics, clock
 from streams.writer import Pending, TableWriter
+from tables.change import ChangeReader
 from tables.logs import facts
 from tables.registry import Registry
 from tables.wire import (
@@ -58,7 +60,11 @@ class FanOutRun:
         self.busy = 0.0  # seconds spent handling batches since the last report
         self.reported = (time.monotonic(), 0)
         self.fan_key = KeyOfRow(schemas)
-        self.debezium = DebeziumRun(cfg, schemas, writer, self._old_key, decode) if cfg.debezium else None
+        self.read = ChangeReader(schemas)  # framed or nested images, as framed bytes
+        self.debezium = DebeziumRun(cfg, schemas, writer, self._old_key, self.decode) if cfg.debezium else None
+
+    def decode(self, value: bytes | None) -> Change:
+        return decode(self.read, value)
 
     def _old_key(self, change: Change) -> bytes | None:
         return (self.fanout or self.load()).old_key(change)
@@ -82,12 +88,12 @@ class FanOutRun:
 
     def handle(self, batch: Sequence[Raw]) -> None:
         """Route and write a batch of raw changes (offset, key, value) in offset order."""
-        started = time.monotonic()
+        started = clock()
         self._handle(batch)
         if self.fanout is not None:
             self.metrics.fanned(self.fanout.counters)  # per batch, not per change
         self.checkpoint()
-        self.busy += time.monotonic() - started
+        self.busy += self.metrics.spent("fanout", started)
         self.batches += 1
         self.report(batch[-1][0])
 
@@ -121,7 +127,7 @@ class FanOutRun:
         debezium = self.debezium  # None unless [streams] debezium: the default path pays one test per change
         for offset, key, value in self.cursor.admit(batch):
             try:
-                change = decode(self.schemas, value)
+                change = self.decode(value)
             except UndecodableMessage as exc:
                 self.dead_letter(fan, offset, key, value, str(exc), pending)
                 continue
@@ -176,11 +182,12 @@ class KeyOfRow:
         return new_key[:5] + avro_body(key_schema, {f["name"]: row[f["name"]] for f in key_schema["fields"]})
 
 
-def decode(schemas: Registry, value: bytes | None) -> Change:
-    """A raw message's change record (UndecodableMessage: not one this fan-out can route)."""
+def decode(read: Callable[[bytes], dict[str, Any]], value: bytes | None) -> Change:
+    """A raw message's change record, its images framed (``read``: a ``tables.change.ChangeReader``;
+    UndecodableMessage: not one this fan-out can route)."""
     if value is None:
         raise UndecodableMessage("empty value")
-    record = schemas.decode(value)
+    record = read(value)
     try:
         change = Change.from_record(record)
     except (KeyError, TypeError) as exc:

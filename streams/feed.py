@@ -1,18 +1,19 @@
-"""The raw change topic, read directly in batches by the worker that owns it.
+"""The raw change topic, read directly in batches by the workers that need it.
 
 Promise: Faust assigns ``<prefix>.changes`` (one partition) to one worker but never
 delivers its messages (``streams.profile``): its per-message pipeline moves one to three
 thousand messages a second on this kind of machine, librdkafka batches more than ten
-times that. While the worker owns the partition, one ``Feed`` per consumer of the raw
-topic (the fan-out, the views) reads it from the position ``start()`` returns, in
-batches of up to ``batch_size`` messages, and hands each batch, in offset order, to
-``handle``; when nothing came within ``wait`` seconds it calls ``idle``. ``stop()``
-returns once the batch in hand is done, so nothing is handled after a revocation
-returns. A raw topic the broker no longer has is a ``FatalError`` naming it (the broker
-was restarted without its data). A batch that fails is not skipped: a ``FatalError`` goes to ``on_fatal`` and
-the feed ends; a reader stuck below a known end (``tables.kafka.Stalled``) is replaced at once;
-any other error is logged and the feed starts over from ``start()`` (which reloads its consumer's
-state) after a pause that doubles up to 30 s while nothing is read, and is 1 s again once something was.
+times that. While the worker owns the partition, the fan-out's ``Feed`` reads it from the
+position ``start()`` returns, in batches of up to ``batch_size`` messages, and hands each
+batch, in offset order, to ``handle``; when nothing came within ``wait`` seconds it calls
+``idle``. Every worker that holds view partitions reads it with a ``ViewFeed``, together with
+the views' points topic (``streams.frontier``). ``stop()`` returns once the batch in hand is
+done, so nothing is handled after a revocation returns. A raw topic the broker no longer has
+is a ``FatalError`` naming it (the broker was restarted without its data). A batch that fails
+is not skipped: a ``FatalError`` goes to ``on_fatal`` and the feed ends; a reader stuck below a
+known end (``tables.kafka.Stalled``) is replaced at once; any other error is logged and the feed
+starts over from ``start()`` (which reloads its consumer's state) after a pause that doubles up
+to 30 s while nothing is read, and is 1 s again once something was.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streams.cursor import Raw
 from tables.errors import FatalError, RetryableError
-from tables.kafka import Stalled, StallWatch, reader
+from tables.kafka import Stalled, StallWatch, bounds, reader
 from tables.logs import facts
 
 log = logging.getLogger("headwater.streams")
@@ -131,6 +132,73 @@ class Feed(Follower):
             elif error.code() != KafkaError._PARTITION_EOF:
                 raise RetryableError(f"reading {self.topic}: {error}")
         return out
+
+
+class ViewFeed(Feed):
+    """The views' feed: the raw topic and the points topic (``streams.frontier``) with one consumer.
+
+    ``handle(raw, points)`` gets the raw changes and the points records' values read; the points
+    topic is read from its last ``POINTS_BACK`` records (the barrier as it stands), the raw topic
+    from ``start()``. While ``crowded()`` (the changes read ahead of the barrier are many: the raw
+    partition's owner is away), the raw topic is paused.
+    """
+
+    POINTS_BACK = 100
+
+    def __init__(self, name: str, topic: str, points_topic: str, settings: Mapping[str, Any], *,
+                 start: Callable[[], int], handle: Callable[[list[Raw], list[bytes]], None],
+                 idle: Callable[[], None], crowded: Callable[[], bool], on_fatal: Callable[[FatalError], None],
+                 batch_size: int, wait: float) -> None:  # fmt: skip
+        super().__init__(name, topic, settings, start=start, handle=lambda batch: None, idle=idle, on_fatal=on_fatal,
+                         batch_size=batch_size, wait=wait)  # fmt: skip
+        self.points_topic, self.handle_both, self.crowded = points_topic, handle, crowded
+
+    def _follow(self) -> None:
+        consumer = reader(self.settings)
+        try:
+            self._check(consumer)
+            position = self.start_at()
+            low, end = bounds(consumer, self.points_topic, 0)
+            raw = TopicPartition(self.topic, 0, position)
+            consumer.assign([raw, TopicPartition(self.points_topic, 0, max(low, end - self.POINTS_BACK))])
+            log.info("%s: reading %s from offset %d", self.name, self.topic, position,
+                     extra=facts(topic=self.topic, offset=position))  # fmt: skip
+            self._read(consumer, raw)
+        finally:
+            consumer.close()
+
+    def _read(self, consumer: Any, raw: TopicPartition) -> None:
+        watch, paused = StallWatch(), False
+        while not self.stopping.is_set():
+            changes, points = self._split(consumer.consume(self.batch_size, self.wait))
+            if self.stopping.is_set():
+                return
+            self.end = max(self.end, consumer.get_watermark_offsets(raw, cached=True)[1])
+            if changes or points:
+                self.handle_both(changes, points)
+                watch.seen()
+            else:
+                self.idle()
+                if not paused:
+                    watch.check(consumer, {(self.topic, 0)})
+            if self.crowded() != paused:
+                paused = not paused
+                (consumer.pause if paused else consumer.resume)([TopicPartition(self.topic, 0)])
+
+    def _split(self, messages: list[Any]) -> tuple[list[Raw], list[bytes]]:
+        changes, points = [], []
+        for m in messages:
+            error = m.error()
+            if error is None:
+                if m.topic() == self.topic:
+                    changes.append((m.offset(), m.key(), m.value()))
+                elif m.value() is not None:
+                    points.append(m.value())
+            elif error.code() in GONE:
+                raise gone(str(m.topic()), error.str())
+            elif error.code() != KafkaError._PARTITION_EOF:
+                raise RetryableError(f"reading {m.topic()}: {error}")
+        return changes, points
 
 
 def gone(topic: str, detail: str) -> FatalError:

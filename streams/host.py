@@ -4,9 +4,10 @@ Promise: this module, ``streams.profile`` and ``streams.endpoint`` are the only 
 code (``tests/test_layers.py`` keeps it so). ``build`` does all the start-up I/O — the app,
 the catalog (``streams.engine.open_catalog``: tables discovered, views checked, topics made),
 the stores — and nothing happens at import. Faust's consumer group assigns the partitions:
-the ``raw`` agent subscribes to the raw topic and ``table_rows`` to the table topics so that
-they are assigned, but the app never delivers them (``App.direct``): the engine reads them
-itself. After each rebalance the engine is told what this worker holds; on a revocation and
+the ``raw`` agent subscribes to the raw topic, ``table_rows`` to the table topics and
+``view_rows`` to the view topics so that they are assigned, but the app never delivers them
+(``App.direct``): the engine reads the raw and table topics itself, and keeps the views of the
+view partitions it holds. After each rebalance the engine is told what this worker holds; on a revocation and
 at shutdown its readers stop before Faust goes on; a fatal error in the engine crashes the app.
 The app's ``Worker`` logs in Headwater's format (``tables.logs``): every line, Faust's too, at
 Faust's ``-l`` level when it is given on the command line, else ``HEADWATER_LOG_LEVEL`` (default
@@ -86,7 +87,7 @@ def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.Ap
              shown(cfg.registry_url))  # fmt: skip
     schemas, writer = Registry(cfg.registry_url), TableWriter(cfg)
     catalog = open_catalog(cfg, load_views() if specs is None else specs, schemas, writer)
-    app.direct = frozenset({cfg.changes_topic, *catalog.topics})
+    app.direct = frozenset({cfg.changes_topic, *catalog.topics, *(v.topic for v in catalog.views.values())})
     loop: list[asyncio.AbstractEventLoop] = []
 
     def fatal(part: str, exc: FatalError) -> None:
@@ -103,7 +104,9 @@ def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.Ap
 
 
 def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
-    """The agents that hold the raw and table partitions' assignments; Faust delivers them nothing."""
+    """The agents that hold the raw, table and view partitions' assignments; Faust delivers them nothing. The
+    table and view topics have the same number of partitions and the same subscribers: Faust's assignor gives
+    partition p of all of them to one worker."""
     changes = app.topic(cfg.changes_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                         value_serializer="raw", acks=False)  # fmt: skip
 
@@ -123,6 +126,18 @@ def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
                       event.message.topic, event.message.offset)  # fmt: skip
 
     app.agent(table_topics, name="table_rows")(table_rows)
+    if not catalog.views:
+        return
+    view_topics = TableTopics(app, topics=sorted(v.topic for v in catalog.views.values()), key_type=bytes,
+                              value_type=bytes, key_serializer="raw", value_serializer="raw",
+                              partitions=cfg.partitions)  # fmt: skip
+
+    async def view_rows(stream: Any) -> None:
+        async for event in stream.events():
+            log.error("Faust delivered %s offset %d: the views write their topics, they do not read them",
+                      event.message.topic, event.message.offset)  # fmt: skip
+
+    app.agent(view_topics, name="view_rows")(view_rows)
 
 
 def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLoop]) -> None:

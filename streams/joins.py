@@ -25,7 +25,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from streams import docbytes
+from streams.docbytes import Encoders
 from streams.fanout import Change
+from streams.placement import Placement, placements
 from tables.views import LSN_FIELD, Join, TableShape, ViewSpec
 from tables.wire import SCHEMA_BASE, SCHEMA_VIEW
 
@@ -46,16 +49,36 @@ class Store(Protocol):
 
 def canon(values: Sequence[Any]) -> bytes:
     """A key's identity in the store and indexes: the key columns' values as compact JSON."""
+    if len(values) == 1 and type(values[0]) is int:  # the common key, 20 times faster than json.dumps
+        return b"[%d]" % values[0]
     return json.dumps(list(values), default=str, separators=(",", ":")).encode()
+
+
+def joined(row: Row | None, columns: Sequence[str]) -> list[Any] | None:
+    """A row's values of join columns, None when there is no row or one of them is null (it joins nothing)."""
+    if row is None:
+        return None
+    values = [row.get(c) for c in columns]
+    return None if None in values else values
 
 
 def store_key(kind: bytes, name: str, key: bytes) -> bytes:
     return kind + SEP + name.encode() + SEP + key
 
 
-def index_prefix(table: str, column: str, value: bytes) -> bytes:
-    """Where the keys of ``table``'s rows whose ``column`` holds ``value`` (``canon``-ed) are listed."""
-    return store_key(b"i", table, column.encode() + SEP + value + SEP)
+def index_prefix(table: str, columns: Sequence[str], value: bytes) -> bytes:
+    """Where the keys of ``table``'s rows whose ``columns`` hold ``value`` (their values ``canon``-ed) are listed."""
+    return store_key(b"i", table, ",".join(columns).encode() + SEP + value + SEP)
+
+
+Space = int | None  # a view partition's share of the split tables, or None: the replicated tables
+PartitionOf = Callable[[str, Sequence[Any]], int]  # (view, the base key's values in key order) -> partition
+Dirty = tuple[str, bytes, int]  # (view, base key, partition) of a view row to build again
+
+
+def space_name(table: str, space: Space) -> str:
+    """Where a table's rows of one space live in the store: ``table``, or ``table`` and the partition."""
+    return table if space is None else f"{table}\x1e{space}"
 
 
 @dataclass(eq=False)
@@ -68,29 +91,36 @@ class Node:
     parent: Node | None
     columns: tuple[str, ...] = ()  # the columns the document holds here
     children: list[Node] = field(default_factory=list)
+    path: str = ""  # the join's path ('' for the base row)
 
 
 class Joiner:
-    """Rows of the joined tables, their join indexes and the dirty view rows."""
+    """Rows of the joined tables, their join indexes and the dirty view rows, per space."""
 
     def __init__(self, views: Sequence[ViewSpec], shapes: Mapping[str, TableShape], store: Store,
-                 decode: Decode, cached: int = CACHED_ROWS) -> None:  # fmt: skip
+                 decode: Decode, cached: int = CACHED_ROWS, encoders: Mapping[str, Encoders] | None = None,
+                 partition_of: PartitionOf | None = None, held: set[int] | None = None) -> None:  # fmt: skip
         self.views = {v.name: v for v in views}
-        self.shapes = shapes
-        self.store = store
-        self.decode = decode
+        self.encoders = dict(encoders or {})  # view -> its rows' encoders (``content``)
+        self.shapes, self.store, self.decode = shapes, store, decode
+        # without a partition function every table is replicated and every view row is in partition 0
+        self.placed: dict[str, Placement] = {} if partition_of is None else placements(views, shapes)
+        self.partition_of: PartitionOf = partition_of or (lambda view, values: 0)
+        self.held: set[int] = {0} if held is None else set(held)  # the view partitions this worker publishes
         self.roots: dict[str, Node] = {}
         self.nodes: dict[str, list[Node]] = {}  # table -> every place it appears
-        self.indexed: dict[str, set[str]] = {}  # table -> join columns to index
+        self.indexed: dict[str, set[tuple[str, ...]]] = {}  # table -> the join columns to index
         for spec in views:
             self.roots[spec.name] = self._tree(spec)
         self.kept = {t: {c for n in nodes for c in n.columns} for t, nodes in self.nodes.items()}
         # the columns by which a table's rows sit in a parent's list (read by _up without decoding)
-        self.linked = {t: sorted({n.join.column for n in nodes if n.join is not None and n.join.many})
+        self.linked = {t: sorted({c for n in nodes if n.join is not None and n.join.many for c in n.join.on})
                        for t, nodes in self.nodes.items()}  # fmt: skip
         self.cache: OrderedDict[tuple[str, bytes], Row | None] = OrderedDict()
         self.cached = cached
-        self.dirty: dict[str, set[bytes]] = {name: set() for name in self.views}
+        self.encoded: OrderedDict[tuple[Node, Space, bytes], bytes] = OrderedDict()  # a row's own columns, encoded
+        self.lists: OrderedDict[bytes, list[bytes]] = OrderedDict()  # an index prefix -> its keys in value order
+        self.dirty: dict[str, dict[int, set[bytes]]] = {name: {} for name in self.views}  # view -> partition -> keys
         self.deferred: set[tuple[Node, bytes]] = set()  # looked-up rows that changed, not yet followed up
 
     # ---- structure ----------------------------------------------------------------------
@@ -100,26 +130,44 @@ class Joiner:
         by_path = {"": root}
         for join in spec.joins:
             parent = by_path[join.parent]
-            node = Node(spec.name, join.table, join, parent, spec.kept(join.path, self.shapes[join.table]))
+            node = Node(spec.name, join.table, join, parent, spec.kept(join.path, self.shapes[join.table]),
+                        path=join.path)
             parent.children.append(node)
             by_path[join.path] = node
             self.nodes.setdefault(join.table, []).append(node)
             holder = join.table if join.many else parent.table
-            self.indexed.setdefault(holder, set()).add(join.column)
+            self.indexed.setdefault(holder, set()).add(join.on)
         return root
 
     @property
     def tables(self) -> set[str]:
         return set(self.nodes)
 
+    def spaces(self, table: str) -> list[Space]:
+        """The spaces this worker keeps ``table``'s rows in: its partitions when the table is split."""
+        out: list[Space] = [None]
+        if table in self.placed:
+            out = [*sorted(self.held)]
+        return out
+
+    def space_of(self, table: str, partition: int) -> Space:
+        """The space holding ``table``'s rows for view partition ``partition``."""
+        return partition if table in self.placed else None
+
+    def partition(self, table: str, row: Row) -> int | None:
+        """The view partition a row of a split table belongs to (None: a column holding the base key is null)."""
+        placed = self.placed[table]
+        values = [row.get(c) for c in placed.columns]
+        return None if None in values else self.partition_of(placed.view, values)
+
     # ---- rows ---------------------------------------------------------------------------
-    def row(self, table: str, key: bytes) -> Row | None:
+    def row(self, table: str, key: bytes, space: Space = None) -> Row | None:
         """A row as the views keep it (its kept columns), from the cache or the store."""
-        at = (table, key)
+        at = (space_name(table, space), key)
         if at in self.cache:
             self.cache.move_to_end(at)
             return self.cache[at]
-        image = self.store.get(store_key(b"r", table, key))
+        image = self.store.get(store_key(b"r", at[0], key))
         found = None if image is None else self._kept(table, self.decode(image))
         self._cache(at, found)
         return found
@@ -134,100 +182,182 @@ class Joiner:
         if len(self.cache) > self.cached:
             self.cache.popitem(last=False)
 
-    def keys(self, table: str) -> Iterator[bytes]:
-        """The keys of every row of ``table`` the store holds, in byte order."""
-        prefix = store_key(b"r", table, b"")
+    def keys(self, table: str, space: Space = None) -> Iterator[bytes]:
+        """The keys of every row of ``table`` the store holds in ``space``, in byte order."""
+        prefix = store_key(b"r", space_name(table, space), b"")
         for entry, _ in self.store.scan(prefix):
             yield entry[len(prefix) :]
 
-    def matching(self, table: str, column: str, value: bytes) -> list[bytes]:
-        """The keys of ``table``'s rows whose ``column`` holds ``value`` (``canon``-ed), in byte order."""
-        prefix = index_prefix(table, column, value)
+    def matching(self, table: str, columns: Sequence[str], value: bytes, space: Space = None) -> list[bytes]:
+        """The keys of ``table``'s rows in ``space`` whose ``columns`` hold ``value`` (``canon``-ed), in byte order."""
+        prefix = index_prefix(space_name(table, space), columns, value)
         return [entry[len(prefix) :] for entry, _ in self.store.scan(prefix)]
+
+    def collected(self, table: str, columns: Sequence[str], value: bytes, space: Space = None) -> list[bytes]:
+        """``matching`` in the order of the keys' values (a collect's order), kept while the index stays."""
+        prefix = index_prefix(space_name(table, space), columns, value)
+        found = self.lists.get(prefix)
+        if found is not None:
+            self.lists.move_to_end(prefix)
+            return found
+        found = self.lists[prefix] = sorted(self.matching(table, columns, value, space), key=json.loads)
+        if len(self.lists) > self.cached:
+            self.lists.popitem(last=False)
+        return found
 
     # ---- changes ------------------------------------------------------------------------
     def key_of(self, table: str, record: Row) -> bytes:
         return canon([record[c] for c in self.shapes[table].key])
 
-    def apply(self, change: Change) -> None:
-        """One raw change of a table the views use (others are ignored)."""
+    def apply(self, change: Change, live: Callable[[Space], bool] = lambda space: True) -> None:
+        """One raw change of a table the views use (others are ignored), in the spaces ``live`` says
+        are at its offset (a space whose state is past it already skips it)."""
         table = f"{change.schema}.{change.table}"
         if table not in self.nodes:
             return
         if change.op == "TRUNCATE":
-            for key in list(self.keys(table)):
-                self._set(table, key, None)
+            for space in self.spaces(table):
+                if live(space):
+                    for key in list(self.keys(table, space)):
+                        self._set(table, key, None, None, space)
             return
         if change.key is None or change.op not in ("READ", "INSERT", "UPDATE", "DELETE"):
             return
-        key = self.key_of(table, self.decode(change.key))
+        after = None if change.op == "DELETE" or change.after is None else self.decode(change.after)
+        record = self.decode(change.key) if after is None else after
+        key = self.key_of(table, record)
         if change.op == "UPDATE" and change.before is not None:
-            old_key = self.key_of(table, self.decode(change.before))  # an old key, or the old row (FULL)
+            before = self.decode(change.before)  # an old key, or the old row (REPLICA IDENTITY FULL)
+            old_key = self.key_of(table, before)
             if old_key != key:
-                self._set(table, old_key, None)
-        if change.op == "DELETE" or change.after is None:
-            self._set(table, key, None)
-        else:
-            self._set(table, key, self._kept(table, self.decode(change.after)), change.after)
+                for space, _ in self._homes(table, before, None, live):
+                    self._set(table, old_key, None, None, space)
+        row = None if after is None else self._kept(table, after)
+        for space, new in self._homes(table, record, after, live):
+            self._set(table, key, row if new else None, change.after if new else None, space)
 
-    def _set(self, table: str, key: bytes, row: Row | None, image: bytes | None = None) -> None:
-        old = self.row(table, key)
-        affected = self._affected(table, key, old)
-        self._index(table, key, old, row)
+    def _homes(self, table: str, record: Row, after: Row | None,
+               live: Callable[[Space], bool]) -> Iterator[tuple[Space, bool]]:  # fmt: skip
+        """The live spaces a change of a row touches (``record`` holds its key, ``after`` is its new image
+        or None), each with whether the new row belongs there."""
+        placed = self.placed.get(table)
+        if placed is None:
+            if live(None):
+                yield None, True
+            return
+        if placed.by_key:  # the key tells the partition: the old and the new row live in one space
+            home = self.partition(table, record)
+            if home in self.held and live(home):
+                yield home, after is not None
+            return
+        home = None if after is None else self.partition(table, after)
+        for space in sorted(self.held):
+            if live(space):
+                yield space, space == home
+
+    def _set(self, table: str, key: bytes, row: Row | None, image: bytes | None, space: Space) -> None:
+        old = self.row(table, key, space)
+        if old is None and row is None:
+            return
+        name = space_name(table, space)
+        if row is not None and image is not None and row == old:  # no column a view keeps changed
+            self.store[store_key(b"r", name, key)] = image  # (the image stays current: a column list may grow)
+            return
+        affected = self._affected(table, key, old, space)
+        self._index(table, key, old, row, space)
         if image is None or row is None:
-            self.store.pop(store_key(b"r", table, key), None)
-            self.store.pop(store_key(b"u", table, key), None)
+            self.store.pop(store_key(b"r", name, key), None)
+            self.store.pop(store_key(b"u", name, key), None)
         else:
-            self.store[store_key(b"r", table, key)] = image
-            self.store[store_key(b"u", table, key)] = canon([row.get(c) for c in self.linked[table]])
-        self._cache((table, key), row)
-        affected |= self._affected(table, key, row)
-        for view, root in affected:
-            self.dirty[view].add(root)
+            self.store[store_key(b"r", name, key)] = image
+            links = [row.get(c) for c in self.linked[table]]
+            if old is None or links != [old.get(c) for c in self.linked[table]]:
+                self.store[store_key(b"u", name, key)] = canon(links)
+        self._cache((name, key), row)
+        for node in self.nodes[table]:
+            self.encoded.pop((node, space, key), None)
+        affected |= self._affected(table, key, row, space)
+        for view, root, partition in affected:
+            self.dirty[view].setdefault(partition, set()).add(root)
 
-    def _index(self, table: str, key: bytes, old: Row | None, new: Row | None) -> None:
+    def _index(self, table: str, key: bytes, old: Row | None, new: Row | None, space: Space) -> None:
         """Move ``key``'s index entries from the old row's join-column values to the new row's."""
-        for column in self.indexed.get(table, ()):
-            before = None if old is None else old.get(column)
-            after = None if new is None else new.get(column)
-            if before is not None and before != after:
-                self.store.pop(index_prefix(table, column, canon([before])) + key, None)
-            if after is not None:
-                self.store[index_prefix(table, column, canon([after])) + key] = b""
+        for columns in self.indexed.get(table, ()):
+            before = joined(old, columns)
+            after = joined(new, columns)
+            if before == after:
+                continue
+            for values, present in ((before, False), (after, True)):
+                if values is None:
+                    continue
+                prefix = index_prefix(space_name(table, space), columns, canon(values))
+                if present:
+                    self.store[prefix + key] = b""
+                else:
+                    self.store.pop(prefix + key, None)
+                self.lists.pop(prefix, None)
 
-    def _affected(self, table: str, key: bytes, row: Row | None) -> set[tuple[str, bytes]]:
-        """(view, base key) of every view row that shows this row (or would)."""
-        out: set[tuple[str, bytes]] = set()
+    def _affected(self, table: str, key: bytes, row: Row | None, space: Space) -> set[Dirty]:
+        """(view, base key, partition) of every view row that shows this row (or would)."""
+        out: set[Dirty] = set()
         for node in self.nodes.get(table, ()):
-            out.update((node.view, root) for root in self._up(node, key, row))
+            out.update((node.view, root, partition) for root, partition in self._up(node, key, row, space))
         return out
 
-    def _up(self, node: Node, key: bytes, row: Row | None) -> Iterator[bytes]:
-        """The base keys of the view rows that show ``row`` at ``node`` (``row`` needs only the
+    def _up(self, node: Node, key: bytes, row: Row | None, space: Space) -> Iterator[tuple[bytes, int]]:
+        """(base key, partition) of the view rows that show ``row`` at ``node`` (``row`` needs only the
         columns that link it to its parent: a full row, or ``_links``)."""
         parent, join = node.parent, node.join
         if parent is None or join is None:
-            yield key
+            partition = self._root_partition(node, key, row, space)
+            if partition is not None:
+                yield key, partition
             return
         if not join.many:  # every parent row whose join column holds this row's key: found when published
             self.deferred.add((node, key))
             return
-        value = None if row is None else row.get(join.column)  # the parent whose key its column holds
-        parents = [] if value is None else [canon([value])]
-        yield from self._above(parent, parents)
+        values = joined(row, join.on)  # the parent whose key its columns hold
+        if values is not None:
+            yield from self._above(parent, [(canon(values), values)], space)
 
-    def _above(self, parent: Node, parents: Sequence[bytes]) -> Iterator[bytes]:
-        for parent_key in parents:
+    def _above(self, parent: Node, parents: Sequence[tuple[bytes, Sequence[Any] | None]],
+               space: Space) -> Iterator[tuple[bytes, int]]:  # fmt: skip
+        """The view rows over each parent (its key, and its key's values when known)."""
+        for parent_key, values in parents:
             if parent.parent is None:
-                yield parent_key  # the base row: its key is the view row's
+                partition = self._root_partition(parent, parent_key, None, space, values)
+                if partition is not None:
+                    yield parent_key, partition
                 continue
-            links = self._links(parent.table, parent_key)
-            if links is not None:
-                yield from self._up(parent, parent_key, links)
+            for where in [space] if space is not None or parent.table not in self.placed else sorted(self.held):
+                links = self._links(parent.table, parent_key, where)
+                if links is not None:
+                    yield from self._up(parent, parent_key, links, where)
 
-    def _links(self, table: str, key: bytes) -> Row | None:
+    def _root_partition(self, root: Node, key: bytes, row: Row | None, space: Space,
+                        values: Sequence[Any] | None = None) -> int | None:  # fmt: skip
+        """The partition of a view row (None: not one this worker holds, or no base row to tell it)."""
+        if space is not None and root.table in self.placed:
+            return space
+        if values is None:
+            base = row if row is not None and root.table not in self.placed else self._base_row(root, key)
+            values = None if base is None else [base[c] for c in self.shapes[root.table].key]
+        if values is None:
+            return None
+        partition = self.partition_of(root.view, values)
+        return partition if partition in self.held else None
+
+    def _base_row(self, root: Node, key: bytes) -> Row | None:
+        """A base row by key, in whichever space holds it."""
+        for space in self.spaces(root.table):
+            found = self.row(root.table, key, space)
+            if found is not None:
+                return found
+        return None
+
+    def _links(self, table: str, key: bytes, space: Space) -> Row | None:
         """The columns that link a row to its parents (``u`` entries: no Avro decoding), None if no row."""
-        found = self.store.get(store_key(b"u", table, key))
+        found = self.store.get(store_key(b"u", space_name(table, space), key))
         if found is None:
             return None
         return dict(zip(self.linked[table], json.loads(found), strict=True))
@@ -240,47 +370,104 @@ class Joiner:
             for node, key in deferred:
                 parent, join = node.parent, node.join
                 assert parent is not None and join is not None
-                for root in self._above(parent, self.matching(parent.table, join.column, key)):
-                    self.dirty[node.view].add(root)
+                for space in self.spaces(parent.table):
+                    found = [(k, None) for k in self.matching(parent.table, join.on, key, space)]
+                    for root, partition in self._above(parent, found, space):
+                        self.dirty[node.view].setdefault(partition, set()).add(root)
 
     def waiting(self) -> bool:
         """Whether any view row is (or may be) dirty."""
-        return bool(self.deferred) or any(self.dirty.values())
+        return bool(self.deferred) or any(keys for parts in self.dirty.values() for keys in parts.values())
 
     # ---- documents ----------------------------------------------------------------------
-    def document(self, view: str, key: bytes) -> Row | None:
+    def document(self, view: str, key: bytes, partition: int = 0) -> Row | None:
         """The view row for a base key now, or None if there is none (no base row, inner join unmet)."""
-        row = self.row(self.roots[view].table, key)
-        return None if row is None else self._doc(self.roots[view], row)
+        root = self.roots[view]
+        row = self.row(root.table, key, self.space_of(root.table, partition))
+        return None if row is None else self._doc(root, row, partition)
 
-    def _doc(self, node: Node, row: Row) -> Row | None:
+    def _doc(self, node: Node, row: Row, partition: int) -> Row | None:
         doc = {c: row.get(c) for c in node.columns}
         for child in node.children:
             join = child.join
             assert join is not None
+            space = self.space_of(child.table, partition)
             if join.many:
-                parent_key = canon([row[self.shapes[node.table].key[0]]])
-                keys = sorted(self.matching(child.table, join.column, parent_key), key=json.loads)
-                items = [self._child(child, k) for k in keys]
-                present = [item for item in items if item is not None]
+                parent_key = canon([row[k] for k in self.shapes[node.table].key])
+                found = [self._child(child, k, partition) for k in self.collected(child.table, join.on,
+                                                                                    parent_key, space)]  # fmt: skip
+                present = [item for item in found if item is not None]
                 if join.inner and not present:
                     return None
                 doc[join.name] = present
             else:
-                value = row.get(join.column)
-                sub = None if value is None else self._child(child, canon([value]))
+                values = joined(row, join.on)
+                sub = None if values is None else self._child(child, canon(values), partition)
                 if sub is None and join.inner:
                     return None
                 doc[join.name] = sub
         return doc
 
-    def _child(self, node: Node, key: bytes) -> Row | None:
-        found = self.row(node.table, key)
-        return None if found is None else self._doc(node, found)
+    def _child(self, node: Node, key: bytes, partition: int) -> Row | None:
+        found = self.row(node.table, key, self.space_of(node.table, partition))
+        return None if found is None else self._doc(node, found, partition)
 
-    def base_keys(self, view: str) -> Iterator[bytes]:
-        """The keys of every base row of ``view`` (each may have a view row)."""
-        return self.keys(self.roots[view].table)
+    # ---- contents (the documents' Avro, from the rows' own encodings) ----------------------
+    def content(self, view: str, key: bytes, partition: int = 0) -> bytes | None:
+        """The view row's Avro content now (``streams.docbytes``), None when there is no view row:
+        ``document`` encoded, each row's own columns encoded once while the row stays the same."""
+        root = self.roots[view]
+        row = self.row(root.table, key, self.space_of(root.table, partition))
+        return None if row is None else self._content(self.encoders[view], root, key, row, partition)
+
+    def _content(self, encoders: Encoders, node: Node, key: bytes, row: Row, partition: int) -> bytes | None:
+        parts = [self._own(encoders, node, key, row, partition)]
+        for child in node.children:
+            join = child.join
+            assert join is not None
+            if join.many:
+                parent_key = canon([row[k] for k in self.shapes[node.table].key])
+                keys = self.collected(child.table, join.on, parent_key, self.space_of(child.table, partition))
+                items = [c for k in keys if (c := self._child_content(encoders, child, k, partition)) is not None]
+                if join.inner and not items:
+                    return None
+                parts.append(docbytes.collect(items))
+            else:
+                values = joined(row, join.on)
+                sub = None if values is None else self._child_content(encoders, child, canon(values), partition)
+                if sub is None and join.inner:
+                    return None
+                parts.append(docbytes.lookup(sub))
+        return b"".join(parts)
+
+    def _child_content(self, encoders: Encoders, node: Node, key: bytes, partition: int) -> bytes | None:
+        found = self.row(node.table, key, self.space_of(node.table, partition))
+        return None if found is None else self._content(encoders, node, key, found, partition)
+
+    def _own(self, encoders: Encoders, node: Node, key: bytes, row: Row, partition: int) -> bytes:
+        """A row's own columns at ``node``, encoded (from the cache while the row is unchanged)."""
+        at = (node, self.space_of(node.table, partition), key)
+        found = self.encoded.get(at)
+        if found is not None:
+            self.encoded.move_to_end(at)
+            return found
+        found = self.encoded[at] = encoders.own(node.path, row)
+        if len(self.encoded) > self.cached:
+            self.encoded.popitem(last=False)
+        return found
+
+    def base_row(self, view: str, key: bytes, partition: int = 0) -> Row | None:
+        """The base row of a view row (its kept columns), None when there is none."""
+        root = self.roots[view]
+        return self.row(root.table, key, self.space_of(root.table, partition))
+
+    def base_keys(self, view: str, partition: int = 0) -> Iterator[bytes]:
+        """The keys of every base row of ``view`` in ``partition`` (each may have a view row)."""
+        root = self.roots[view]
+        space = self.space_of(root.table, partition)
+        for key in self.keys(root.table, space):
+            if space is not None or self._root_partition(root, key, None, None) == partition:
+                yield key
 
 
 # ---- schemas ----------------------------------------------------------------------------
@@ -340,10 +527,10 @@ def view_schema(spec: ViewSpec, value_schemas: Mapping[str, dict[str, Any]],
             sub = record(join.path, join.table, f"{name}_{join.name}")
             if join.many:
                 fields.append({"name": join.name, "type": {"type": "array", "items": sub}, "default": [],
-                               "pg.join": f"collect {join.table} on {join.column}"})  # fmt: skip
+                               "pg.join": f"collect {join.table} on {', '.join(join.on)}"})  # fmt: skip
             else:
                 fields.append({"name": join.name, "type": ["null", sub], "default": None,
-                               "pg.join": f"lookup {join.table} on {join.column}"})  # fmt: skip
+                               "pg.join": f"lookup {join.table} on {', '.join(join.on)}"})  # fmt: skip
         return {"type": "record", "name": name, "namespace": namespace, "fields": fields, "pg.table": table}
 
     root = record("", spec.base, spec.name)

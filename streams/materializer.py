@@ -1,139 +1,155 @@
-"""The views' runtime: raw changes in commit order in, view rows and published cuts out.
+"""The views on one worker: raw changes in commit order in, the rows of its view partitions out, at agreed points.
 
-Promise: ``Materializer.handle`` applies a batch of raw changes to the join state (a
-``streams.viewstore`` on disk, committed at least once per batch), in order, dropping changes
-capture sent twice (the ``(commit_lsn, position)`` watermark of streamed changes). At the last
-*consistent point* of the batch — the end of a transaction or of the snapshot — it
-builds every dirty view row and writes those that changed (against what was sent
-before) to the view topics — compacted, Avro, keyed by the base row's key, every row
-carrying that commit LSN — and to the table the endpoint reads, without waiting. Once
-Kafka acknowledged a point's rows (and every earlier point's), a *cut* per view goes
-to ``<prefix>.views.cuts``: the commit LSN and each view-topic partition's end, so a
-reader who reads the view topic to those ends sees every transaction up to the LSN
-whole and none after it. Cuts are published in order by ``streams.cuts``.
-Publishing takes at most half of the time: a point that comes sooner after the last
-publication than that one took is skipped — its dirty rows wait for a later point (or for the
-feed to go idle at one) and are written once, with that point's LSN. So a change that
-dirties most of a view (a product's price, under every order holding it) makes the view
-publish less often, not fall behind the raw topic.
+Promise: every worker that holds view partitions runs one (``streams.engine``). ``handle`` takes a
+batch of raw changes and of points records (``streams.frontier``) and applies the changes to the
+join state (``streams.joins``: the split tables' rows of the partitions this worker holds, the
+replicated tables whole, in a ``streams.viewstore`` on disk), in order, dropping changes capture
+sent twice (the ``(commit_lsn, position)`` watermark of streamed changes), and never past the
+barrier the points records set. At every point they ask for — the same consistent point on every
+worker — it builds every dirty view row of its partitions and writes those that changed (against
+what was sent before) to the view topics, keyed by the base row's key, every row carrying that
+commit LSN, and to the endpoint's copies, without waiting; once Kafka acknowledged them its
+fragment of the cuts goes to ``<prefix>.views.cuts.fragments`` (and, on the raw partition's
+owner, to its ``streams.leader.Assembler`` in memory), and a view's cut follows once every
+partition has one at that point. How often points come is the owner's decision
+(``streams.frontier.Pace``): publishing takes at most about half the time, so a change that
+dirties most of a view is written once per publication, not per change.
 
-After a crash the state is as of the last batch committed — or, on a worker that takes the
-views over without state of its own, empty, and the raw topic is replayed from its start.
-The view topics are the record of what was published: on (re)start they are read back,
-and every view row whose document, built from the recovered rows, differs from its
-latest record is dirty. Replay starts at the saved progress, re-applies changes
-(idempotent), and publishes nothing until it is past the last raw offset whose writes
-the state may hold (``@high``, written before each batch) and at or past the newest
-commit LSN the view topics hold (their records can outlive the state writes of the same
-batch), so no half-replayed state is ever published and a row's LSN never goes back.
-A row that did not change is not written again: a replay adds nothing
-to the view topics' latest state.
+Each space — a partition's share of the split tables, and the replicated tables — has its own
+progress (``@applied``: the raw offset its state reflects and the watermark there), committed in
+the same atomic write as its state, so after any crash each space is exactly at its progress.
+The reader starts at the lowest; a space applies only changes past its own progress. Nothing is
+published until the reader has passed the highest progress (a space that is behind — a
+partition taken back, or one this worker never held and rebuilds from the start of the raw
+topic — replays quietly while the others skip what they hold), and no partition at a point older
+than the newest commit LSN its view records carry: no half-replayed state is ever published and
+no row goes back.
 
-The jobs are split: ``streams.viewtopic`` makes the views' topics and schemas,
-``streams.publisher`` knows what the view topics hold and writes the rows that changed,
-``streams.cuts`` publishes cuts in order on its own thread (stopped by ``close``); this module
-applies batches, chooses the points to publish, and recovers. Only the views' feed thread calls
-``resume``, ``handle`` and ``idle``; the endpoint reads ``row`` and ``describe``.
+The view topics are the record of what was published: when a partition is taken — at start or
+at a rebalance (``assign``, then the feed's next ``resume``) — its records are read back and
+every row of it whose content, built from the state, differs from its latest record is dirty. A
+row that did not change is not written again: a replay adds nothing to the view topics. A
+partition given up is forgotten in memory; its state stays on disk, and resumes from its progress
+if the partition comes back.
+
+Only the views' feed thread calls ``resume``, ``handle`` and ``idle``; the endpoint reads ``row``,
+``holds``, ``replaying`` and ``describe``; the engine calls ``assign`` while the feed is stopped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import fastavro
 from confluent_kafka import Producer
 
 from streams import clients
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
-from streams.cuts import Cuts, Frames
+from streams.cuts import Cuts, Ends, Point
+from streams.docbytes import Encoders
 from streams.fanout import STREAMED, Change
-from streams.joins import Joiner
-from streams.metrics import StreamsMetrics
+from streams.frontier import Points, fragment_value, read_point
+from streams.joins import Joiner, Space
+from streams.leader import Subjects, coordination_producer
+from streams.metrics import StreamsMetrics, clock
 from streams.publisher import Publisher
 from streams.viewstore import MemoryViewStore
 from streams.viewtopic import ViewTopic
-from streams.writer import TableWriter
+from streams.writer import TableWriter, produce
+from tables.change import ChangeReader
+from tables.partition import partition_for
 from tables.registry import Registry
-from tables.views import CUT_SCHEMA, TableShape
-from tables.wire import UndecodableMessage, frame, lsn_text
+from tables.views import TableShape
+from tables.wire import UndecodableMessage, avro_body, lsn_text
 
 log = logging.getLogger("headwater.streams")
-HIGH = b"@high"  # no state write comes from a raw offset above this one
-PROGRESS = b"@progress"  # replay starts here: (raw offset, watermark) after the last published cut
+PROGRESS = b"@applied\x1f"  # + space: the raw offset that space's state reflects, and the watermark there
 PROGRESS_FORMAT = struct.Struct(">qqi")
 COMMIT_EVERY = 10_000  # view rows written between commits of the endpoint's copies
 TABLES_KEY = b"@tables"  # the tables whose rows the state keeps (a view on a new table replays from the start)
-KEY_STRING = fastavro.parse_schema("string")
+BACKLOG = 20_000  # raw changes read ahead of the barrier before the feed stops reading the raw topic
+Fragment = Callable[[str, int, float, Ends], None]  # (writer, commit LSN, seconds, ends): a fragment in memory
+
+
+def progress_key(space: Space) -> bytes:
+    return PROGRESS + (b"r" if space is None else b"%d" % space)
 
 
 class Materializer:
-    """Keeps the views: join state, dirty rows, publication at consistent points, cuts."""
+    """Keeps this worker's view partitions: join state, dirty rows, publication at the agreed points."""
 
     def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], shapes: dict[str, TableShape],
                  store: MemoryViewStore, writer: TableWriter, schemas: Registry,
                  metrics: StreamsMetrics | None = None) -> None:  # fmt: skip
-        self.cfg = cfg
+        self.cfg, self.views, self.shapes, self.store, self.schemas = cfg, views, shapes, store, schemas
         self.metrics = metrics or StreamsMetrics()
-        self.unpublished = False  # the state holds changes the last cut does not (streams.metrics.CutWatch)
-        self.views = views
-        self.shapes = shapes
-        self.store = store
-        self.writer = writer  # for topics and reading back
-        self.schemas = schemas
-        # its own producer: its deliveries drive the cuts; a short linger, rows wait for nothing else
-        producer = Producer({**clients.producer_settings(cfg), "linger.ms": 1})
-        self.cuts = Cuts(producer, cfg.cuts_topic, {n: v.topic for n, v in views.items()}, self._cut_frames)
+        self.writer = writer  # for the raw topic's first offset
+        self.writer_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.subjects = Subjects(cfg)
+        self.read = ChangeReader(schemas)  # framed or nested images, as framed bytes
+        self.cuts = Cuts(Producer(clients.producer_settings(cfg)), {n: v.topic for n, v in views.items()}, self._handed)
+        self.fragments = coordination_producer(clients.producer_settings(cfg))  # fragments wait for no linger
         self.publisher = Publisher(cfg, views, store, self.cuts)
+        self.encoders = {name: Encoders(view.schema) for name, view in views.items()}
+        self.key_columns = {name: view.key_columns for name, view in views.items()}
+        self.on_fragment: Fragment | None = None  # the raw owner's assembler, on that worker
         self.joiner: Joiner | None = None
+        self.wanted: set[int] = set()  # the view partitions assigned (taken at the feed's next start)
         self.cursor = Cursor(cfg.changes_topic, "views", lambda: writer.low_watermark(cfg.changes_topic))
-        self.watermark = (-1, -1)
-        self.quiet_until = -1  # replaying: publish nothing at points below this raw offset
-        self.frames: Frames | None = None  # cut value and key frames
-        self.next_publish = 0.0  # monotonic time from which the next point may be published
+        self.position = 0  # the next raw offset to apply
+        self.watermark = (-1, -1)  # of the streamed changes applied
+        self.starts: dict[Space, int] = {}  # each space's progress when the reader started
+        self.quiet_until = -1  # replaying: publish nothing before the reader reaches this raw offset
+        self.points = Points()
+        self.backlog: deque[tuple[int, Change]] = deque()  # read, not yet applied (past the barrier)
         self.at_point: tuple[int, int] | None = None  # (raw offset, commit LSN) the state is consistent at
+        self.unpublished = False  # the state holds changes no fragment does (streams.metrics.CutWatch)
         self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
         self.reported = time.monotonic()
 
-    # ---- start-up -----------------------------------------------------------------------
-    def load(self) -> Joiner:
-        """(Re)build the join state from the recovered table and the view topics; replay from the progress."""
+    # ---- partitions and start-up ----------------------------------------------------------
+    def assign(self, partitions: set[int]) -> None:
+        """The view partitions this worker holds now (the engine calls it while the feed is stopped)."""
+        self.wanted = set(partitions)
+
+    def resume(self) -> int:
+        """(Re)start reading: take the assigned partitions, give up the others; the raw offset to read next."""
+        joiner = self.joiner or self._open()
+        for partition in sorted(joiner.held - self.wanted):
+            self._give_up(partition)
+        for partition in sorted(self.wanted - joiner.held):
+            self._take(partition)
+        self._plan()
+        return self.cursor.next
+
+    def _open(self) -> Joiner:
         self.store.open()
-        saved = self.store.get(PROGRESS)
-        start, lsn, position = PROGRESS_FORMAT.unpack(saved) if saved else (0, -1, -1)
         self.joiner = joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store,
-                                      self.schemas.decode)  # fmt: skip
-        high = self.store.get(HIGH)
-        self.quiet_until = int.from_bytes(high, "big", signed=True) if high else -1
+                                      self.schemas.decode, encoders=self.encoders, partition_of=self._partition_of,
+                                      held=set())  # fmt: skip
         kept = set(json.loads(self.store.get(TABLES_KEY) or b"[]"))
-        if saved and not joiner.tables <= kept:
-            start, lsn, position = self._from_the_start(joiner.tables - kept)
+        if kept and not joiner.tables <= kept:
+            self._from_the_start(joiner.tables - kept)
         self.store[TABLES_KEY] = json.dumps(sorted(joiner.tables | kept)).encode()
-        self.cursor.reset(start)
-        self.watermark = (lsn, position)
-        for name, view in self.views.items():
-            sent = self.publisher.read_back(view)
-            joiner.dirty[name] = set()
-            for key in {*joiner.base_keys(name), *sent}:
-                changed, _, content = self.publisher.changed(joiner.document, view, key)
-                if changed:
-                    joiner.dirty[name].add(key)
-                else:
-                    self.publisher.mend(view, key, content)
-        dirty = sum(len(d) for d in joiner.dirty.values())
-        log.info("views %s resume at raw offset %d (quiet until offset %d and commit LSN %s, %d rows to publish "
-                 "again)", ", ".join(self.views), start, self.quiet_until,
-                 lsn_text(max(self.publisher.published_lsn, 0)), dirty)  # fmt: skip
         self.store.commit()
         return joiner
 
-    def _from_the_start(self, new: set[str]) -> tuple[int, int, int]:
-        """A view uses tables whose rows were not kept: replay the raw topic from its first offset."""
+    def _partition_of(self, view: str, values: Sequence[Any]) -> int:
+        """The view partition of a base key (its values in key order): the view topic's partitioner."""
+        topic = self.views[view]
+        record = dict(zip(self.key_columns[view], values, strict=True))
+        return partition_for(topic.key_frame + avro_body(topic.codec.parsed, record), self.cfg.partitions)
+
+    def _from_the_start(self, new: set[str]) -> None:
+        """A view uses tables whose rows were not kept: every space replays the raw topic from its first offset."""
         low = self.writer.low_watermark(self.cfg.changes_topic)
         log.warning("the views now use %s, whose rows were not kept: replaying %s from offset %d",
                     ", ".join(sorted(new)), self.cfg.changes_topic, low)  # fmt: skip
@@ -141,109 +157,177 @@ class Materializer:
             log.error("%s starts at offset %d (retention): rows of %s changed before it are missing until they "
                       "change again; re-snapshot with a new capture slot to rebuild them", self.cfg.changes_topic,
                       low, ", ".join(sorted(new)))  # fmt: skip
-        return low, -1, -1
+        for key, _ in list(self.store.scan(PROGRESS)):
+            self.store.pop(key, None)
 
-    def resume(self) -> int:
-        """Rebuild the join state as recovered (after a rebalance): the raw offset to read next."""
-        self.load()
-        return self.cursor.next
+    def _take(self, partition: int) -> None:
+        """Hold a partition: read its view records back; its rows that differ from them are dirty."""
+        assert self.joiner is not None
+        joiner = self.joiner
+        joiner.held.add(partition)
+        dirty = 0
+        for name, view in self.views.items():
+            sent = self.publisher.read_back(view, partition)
+            marks = joiner.dirty[name].setdefault(partition, set())
+            for key in {*joiner.base_keys(name, partition), *sent}:
+                changed, content = self.publisher.changed(joiner, view, key, partition)
+                if changed:
+                    marks.add(key)
+                else:
+                    self.publisher.mend(view, key, content, partition)
+            dirty += len(marks)
+        self.store.commit()
+        log.info("views: partition %d taken (%d rows to publish again)", partition, dirty)
+
+    def _give_up(self, partition: int) -> None:
+        assert self.joiner is not None
+        self.joiner.held.discard(partition)
+        for marks in self.joiner.dirty.values():
+            marks.pop(partition, None)
+        self.publisher.drop(partition)
+        log.info("views: partition %d given up", partition)
+
+    def _plan(self) -> None:
+        """Where the reader starts (the lowest progress) and until where it replays quietly (the highest)."""
+        assert self.joiner is not None
+        low = None
+        saved: dict[Space, tuple[int, int, int]] = {}
+        for space in [None, *sorted(self.joiner.held)]:
+            found = self.store.get(progress_key(space))
+            if found is None:
+                low = self.writer.low_watermark(self.cfg.changes_topic) if low is None else low
+            saved[space] = PROGRESS_FORMAT.unpack(found) if found else (low or 0, -1, -1)
+        self.starts = {space: at[0] for space, at in saved.items()}
+        first = min(saved.values())
+        self.position, self.watermark = first[0], (first[1], first[2])
+        self.quiet_until = max(self.starts.values())
+        self.cursor.reset(self.position)
+        self.points, self.backlog, self.at_point = Points(), deque(), None
+        log.info("views of partitions %s resume at raw offset %d (quiet until offset %d, commit LSN %s published)",
+                 sorted(self.joiner.held), self.position, self.quiet_until,
+                 lsn_text(max(self.publisher.published_lsn.values(), default=0)))  # fmt: skip
 
     # ---- changes ------------------------------------------------------------------------
-    def handle(self, batch: Sequence[Raw]) -> None:
-        """Apply a batch of (raw offset, key, value); publish at its last consistent point; commit the state."""
-        joiner = self.joiner or self.load()
-        started = time.monotonic()
-        rows = self.stats["rows"]
-        changes = self._admit(batch)
-        if not changes:
-            return
-        self.store[HIGH] = changes[-1][0].to_bytes(8, "big", signed=True)  # before any write of the batch
-        points = [i for i, (offset, c) in enumerate(changes) if c.ends_transaction and self._may_publish(offset, c)]
-        last = points[-1] if points else -1
-        for _, change in changes[: last + 1]:
-            joiner.apply(change)
-        self.store.commit()  # scans and the store's memory stay small while the point is published
-        if last >= 0 and self._due():
-            self.publish(changes[last][0], changes[last][1].commit_lsn)
-        for _, change in changes[last + 1 :]:
-            joiner.apply(change)
-        self.store.commit()
-        ends = last == len(changes) - 1  # the state is at a consistent point: idle() may publish it
-        self.at_point = (changes[-1][0], changes[-1][1].commit_lsn) if ends else None
-        self.stats["changes"] += len(changes)
+    def handle(self, batch: Sequence[Raw], points: Sequence[bytes] = ()) -> None:
+        """Raw changes (offset, key, value) and points records read: apply what the barrier allows,
+        publish at the points it resolves, commit the state."""
+        started, rows = clock(), self.stats["rows"]
+        for value in points:
+            self.points.read(*read_point(value))
+        self.backlog.extend(self._admit(batch))
+        applied = self._advance()
+        if self.at_point is not None and self._publishing(self.at_point[0]) and self.points.resolves(self.at_point[0]):
+            self.publish(*self.at_point)
+            self.store.commit()
+        self.stats["changes"] += applied
         self.stats["batches"] += 1
-        self.stats["busy_s"] += time.monotonic() - started
-        self.metrics.applied(len(changes), int(self.stats["rows"] - rows))
-        self.unpublished = joiner.waiting() or bool(self.cuts.pending)
-        self.report(batch[-1][0])
-
-    def _due(self) -> bool:
-        """Whether a point may be published now: publishing takes at most half the time (the dirty rows
-        of the points skipped meanwhile are published at a later one, each once)."""
-        return time.monotonic() >= self.next_publish
-
-    def idle(self) -> None:
-        """Nothing new to read: publish what waits, if the state is at a consistent point and it is time."""
-        if self.at_point is not None and self.joiner is not None and self._due():
-            if self.joiner.waiting():
-                rows = self.stats["rows"]
-                self.publish(*self.at_point)
-                self.store.commit()
-                self.metrics.applied(0, int(self.stats["rows"] - rows))
-            self.at_point = None
+        self.stats["busy_s"] += self.metrics.spent("views", started)
+        self.metrics.applied(applied, int(self.stats["rows"] - rows))
         self.unpublished = (self.joiner is not None and self.joiner.waiting()) or bool(self.cuts.pending)
+        if batch:
+            self.report(batch[-1][0])
 
-    def replaying(self) -> int | None:
-        """The raw offset a replay after a restart must pass before anything is published, while below it."""
-        return self.quiet_until if self.joiner is not None and self.cursor.next < self.quiet_until else None
-
-    def _may_publish(self, offset: int, change: Change) -> bool:
-        """Past what a crashed run may have half applied (``@high``) and what it published (newest LSN)."""
-        return offset >= self.quiet_until and change.commit_lsn >= self.publisher.published_lsn
+    def crowded(self) -> bool:
+        """Whether the feed should stop reading the raw topic until the barrier moves."""
+        return len(self.backlog) > BACKLOG
 
     def _admit(self, batch: Sequence[Raw]) -> list[tuple[int, Change]]:
-        """The batch's new, decodable, not-yet-seen changes (the fan-out dead-letters the rest)."""
+        """The batch's new, decodable changes (the fan-out dead-letters the rest)."""
         out = []
         for offset, _, value in self.cursor.admit(batch):
             if value is None:
                 continue
             try:
-                change = Change.from_record(self.schemas.decode(value))
+                out.append((offset, Change.from_record(self.read(value))))
             except (UndecodableMessage, KeyError, TypeError):
                 continue
+        return out
+
+    def _advance(self) -> int:
+        """Apply the changes read that the barrier allows (all while replaying): how many were applied."""
+        assert self.joiner is not None
+        joiner, applied = self.joiner, 0
+        while self.backlog and (self.backlog[0][0] < self.quiet_until or self.points.allows(self.backlog[0][0])):
+            offset, change = self.backlog.popleft()
             if change.op in STREAMED:
                 ident = (change.commit_lsn, change.position)
-                if ident <= self.watermark:
-                    continue  # capture sent it twice
+                if ident <= self.watermark:  # capture sent it twice: the state stays where it is
+                    self.position = offset + 1
+                    continue
                 self.watermark = ident
-            out.append((offset, change))
-        return out
+            joiner.apply(change, self._live(offset))
+            applied += 1
+            self._passed(offset, change)
+        if applied or self.store.pending:
+            self._commit()
+        return applied
+
+    def _live(self, offset: int) -> Callable[[Space], bool]:
+        """Which spaces apply the change at ``offset``: those whose state is not past it."""
+        return lambda space: offset >= self.starts.get(space, 0)
+
+    def _passed(self, offset: int, change: Change) -> None:
+        """``offset`` is applied: publish here if it is a consistent point a points record asks for."""
+        self.position = offset + 1
+        self.at_point = (offset, change.commit_lsn) if change.ends_transaction else None
+        if self.at_point is not None and self.points.resolves(offset) and self._publishing(offset):
+            self._commit()
+            self.publish(offset, change.commit_lsn)
+
+    def _publishing(self, offset: int) -> bool:
+        """Whether the state at ``offset`` (applied) may be published: every space has reached it."""
+        return offset + 1 >= self.quiet_until
+
+    def _commit(self) -> None:
+        """Commit the state with the progress of every space it holds (those at or past their own)."""
+        assert self.joiner is not None
+        progress = PROGRESS_FORMAT.pack(self.position, *self.watermark)
+        for space in [None, *self.joiner.held]:
+            if self.position >= self.starts.get(space, 0):
+                self.store[progress_key(space)] = progress
+        self.store.commit()
+
+    def idle(self) -> None:
+        """Nothing new to read."""
+        self.unpublished = (self.joiner is not None and self.joiner.waiting()) or bool(self.cuts.pending)
+
+    def replaying(self) -> int | None:
+        """The raw offset a replay must pass before anything is published, while below it."""
+        return self.quiet_until if self.joiner is not None and self.position < self.quiet_until else None
 
     # ---- publication --------------------------------------------------------------------
     def publish(self, offset: int, lsn: int) -> None:
-        """Write the changed view rows as of ``lsn`` (not waiting); their cut follows once Kafka has them."""
+        """Write the changed view rows of the partitions held as of ``lsn`` (not waiting); their fragment
+        follows once Kafka has them."""
         assert self.joiner is not None
         started = time.monotonic()
         self.joiner.expand()
-        for name, view in self.views.items():
-            for n, key in enumerate(sorted(self.joiner.dirty[name]), 1):
-                self.stats["rows"] += self.publisher.write(self.joiner.document, view, key, lsn)
-                if n % COMMIT_EVERY == 0:  # a snapshot's end publishes every row: its copies go in parts
-                    self.store.commit()
-            self.joiner.dirty[name].clear()
-        self.cuts.point(lsn)
-        self.store[PROGRESS] = PROGRESS_FORMAT.pack(offset + 1, *self.watermark)
-        self.stats["points"] += 1
-        ended = time.monotonic()
-        self.next_publish = ended + (ended - started)
+        parts = []
+        for partition in sorted(self.joiner.held):
+            if lsn < self.publisher.published_lsn.get(partition, -1):
+                continue  # its records carry a newer point (another worker held it): not back to an older one
+            for name, view in self.views.items():
+                self._write_rows(name, view, partition, lsn)
+                parts.append((name, partition))
+        if parts:
+            self.cuts.point(lsn, offset, parts, time.monotonic() - started)
+            self.stats["points"] += 1
 
-    def _cut_frames(self) -> Frames:
-        """The cut schemas' frames (registered on the poller thread, when the first cut is due)."""
-        if self.frames is None:
-            registry = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
-            self.frames = (frame(registry.register(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA)),
-                           frame(registry.register(f"{self.cfg.cuts_topic}-key", {"type": "string"})))  # fmt: skip
-        return self.frames
+    def _write_rows(self, name: str, view: ViewTopic, partition: int, lsn: int) -> None:
+        assert self.joiner is not None
+        keys = self.joiner.dirty[name].pop(partition, set())
+        for n, key in enumerate(sorted(keys), 1):
+            self.stats["rows"] += self.publisher.write(self.joiner, view, key, lsn, partition)
+            if n % COMMIT_EVERY == 0:  # a snapshot's end publishes every row: its copies go in parts
+                self.store.commit()
+
+    def _handed(self, point: Point, ends: Ends) -> None:
+        """A point's rows are all acknowledged (the cuts' poller thread): its fragment goes out."""
+        value = fragment_value(self.subjects.fragment(), self.writer_id, point.lsn, point.offset, point.seconds, ends)
+        produce(self.fragments, self.cfg.fragments_topic, 0, None, value, [])
+        self.fragments.poll(0)
+        if self.on_fragment is not None:
+            self.on_fragment(self.writer_id, point.lsn, point.seconds, ends)
 
     # ---- reading ------------------------------------------------------------------------
     def report(self, offset: int, every: float = 10.0) -> None:
@@ -253,25 +337,35 @@ class Materializer:
             return
         s, span = self.stats, now - self.reported
         log.info("views at raw offset %d: %.0f changes/s in %d batches, %d points published, %d rows written "
-                 "(%.0f%% busy); last cut %s", offset, s["changes"] / span, s["batches"], s["points"], s["rows"],
-                 100 * s["busy_s"] / span, self._cut_text())  # fmt: skip
+                 "(%.0f%% busy); last point published %s", offset, s["changes"] / span, s["batches"], s["points"],
+                 s["rows"], 100 * s["busy_s"] / span, self._point_text())  # fmt: skip
         self.stats = dict.fromkeys(self.stats, 0)
         self.reported = now
 
-    def row(self, view: str, key: bytes) -> tuple[int, dict[str, Any]] | None:
-        """(commit LSN, document) of a view row as last published, or None."""
-        return self.publisher.row(view, key)
+    def holds(self, partition: int) -> bool:
+        return self.joiner is not None and partition in self.joiner.held
 
-    def _cut_text(self) -> str:
-        cut = self.cuts.last()
-        return "none" if cut is None else lsn_text(cut)
+    def row(self, view: str, key: bytes, partition: int) -> tuple[int, dict[str, Any]] | None:
+        """(commit LSN, document) of a view row as last published, or None."""
+        return self.publisher.row(view, key, partition)
+
+    def _point_text(self) -> str:
+        handed = self.cuts.last()
+        return "none" if handed is None else lsn_text(handed)
+
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Until Kafka acknowledged every view row written and every fragment (False: not within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        return self.cuts.drain(timeout) and self.fragments.flush(max(deadline - time.monotonic(), 0.0)) == 0
 
     def close(self) -> None:
-        """Stop publishing cuts (the poller thread ends; the next run publishes what is left)."""
+        """Stop handing points on (the poller thread ends; the next run publishes what is left)."""
         self.cuts.close()
+        self.fragments.flush(10)
 
     def describe(self) -> dict[str, Any]:
-        cut = self.cuts.last()
-        return {"cut_lsn": None if cut is None else lsn_text(cut), "rows_published": self.publisher.published,
+        handed = self.cuts.last()
+        return {"point_lsn": None if handed is None else lsn_text(handed), "rows_published": self.publisher.published,
+                "partitions_here": sorted(self.joiner.held) if self.joiner else [],
                 "views": [{"name": v.spec.name, "base": v.spec.base, "topic": v.topic, "key": v.key_columns,
                            "joins": [j.path for j in v.spec.joins]} for v in self.views.values()]}  # fmt: skip

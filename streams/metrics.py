@@ -6,11 +6,13 @@ its own with the process's CPU, memory and file descriptors; the endpoint serves
 ``/metrics``. Counters are added per batch, never per message (``fanned``, ``applied``). What the
 engine already knows — how far each reader is in the raw topic, the table partitions' rows and
 offsets, the published cut, what Redis shows — is read when Prometheus scrapes (``Sources``), so
-it costs nothing on the hot paths; the views' cut and its age only on the worker that owns the
-raw partition (elsewhere they have no sample). ``CutWatch`` is the age of the views' cut: 0 while
-the cut holds everything the views applied, else the seconds since it last moved with changes
-waiting; past ``[streams] cut_warn_after`` it logs a WARNING once, and once more when the cut moves
-again. ``KafkaWatch`` judges whether Kafka answers the workers' readers from librdkafka's own
+it costs nothing on the hot paths; each stage (fan-out, views, Redis mirror) counts the seconds it
+was busy and the CPU its thread spent (``spent``), so its capacity is what it handled over them.
+The views' cut is the raw partition's owner's (which makes the cuts), elsewhere a worker's own last
+point while it keeps view partitions. ``CutWatch`` is the age of the views' cut: 0 while the cut
+holds everything the views applied, else the seconds since it last moved with changes waiting; past
+``[streams] cut_warn_after`` it logs a WARNING once, and once more when the cut moves again.
+``KafkaWatch`` judges whether Kafka answers the workers' readers from librdkafka's own
 statistics (``settings(name, ...)`` adds them to a reader): no broker connection up, or requests
 unanswered for ``STALL_AFTER`` seconds past the fetch wait, in every reader that reports; a WARNING
 once it has lasted ``KAFKA_WARN_AFTER`` seconds and once when Kafka answers again. ``Watcher`` runs
@@ -93,7 +95,16 @@ class StreamsMetrics:
                                 ["page", "status"], registry=r)  # fmt: skip
         self.redis_errors = Counter("headwater_streams_redis_errors", "times the Redis mirror found Redis away",
                                     registry=r)  # fmt: skip
+        self.redis_records = Counter("headwater_streams_redis_records", "view records the Redis mirror read and "
+                                     "staged", registry=r)  # fmt: skip
+        self.busy = Counter("headwater_streams_busy_seconds", "seconds each stage spent handling batches (not "
+                            "waiting for them): its capacity is what it handled divided by this",
+                            ["stage"], registry=r)  # fmt: skip
+        self.cpu = Counter("headwater_streams_cpu_seconds", "CPU seconds each stage's thread spent handling "
+                           "batches (busy time without waiting for a core or the GIL)", ["stage"],
+                           registry=r)  # fmt: skip
         self._fanned: tuple[Any, tuple[int, ...]] = (None, ())  # (the fan-out's counters, their values added)
+        self._spent: dict[str, tuple[Any, Any]] = {}  # stage -> its busy and CPU counters
 
     def fanned(self, counters: Any) -> None:
         """Add the fan-out's counters (``streams.fanout.Counters``) since the last batch."""
@@ -110,11 +121,26 @@ class StreamsMetrics:
     def _families(self) -> tuple[Counter, ...]:
         return self.changes, self.records, self.duplicates, self.replayed, self.skipped, self.dead_letters
 
+    def spent(self, stage: str, since: tuple[float, float]) -> float:
+        """Count a stage's work begun at ``since`` (``clock()``): busy and CPU seconds; the busy seconds."""
+        wall, cpu = time.monotonic() - since[0], time.thread_time() - since[1]
+        counters = self._spent.get(stage)
+        if counters is None:
+            counters = self._spent[stage] = (self.busy.labels(stage), self.cpu.labels(stage))
+        counters[0].inc(wall)
+        counters[1].inc(cpu)
+        return wall
+
     def applied(self, changes: int, rows: int) -> None:
         """A batch of the views: raw changes applied, view rows written."""
         self.view_changes.inc(changes)
         if rows:
             self.view_rows.inc(rows)
+
+
+def clock() -> tuple[float, float]:
+    """Where a piece of work begins: (monotonic, this thread's CPU) seconds (``StreamsMetrics.spent``)."""
+    return time.monotonic(), time.thread_time()
 
 
 class CutWatch:
@@ -297,12 +323,13 @@ class _Collector:
         from prometheus_client.core import GaugeMetricFamily
 
         cut = self.sources.cut()
-        lsn = GaugeMetricFamily("headwater_streams_view_cut_lsn", "commit LSN of the views' last published cut")
+        lsn = GaugeMetricFamily("headwater_streams_view_cut_lsn", "commit LSN of the views' last published cut "
+                                 "(on the raw partition's owner; elsewhere this worker's last point)")  # fmt: skip
         if cut is not None:
             lsn.add_metric([], cut)
         yield lsn
         age = GaugeMetricFamily(CUT_AGE, "seconds the views have held changes their cut does not (0: the cut holds "
-                                "everything applied), on the worker that runs the views")  # fmt: skip
+                                "everything applied), on each worker keeping view partitions")  # fmt: skip
         if (seconds := self.sources.cut_age()) is not None:
             age.add_metric([], seconds)
         yield age

@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from streams import clients
 from streams.config import StreamsConfig
 from streams.fanout import header_lsn
-from streams.metrics import StreamsMetrics
+from streams.metrics import StreamsMetrics, clock
 from streams.rows import to_json
 from streams.viewtopic import ViewTopic
 from tables.kafka import reader, record
@@ -114,8 +114,10 @@ class RedisMirror(threading.Thread):
                     if not self.assigned:
                         self._assign(consumer)
                     self._consume(consumer)
+                    started = clock()
                     for name in self.views:
                         self.sync(name)
+                    self.metrics.spent("mirror", started)
                 except redis.RedisError as exc:
                     self.metrics.redis_errors.inc()
                     self._warn(f"Redis at {shown(self.cfg.redis_url)} is unavailable ({exc}); the views keep flowing "
@@ -165,7 +167,9 @@ class RedisMirror(threading.Thread):
 
     def _consume(self, consumer: Consumer) -> None:
         read: dict[str, list[Record]] = {}
-        for msg in consumer.consume(1000, timeout=0.02):
+        messages = consumer.consume(1000, timeout=0.02)
+        started = clock()
+        for msg in messages:
             topic, partition, offset = msg.topic() or "", int(msg.partition() or 0), int(msg.offset() or 0)
             error = msg.error()
             name = self.topics.get(topic)
@@ -188,6 +192,7 @@ class RedisMirror(threading.Thread):
                     self.cuts[cut["view"]] = cut
         for name, records in read.items():
             self._stage(name, records)
+        self.metrics.spent("mirror", started)
 
     def _stage(self, name: str, records: list[Record]) -> None:
         """Append a read's records to this mirror's staging list of the view, in offset order."""
@@ -197,6 +202,7 @@ class RedisMirror(threading.Thread):
         pipe.expire(staging, STAGED_TTL)
         pipe.execute()
         self.staged += len(records)
+        self.metrics.redis_records.inc(len(records))
 
     def sync(self, name: str) -> None:
         """Apply ``name`` up to its newest cut once the consumer read that far."""

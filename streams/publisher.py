@@ -1,20 +1,23 @@
 """Publishing view rows: what the view topics hold, and writing only the rows that changed.
 
-Promise: a ``Publisher`` knows, per view, the latest record its topic holds for each row — the
-commit LSN and a digest of its content (the value without the LSN) — read back from the topic at
-start (``read_back``) and kept by every write. ``write`` builds a dirty row's document now and
-sends it only if it differs from that record: to the view topic (through ``streams.cuts``, whose
-deliveries drive the cuts) and to the endpoint's copy in the view store; a row that did not
-change gets its endpoint copy mended instead (a kill may have lost only the copy). So a replay
-adds nothing to the view topics.
+Promise: a ``Publisher`` knows, per view and per view partition this worker holds, the latest
+record its topic holds for each row — the commit LSN and a digest of its content (the value
+without the LSN) — read back from the topic when the partition is taken (``read_back``) and kept
+by every write, and forgotten when it is given up (``drop``). ``write`` builds a dirty row's
+content now (the joiner's ``content``: the document's Avro without frame and LSN) and sends it
+only if it differs from that record: to the view topic's partition (through ``streams.cuts``,
+whose deliveries drive the fragments) and to the endpoint's copy in the view store; a row that did
+not change gets its endpoint copy mended instead (a kill may have lost only the copy). So a
+replay adds nothing to the view topics. ``published_lsn`` is, per partition, the newest commit
+LSN its records carry: a worker never publishes a partition at an older point (after taking it
+over from a worker that was ahead).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
@@ -25,16 +28,25 @@ from streams.rows import pack, unpack
 from streams.viewstore import MemoryViewStore
 from streams.viewtopic import ViewTopic, view_key
 from tables.kafka import read_topic_from
-from tables.partition import partition_for
 from tables.wire import HEADER_LSN, HEADER_VIEW, body
 
 Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the content written; b"" = tombstone)
-Doc = dict[str, Any] | None
-Document = Callable[[str, bytes], Doc]  # (view, row key) -> the row's document now, or None
+
+
+class Rows(Protocol):
+    """What the publisher asks of the join state (``streams.joins.Joiner``)."""
+
+    def content(self, view: str, key: bytes, partition: int = 0) -> bytes | None: ...  # Avro (no frame, no LSN)
+    def base_row(self, view: str, key: bytes, partition: int = 0) -> dict[str, Any] | None: ...
 
 
 def digest(value: bytes | None) -> bytes:
     return b"" if value is None else hashlib.blake2b(value, digest_size=16).digest()
+
+
+def copy_key(view: str, partition: int, key: bytes) -> bytes:
+    """Where the endpoint's copy of a view row is kept in the view store."""
+    return store_key(b"v", f"{view}\x1e{partition}", key)
 
 
 class Publisher:
@@ -42,67 +54,74 @@ class Publisher:
 
     def __init__(self, cfg: StreamsConfig, views: dict[str, ViewTopic], store: MemoryViewStore, cuts: Cuts) -> None:
         self.cfg, self.views, self.store, self.cuts = cfg, views, store, cuts
-        self.sent: dict[str, Sent] = {}
-        self.published_lsn = -1  # the newest commit LSN the view topics hold
+        self.sent: dict[str, dict[int, Sent]] = {name: {} for name in views}  # view -> partition -> rows
+        self.published_lsn: dict[int, int] = {}  # partition -> the newest commit LSN its view records carry
         self.published = 0  # view rows written (changed) since start
 
-    def read_back(self, view: ViewTopic) -> Sent:
-        """What the view topic holds: its latest record per key; each partition's end goes to the cuts."""
+    def read_back(self, view: ViewTopic, partition: int) -> Sent:
+        """What one partition of the view topic holds: its latest record per key; its end goes to the cuts."""
         sent: Sent = {}
-        ends: dict[int, int] = {}
-        for record in read_topic_from(reader_settings(self.cfg), view.topic, timeout=600):
-            ends[record.partition] = record.offset + 1
+        end = 0
+        for record in read_topic_from(reader_settings(self.cfg), view.topic, timeout=600, partitions=[partition]):
+            end = record.offset + 1
             if record.key is not None:
                 lsn = header_lsn(record.headers)[0]
                 value = record.value
                 content = None if value is None else view.content_of(value, lsn)
                 sent[view_key(view, record.key)] = (lsn, digest(value if content is None else content))
-                self.published_lsn = max(self.published_lsn, lsn)
-        self.cuts.reached(view.spec.name, {p: ends.get(p, 0) for p in range(self.cfg.partitions)})
-        self.sent[view.spec.name] = sent
+                self.published_lsn[partition] = max(self.published_lsn.get(partition, -1), lsn)
+        self.cuts.reached(view.spec.name, {partition: end})
+        self.sent[view.spec.name][partition] = sent
         return sent
 
-    def changed(self, document: Document, view: ViewTopic, key: bytes) -> tuple[bool, Doc, bytes | None]:
-        """Whether the view row's document now differs from what was last sent, the document, and
-        its content (``ViewTopic.content``; None without a document)."""
-        doc = document(view.spec.name, key)
-        content = None if doc is None else view.content(doc)
-        return digest(content) != self.sent[view.spec.name].get(key, (0, b""))[1], doc, content
+    def drop(self, partition: int) -> None:
+        """Forget a partition given up (another worker writes it now)."""
+        for sent in self.sent.values():
+            sent.pop(partition, None)
+        self.published_lsn.pop(partition, None)
 
-    def mend(self, view: ViewTopic, key: bytes, content: bytes | None) -> None:
+    def changed(self, rows: Rows, view: ViewTopic, key: bytes, partition: int) -> tuple[bool, bytes | None]:
+        """Whether the view row now differs from what was last sent, and its content (None: no view row)."""
+        found = rows.content(view.spec.name, key, partition)
+        content = None if found is None else view.value_frame + found
+        return digest(content) != self.sent[view.spec.name][partition].get(key, (0, b""))[1], content
+
+    def mend(self, view: ViewTopic, key: bytes, content: bytes | None, partition: int) -> None:
         """The endpoint's copy of a row the view topic holds as built (a kill may have lost only the copy).
 
         The copy is a store write, the topic record a librdkafka one: after a kill -9 either may
         be missing, and replay can rebuild a row equal to the topic's record. ``content`` is that
         record's content (``changed`` encoded it), None for a tombstone.
         """
-        doc_key = store_key(b"v", view.spec.name, key)
+        doc_key = copy_key(view.spec.name, partition, key)
         if content is None:
             self.store.pop(doc_key, None)
             return
-        lsn = self.sent[view.spec.name][key][0]
+        lsn = self.sent[view.spec.name][partition][key][0]
         value = pack(lsn, 0, view.at(content, lsn))
         if self.store.get(doc_key) != value:
             self.store[doc_key] = value
 
-    def write(self, document: Document, view: ViewTopic, key: bytes, lsn: int) -> bool:
+    def write(self, rows: Rows, view: ViewTopic, key: bytes, lsn: int, partition: int) -> bool:
         """Write one dirty view row if it changed, to the view topic and the endpoint's copy: whether it did."""
-        changed, doc, content = self.changed(document, view, key)
+        changed, content = self.changed(rows, view, key, partition)
         if not changed:  # the topic holds it; the endpoint's copy may be what a kill lost
-            self.mend(view, key, content)
+            self.mend(view, key, content, partition)
             return False
-        doc_key = store_key(b"v", view.spec.name, key)
-        if doc is None or content is None:
+        doc_key = copy_key(view.spec.name, partition, key)
+        base = None if content is None else rows.base_row(view.spec.name, key, partition)
+        if content is None or base is None:
             stored = self.store.get(doc_key)
             key_bytes = view.key(view.decode(unpack(stored)[2])) if stored else self.key_bytes(view, key)
             value = None
             self.store.pop(doc_key, None)
         else:
-            key_bytes, value = view.key(doc), view.at(content, lsn)
+            key_bytes, value = view.key(base), view.at(content, lsn)
             self.store[doc_key] = pack(lsn, 0, value)
         headers = [(HEADER_LSN, b"%d" % lsn), (HEADER_VIEW, view.spec.name.encode())]
-        self.cuts.write(view.topic, partition_for(key_bytes, self.cfg.partitions), key_bytes, value, headers)
-        self.sent[view.spec.name][key] = (lsn, digest(content))
+        self.cuts.write(view.topic, partition, key_bytes, value, headers)
+        self.sent[view.spec.name][partition][key] = (lsn, digest(content))
+        self.published_lsn[partition] = max(self.published_lsn.get(partition, -1), lsn)
         self.published += 1
         return True
 
@@ -112,9 +131,9 @@ class Publisher:
         text = ",".join(str(v) for v in json.loads(key))
         return view.key_frame + body(view.codec.encode_text(text))
 
-    def row(self, view: str, key: bytes) -> tuple[int, dict[str, Any]] | None:
+    def row(self, view: str, key: bytes, partition: int) -> tuple[int, dict[str, Any]] | None:
         """(commit LSN, document) of a view row as last published (the endpoint's copy), or None."""
-        stored = self.store.get(store_key(b"v", view, key))
+        stored = self.store.get(copy_key(view, partition, key))
         if stored is None:
             return None
         lsn, _, value = unpack(stored)

@@ -1,7 +1,8 @@
 """The views' topics: each view's spec, topic, registered schemas and key encoding.
 
 Promise: ``setup_views`` validates the view specs against the captured tables, registers each
-view's value and key schemas and makes the view topics (compacted) and the cuts topic; a
+view's value and key schemas and makes the view topics (compacted), the cuts topic and the views'
+points and fragments topics (an hour's retention: ``streams.frontier``); a
 ``ViewTopic`` encodes a view row (Avro, Confluent frame, the commit LSN inside) and its key (the
 base table's key record under the view's key subject). ``view_key`` maps a base row's framed key
 to the join state's key of its view row.
@@ -24,6 +25,7 @@ from tables.views import LSN_FIELD, TableShape, ViewSpec
 from tables.wire import avro_body, frame, read_framed
 
 LONG = fastavro.parse_schema("long")
+COORDINATION_RETENTION_MS = 3_600_000  # the points and fragments topics: only their last records are read
 
 
 @dataclass
@@ -107,6 +109,8 @@ def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[
     if out:
         writer.ensure_topics([v.topic for v in out.values()])
         writer.ensure_topics([cfg.cuts_topic], partitions=1)
+        writer.ensure_topics([cfg.points_topic, cfg.fragments_topic], partitions=1, compact=False,
+                             config={"retention.ms": str(COORDINATION_RETENTION_MS)})  # fmt: skip
     return out, shapes
 
 

@@ -89,7 +89,8 @@ class TableWriter:
         self.checkpoint_frame: bytes | None = None
 
     # ---- topics ---------------------------------------------------------------------
-    def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True) -> None:
+    def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True,
+                      config: dict[str, str] | None = None) -> None:  # fmt: skip
         want = partitions or self.cfg.partitions
         todo = [t for t in topics if t not in self.known]
         if not todo:
@@ -105,8 +106,8 @@ class TableWriter:
                     topic, f"has {existing[topic]} partitions, the workers are set for {want}",
                     hint="set [streams] partitions to match, or delete the topic so it is made again",
                 )  # fmt: skip
-        config = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config}
-        create = [NewTopic(t, want, self.cfg.replication_factor, config=config) for t in todo if t not in existing]
+        settings = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config, **(config or {})}
+        create = [NewTopic(t, want, self.cfg.replication_factor, config=settings) for t in todo if t not in existing]
         try:
             create_topics(self.admin, create)
         except KafkaException as exc:

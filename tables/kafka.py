@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -158,14 +158,16 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Rec
     return list(read_topic_from({"bootstrap.servers": bootstrap}, topic, timeout=timeout))
 
 
-def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float = 30.0) -> Iterator[Record]:
-    """``read_topic`` with any librdkafka client settings (security, fetch waits), record by record;
-    a reader that stalls is replaced by a new one from where it stood."""
+def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float = 30.0,
+                    partitions: Collection[int] | None = None) -> Iterator[Record]:  # fmt: skip
+    """``read_topic`` with any librdkafka client settings (security, fetch waits), record by record,
+    of every partition or of ``partitions``; a reader that stalls is replaced by a new one from where
+    it stood."""
     deadline = time.monotonic() + timeout
     consumer = reader(settings)
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        starts = {p: 0 for p in partitions}
+        found = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        starts = {p: 0 for p in found if partitions is None or p in partitions}
         while True:
             try:
                 left = max(deadline - time.monotonic(), 1.0)

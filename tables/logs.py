@@ -208,6 +208,8 @@ def unreachable(text: str) -> bool:
     """The librdkafka message says a broker cannot be reached (not that something else failed, nor that the
     client's security settings do not match the broker's listener: that is logged as it comes)."""
     low = text.lower()
+    if "local: timed out" in low:  # a broker that took the connection and never answered (paused, overloaded)
+        return True
     return any(word in low for word in UNREACHABLE) and not any(word in low for word in MISCONFIGURED)
 
 

@@ -3,11 +3,13 @@
 Promise: given the topic prefix (``topic_prefix``; may be empty), every Headwater topic has one
 name: the raw topic ``<prefix>.changes``, its dead letters ``.dlq`` and the fan-out's
 checkpoint ``.fanout``; a table's topic ``[prefix.][schema.]table`` (schema left out for
-``public``, as in Bottled Water); a view's ``<prefix>.views.<view>`` and the views' cuts
-``<prefix>.views.cuts``; the Debezium-format topics ``<dbz>.<schema>.<table>`` and
-``<dbz>.transaction`` (``<dbz>`` by default ``<prefix>.debezium``); the registry subjects
-``<topic>-key`` / ``<topic>-value``; and Redis keys under ``<prefix>`` (``headwater`` when the
-prefix is empty). Pure: no I/O.
+``public``, as in Bottled Water); a view's ``<prefix>.views.<view>``, the views' cuts
+``<prefix>.views.cuts``, and the workers' publication points ``<prefix>.views.cuts.points`` and
+cut fragments ``<prefix>.views.cuts.fragments`` (no view name has a dot); the Debezium-format topics
+``<dbz>.<schema>.<table>`` and ``<dbz>.transaction`` (``<dbz>`` by default ``<prefix>.debezium``); the
+registry subjects ``<topic>-key`` / ``<topic>-value`` (and ``<topic>-<record name>`` for a topic whose
+records are registered per record type, Confluent's TopicRecordNameStrategy); and Redis keys under
+``<prefix>`` (``headwater`` when the prefix is empty). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def cuts_topic(prefix: str) -> str:
     return _join(prefix, "views", "cuts")
 
 
+def points_topic(prefix: str) -> str:
+    """Where the raw partition's owner says how far the raw topic goes and where views publish next."""
+    return cuts_topic(prefix) + ".points"
+
+
+def fragments_topic(prefix: str) -> str:
+    """Where each worker says it published its view partitions at a point (a cut is made of them)."""
+    return cuts_topic(prefix) + ".fragments"
+
+
 CUTS_PARTITION = 0  # every cut goes to this partition of the cuts topic: one order for all of them
 
 
@@ -78,8 +90,9 @@ def debezium_transaction_topic(dbz_prefix: str) -> str:
 
 
 def internal_topics(prefix: str) -> set[str]:
-    """The topics under ``prefix`` that hold no table: raw, dead letters, checkpoint, cuts."""
-    return {changes_topic(prefix), dlq_topic(prefix), progress_topic(prefix), cuts_topic(prefix)}
+    """The topics under ``prefix`` that hold no table: raw, dead letters, checkpoint, cuts, points, fragments."""
+    return {changes_topic(prefix), dlq_topic(prefix), progress_topic(prefix), cuts_topic(prefix),
+            points_topic(prefix), fragments_topic(prefix)}  # fmt: skip
 
 
 def key_subject(topic: str) -> str:
@@ -88,6 +101,12 @@ def key_subject(topic: str) -> str:
 
 def value_subject(topic: str) -> str:
     return f"{topic}-value"
+
+
+def record_subject(topic: str, record: str) -> str:
+    """``<topic>-<record full name>``: Confluent's TopicRecordNameStrategy, for a topic that holds several
+    record types (the raw topic with nested row images: one change record per table)."""
+    return f"{topic}-{record}"
 
 
 def redis_prefix(prefix: str) -> str:

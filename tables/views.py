@@ -11,18 +11,18 @@ table and a list of ``joins``, one string per join::
         "items[].product: inner products on product_id", # a lookup inside each item
     ]
 
-``<path>: [left|inner] <table> on <column> [(<columns to keep>)]``, and ``base = "<table>
+``<path>: [left|inner] <table> on <column> [(<columns to keep>)]`` — ``on (<column>, ...)`` for a
+composite key, ``on (...) = (...)`` writing the other side's key out — and ``base = "<table>
 [(<columns>)]"``: a column list keeps only those columns of that table in the document (plus
 the key and the join columns the view needs); without one every column is kept. A path
-ending in ``[]`` collects the
-rows of ``<table>`` whose ``<column>`` holds the parent's key, as a list; otherwise the
-parent's ``<column>`` holds the key of one ``<table>`` row. Paths nest under joins
-declared before them. ``parse_views`` reads the specs (frozen dataclasses that check
-their own syntax); ``ViewSpec.check`` validates them against the captured tables —
-unknown tables and columns, joins on a column that is not a key (the view keeps an
-index only for the join column of a collect), composite keys where one column is
-joined, a table joined back into its own path (a cycle), names clashing with columns.
-Every error is a ``ConfigError`` naming the file and the spec's line.
+ending in ``[]`` collects the rows of ``<table>`` whose join columns hold the parent's key, as a
+list; otherwise the parent's join columns hold the key of one ``<table>`` row (the key's
+columns in its order). Paths nest under joins declared before them. ``parse_views`` reads the
+specs (frozen dataclasses that check their own syntax); ``ViewSpec.check`` validates them
+against the captured tables — unknown tables and columns, joins on columns that are not a key
+(the view keeps an index only for the join columns of a collect), a key matched on fewer or more
+columns than it has, a table joined back into its own path (a cycle), names clashing with
+columns. Every error is a ``ConfigError`` naming the file and the spec's line.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ from tables.errors import ConfigError
 from tables.wire import read_framed
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+COLUMNS = r"[A-Za-z_][A-Za-z0-9_]*|\([^()]*\)"  # one column, or several in parentheses
 JOIN = re.compile(
     r"^\s*(?P<path>[A-Za-z0-9_.\[\]]+)\s*:\s*(?:(?P<kind>left|inner)\s+)?(?P<table>[A-Za-z0-9_.]+)\s+on\s+"
-    r"(?P<column>[A-Za-z_][A-Za-z0-9_]*)(?:\s*=\s*(?P<target>[A-Za-z_][A-Za-z0-9_]*))?"
+    rf"(?P<column>{COLUMNS})(?:\s*=\s*(?P<target>{COLUMNS}))?"
     r"\s*(?:\((?P<columns>[^()]*)\))?\s*$",
     re.IGNORECASE,
 )
@@ -91,10 +92,10 @@ class Join:
 
     path: str
     table: str  # schema.table
-    column: str  # lookup: the parent's column; collect: this table's column
+    on: tuple[str, ...]  # lookup: the parent's columns; collect: this table's — holding the other side's key, in order
     many: bool  # collect (one-to-many, a list) or lookup (many-to-one, a record or null)
     inner: bool
-    target: str | None = None  # the other side's column when written out (must be the key)
+    target: tuple[str, ...] | None = None  # the other side's columns when written out (must be its key, in order)
     line: int | None = field(default=None, compare=False)
     columns: tuple[str, ...] | None = None  # the columns the document keeps (None: every column)
 
@@ -153,8 +154,8 @@ class ViewSpec:
         out = set(shape.key)
         here = next((j for j in self.joins if j.path == path), None)
         if here is not None and here.many:
-            out.add(here.column)  # a collected row names its parent here
-        out.update(j.column for j in self.children(path) if not j.many)  # the key each lookup follows
+            out.update(here.on)  # a collected row names its parent here
+        out.update(c for j in self.children(path) if not j.many for c in j.on)  # the key each lookup follows
         return out
 
     def kept(self, path: str, shape: TableShape) -> tuple[str, ...]:
@@ -212,17 +213,20 @@ class ViewSpec:
         if join.name in parent.columns or join.name == LSN_FIELD:
             self.fail(f"{join.path}: the name {join.name!r} is already a column of {parent_table}", join.line)
         holder, keyed = (child, parent) if join.many else (parent, child)
-        if join.column not in holder.columns:
-            self.fail(f"{join.path}: {holder.qualified} has no column {join.column!r}", join.line)
-        if len(keyed.key) != 1:
-            self.fail(f"{join.path}: {keyed.qualified} has a composite key ({', '.join(keyed.key)}); a join matches "
-                      f"one column to a one-column key", join.line)  # fmt: skip
-        if join.target is not None and join.target != keyed.key[0]:
+        missing = [c for c in join.on if c not in holder.columns]
+        if missing:
+            self.fail(f"{join.path}: {holder.qualified} has no column {missing[0]!r}", join.line)
+        if len(join.on) != len(keyed.key):
+            self.fail(f"{join.path}: {keyed.qualified} has {'a composite key' if len(keyed.key) > 1 else 'a key'} "
+                      f"({', '.join(keyed.key)}); a join matches as many columns, in its order: "
+                      f"'on ({', '.join(keyed.key)})' names them (got {', '.join(join.on)})", join.line)  # fmt: skip
+        if join.target is not None and join.target != keyed.key:
             where = "collect" if join.many else "lookup"
             self.fail(
-                f"{join.path}: joins on {keyed.qualified}.{join.target}, which is not its key ({keyed.key[0]}) and "
-                f"has no index of its own; a {where} matches {holder.qualified}.{join.column} to the key of "
-                f"{keyed.qualified} — join on the key, or turn the join around (a list: 'name[]: ...')",
+                f"{join.path}: joins on {keyed.qualified}.{', '.join(join.target)}, which is not its key "
+                f"({', '.join(keyed.key)}) and has no index of its own; a {where} matches {holder.qualified}."
+                f"{', '.join(join.on)} to the key of {keyed.qualified} — join on the key, or turn the join around "
+                "(a list: 'name[]: ...')",
                 join.line,
             )
 
@@ -249,13 +253,15 @@ class ViewSpec:
             if join.many:
                 order = ", ".join(f"k{i}" for i in range(len(shapes[join.table].key)))
                 keys = ", ".join(f"{inner_alias}.{quote(k)} AS k{i}" for i, k in enumerate(shapes[join.table].key))
-                match = f"{inner_alias}.{quote(join.column)} = {alias}.{quote(shapes[table].key[0])}"
+                match = " AND ".join(f"{inner_alias}.{quote(c)} = {alias}.{quote(k)}"
+                                     for c, k in zip(join.on, shapes[table].key, strict=True))  # fmt: skip
                 rows = f"(SELECT {child} AS d, {keys} FROM {source} WHERE {match}) s"  # noqa: S608
                 sub = f"(SELECT coalesce(jsonb_agg(d ORDER BY {order}), '[]'::jsonb) FROM {rows} WHERE d IS NOT NULL)"  # noqa: S608
                 if join.inner:
                     required.append(f"{sub} = '[]'::jsonb")
             else:
-                match = f"{inner_alias}.{quote(shapes[join.table].key[0])} = {alias}.{quote(join.column)}"
+                match = " AND ".join(f"{inner_alias}.{quote(k)} = {alias}.{quote(c)}"
+                                     for c, k in zip(join.on, shapes[join.table].key, strict=True))  # fmt: skip
                 sub = f"(SELECT {child} FROM {source} WHERE {match})"  # noqa: S608 - quoted identifiers
                 if join.inner:
                     required.append(f"{sub} IS NULL")
@@ -310,9 +316,22 @@ def parse_join(spec: str, line: int | None, view: str, path: str | None) -> Join
             "on customer_id (id, name)' or 'items[]: order_items on order_id'",
         )
     kind = (found.group("kind") or "left").lower()
-    return Join(path=found.group("path"), table=qualify(found.group("table")), column=found.group("column"),
-                many=found.group("path").endswith("[]"), inner=kind == "inner", target=found.group("target"),
-                line=line, columns=column_list(found.group("columns")))  # fmt: skip
+    on, target = join_columns(found.group("column")), found.group("target")
+    if not on or not all(NAME.match(c) for c in on):
+        raise ConfigError(f"view {view}: {found.group('path')}: name the columns to join on, as 'on column' or "
+                          "'on (column, column)'", path=path, line=line)  # fmt: skip
+    return Join(path=found.group("path"), table=qualify(found.group("table")), on=on,
+                many=found.group("path").endswith("[]"), inner=kind == "inner",
+                target=None if target is None else join_columns(target), line=line,
+                columns=column_list(found.group("columns")))  # fmt: skip
+
+
+def join_columns(text: str) -> tuple[str, ...]:
+    """``customer_id`` or ``(region, code)`` as a tuple of column names."""
+    inner = text.strip()
+    if inner.startswith("("):
+        inner = inner[1:-1]
+    return tuple(c.strip() for c in inner.split(",") if c.strip())
 
 
 def column_list(text: str | None) -> tuple[str, ...] | None:

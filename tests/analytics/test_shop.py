@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import Row, SparkSession
@@ -16,14 +17,16 @@ from analytics.config import AnalyticsConfig
 from analytics.jobs import JOBS, REPORT_SQL, REPORT_VIEW, read, report_cut, view_at_rest
 from headwater import shop
 from headwater.cli import main
-from headwater.reconcile import compare, compare_docs, keyed_rows, view_docs_sql
+from headwater.reconcile import apply_changes, assert_table_matches, compare, compare_docs, keyed_rows, view_docs_sql
 from streams.rows import to_json
+from tables.config import StackConfig
 from tables.kafka import read_topic
+from tables.registry import Registry
 from tests.analytics.test_reader import error_of
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.streams import Worker
-from tests.streams.test_views import SQL, start, views_reconciled
-from tests.streams.test_workers import wait_for
+from tests.streams.test_views import SQL, VIEWS, start, views_reconciled
+from tests.streams.test_workers import reconciled, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +115,51 @@ def test_the_report_on_a_pipeline_without_the_view_says_how_to_get_it(
     failure = error_of(lambda: JOBS["shop-report"](spark, analytics_config(unique_name)))
     assert f"topic {unique_name}.views.{REPORT_VIEW}" in str(failure)
     assert "no cut of this view" in str(failure) and "README 'Views'" in str(failure)
+
+
+def test_the_shop_with_nested_raw_images_and_a_schema_change_reconciles_everywhere(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig], local_stack: StackConfig,
+) -> None:  # fmt: skip
+    """``raw_images = "nested"``: raw topic, table topics, endpoint, view (topic, endpoint, Redis) and Spark all
+    equal PostgreSQL, across a column added mid-stream inside a transaction that changes rows before and after."""
+    capture = capture_factory(pg_database, raw_images="nested").start()
+    capture.wait_caught_up(pg_database)
+    worker = worker_factory(capture.cfg.topic_prefix, views=VIEWS).start()
+    writer = ShopWriter(pg_database, rate=200).start()
+    wait_for(lambda: writer.work.committed >= 200, 60)
+    with shop_db, shop_db.cursor() as cur:  # one transaction: rows of the old shape, the new column, rows of the new
+        cur.execute("UPDATE customers SET name = name || '.' WHERE id % 10 = 1")
+        cur.execute("ALTER TABLE customers ADD COLUMN loyalty int")
+        cur.execute("UPDATE customers SET loyalty = id % 7 WHERE id % 10 = 2")
+    wait_for(lambda: writer.work.committed >= 400, 60)
+    writer.stop()
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("UPDATE customers SET loyalty = 9, region = 'north' WHERE id % 10 = 3")
+    capture.wait_caught_up(pg_database)
+
+    registry = Registry(capture.cfg.registry_url)
+    raw = capture.cfg.changes_topic
+    subject = f"{raw}-headwater.public.customers.Change"  # the table's change record: a version per shape
+    assert httpx.get(f"{capture.cfg.registry_url}/subjects/{subject}/versions").json() == [1, 2]
+    updates = [c for c in map(registry.decode, (r.value for r in read_topic(capture.cfg.bootstrap, raw)))
+               if c["op"] == "UPDATE"]  # fmt: skip
+    assert updates and all(isinstance(c["after"], dict) for c in updates)  # nested, read in one decode
+    state = apply_changes(capture.changes(), registry)
+    for table in shop.TABLES:
+        assert_table_matches(shop_db, table, shop.KEYS[table], state.get(table, {}))
+    assert any(row.get("loyalty") == 9 for row in state["customers"].values())
+    reconciled(shop_db, capture, [worker])  # table topics and the endpoint
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    cfg = analytics_config(capture.cfg.topic_prefix)
+    assert wait_for(lambda: view_at_rest(cfg), 60, every=0.5), worker.tail()
+    worker.kill(signal.SIGTERM)
+    capture.stop()
+    for table in shop.TABLES:
+        rows = [plain(r) for r in read(spark, cfg, table=table, mode="latest").collect()]
+        assert not compare(shop_db, table, shop.KEYS[table], dict(enumerate(rows)))[1]
+    view = read(spark, cfg, view=REPORT_VIEW, cut="latest").drop("hw_commit_lsn").collect()
+    docs = {(str(r.id),): to_json(plain(r)) for r in view}
+    assert not compare_docs(view_docs_sql(shop_db, SQL), docs, "spark")
+    failure = error_of(lambda: read(spark, cfg, topic=raw).count())  # one schema per table: no one DataFrame
+    assert "registers a schema per record type" in str(failure) and "raw_images = 'framed'" in str(failure)

@@ -11,7 +11,8 @@ import fastavro
 import pytest
 from pyspark.sql import types as T
 
-from analytics.types import UnsupportedSchema, arrow_type, column_array, plain, record_fields, struct_type
+from analytics.types import UnsupportedSchema, arrow_type, column_array, record_fields, struct_type
+from tables.avro import plain
 from tables.types import INTERVAL_SCHEMA, parse_date, parse_timestamp
 
 pytestmark = pytest.mark.unit

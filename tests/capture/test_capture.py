@@ -36,13 +36,15 @@ def run_workload(dsn: str, stop: threading.Event, seed: int = 11) -> shop.Worklo
     return work
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["in-process", "worker-processes"])
+@pytest.mark.parametrize(("parallel", "images"), [(False, "framed"), (True, "framed"), (True, "nested")],
+                         ids=["in-process", "worker-processes", "worker-processes-nested"])
 def test_snapshot_with_concurrent_writes_equals_final_tables(
     pg_database: str,
     shop_db: psycopg2.extensions.connection,
     capture_factory: Callable[..., Capture],
     monkeypatch: pytest.MonkeyPatch,
     parallel: bool,
+    images: str,
 ) -> None:
     monkeypatch.setattr(snapshot, "PARALLEL_MIN_ROWS", 0 if parallel else 10**12)
     shop.seed(shop_db, shop.Scale(customers=300, products=40, orders=1500, description_size=3000), rng_seed=2)
@@ -51,7 +53,7 @@ def test_snapshot_with_concurrent_writes_equals_final_tables(
     writer = threading.Thread(target=run_workload, args=(pg_database, stop))
     writer.start()
     time.sleep(0.3)
-    capture = capture_factory(pg_database, snapshot_workers=2, snapshot_chunk_pages=4).start()
+    capture = capture_factory(pg_database, snapshot_workers=2, snapshot_chunk_pages=4, raw_images=images).start()
     time.sleep(4)  # writes keep landing during and after the snapshot
     stop.set()
     writer.join()

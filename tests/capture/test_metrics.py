@@ -227,6 +227,55 @@ def test_a_broker_away_is_logged_once_when_it_begins_and_once_when_it_ends(
     assert committed > 500
 
 
+def wait_phase(capture: Capture, phase: str, timeout: float = 60) -> None:
+    """Poll /metrics until capture's phase is ``phase``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        capture.raise_error()
+        try:
+            if maybe(scrape(capture.metrics_url), "headwater_capture_phase", phase=phase) == 1:
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        time.sleep(0.05)
+    raise AssertionError(f"capture not in phase {phase} within {timeout} s")
+
+
+@pytest.mark.slow
+def test_a_broker_paused_during_the_snapshot_is_logged_once_when_it_begins_and_once_when_it_ends(
+    pg_database: str, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker
+) -> None:
+    """The snapshot's rows go out from C senders in worker processes: the broker paused (SIGSTOP) for 12 s
+    while they copy is still one WARNING 5 s in and one when it answers again, the reachability gauge at 0
+    meanwhile; the snapshot then completes, every row on the raw topic."""
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE bulk (id int PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO bulk SELECT i, repeat('x', 20) FROM generate_series(1, 1000000) i")
+    conn.close()
+    capture = capture_factory(pg_database, bootstrap=proxied_broker.bootstrap, include="public.bulk",
+                              producer={"queue.buffering.max.messages": "2000"})  # fmt: skip
+    process = capture.spawn()
+    wait_phase(capture, "snapshot")
+    with proxied_broker.paused():
+        time.sleep(8)
+        during = scrape(capture.metrics_url)
+        time.sleep(4)
+    wait_ready(capture, timeout=120)
+    assert process.poll() is None, "capture died"
+    capture.stop()
+    assert capture.log is not None
+    log = capture.log.read_text()
+    began, ended, noise = episodes(log)
+    assert len(began) == 1 and len(ended) == 1, "\n".join(began + ended)
+    assert "snapshot's rows wait" in began[0] and noise == [], began + noise[:5]
+    assert 5 <= float(re.search(r"seconds=([\d.]+)", began[0])[1]) < 9, began  # type: ignore[index]
+    assert value(during, "headwater_capture_broker_reachable") == 0
+    assert value(during, "headwater_capture_phase", phase="snapshot") == 1
+    done = re.search(r"snapshot done: (\d+) rows", log)
+    assert done is not None and int(done[1]) == 1_000_000, log[-2000:]
+
+
 def test_the_slot_is_looked_at_before_capture_streams(pg_database: str, unique_name: str) -> None:
     """Whatever capture's own thread does (here: nothing yet, phase "starting"), the slot watch shows the slot;
     nothing is shown before it has looked: an unknown value is no sample, not 0."""

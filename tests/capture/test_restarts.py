@@ -5,12 +5,13 @@ Each test runs the real ``headwater capture`` and reconciles what it wrote again
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,43 +38,49 @@ from tests.streams.test_workers import reconciled
 
 
 # ---- the checkpoint contract (no services) ---------------------------------------------------
-def state_at(tmp_path: Path, confirmed: int, *, settled: bool) -> State:
+@contextlib.contextmanager
+def state_at(tmp_path: Path, confirmed: int, *, settled: bool) -> Iterator[State]:
+    """A state file checkpointed at ``confirmed``, closed after use (an unclosed SQLite connection is a
+    ResourceWarning from Python 3.13 on, raised wherever the garbage collector happens to find it)."""
     state = State(tmp_path / "state", "slot1")
-    state.start_snapshot(0x1000, done=True)
-    state.checkpoint(confirmed, confirmed - 0x10, 0, 1, 0.0, settled=settled)
-    return state
+    try:
+        state.start_snapshot(0x1000, done=True)
+        state.checkpoint(confirmed, confirmed - 0x10, 0, 1, 0.0, settled=settled)
+        yield state
+    finally:
+        state.close()
 
 
 @pytest.mark.unit
 def test_a_slot_ahead_of_a_settled_checkpoint_is_followed(tmp_path: Path) -> None:
-    state = state_at(tmp_path, 0x2000, settled=True)
-    checkpoint = state.load()
-    assert checkpoint is not None and checkpoint.settled
-    follow(state, checkpoint, 0x2038)  # keepalives moved the slot 56 bytes while nothing was in flight
-    assert state.load().confirmed_lsn == 0x2038  # type: ignore[union-attr]
-    follow(state, state.load(), 0x2000)  # type: ignore[arg-type]  # behind or equal: nothing to do
-    assert state.load().confirmed_lsn == 0x2038  # type: ignore[union-attr]
+    with state_at(tmp_path, 0x2000, settled=True) as state:
+        checkpoint = state.load()
+        assert checkpoint is not None and checkpoint.settled
+        follow(state, checkpoint, 0x2038)  # keepalives moved the slot 56 bytes while nothing was in flight
+        assert state.load().confirmed_lsn == 0x2038  # type: ignore[union-attr]
+        follow(state, state.load(), 0x2000)  # type: ignore[arg-type]  # behind or equal: nothing to do
+        assert state.load().confirmed_lsn == 0x2038  # type: ignore[union-attr]
 
 
 @pytest.mark.unit
 def test_a_slot_ahead_of_an_unsettled_checkpoint_is_refused(tmp_path: Path) -> None:
-    state = state_at(tmp_path, 0x2000, settled=False)
-    with pytest.raises(CheckpointMismatchError, match=r"0/2038, past this checkpoint \(0/2000\)") as info:
-        follow(state, state.load(), 0x2038)  # type: ignore[arg-type]
-    assert info.value.hint and "drop the slot" in info.value.hint
-    assert state.load().confirmed_lsn == 0x2000  # type: ignore[union-attr]
+    with state_at(tmp_path, 0x2000, settled=False) as state:
+        with pytest.raises(CheckpointMismatchError, match=r"0/2038, past this checkpoint \(0/2000\)") as info:
+            follow(state, state.load(), 0x2038)  # type: ignore[arg-type]
+        assert info.value.hint and "drop the slot" in info.value.hint
+        assert state.load().confirmed_lsn == 0x2000  # type: ignore[union-attr]
 
 
 @pytest.mark.unit
 def test_the_state_directory_and_files_are_private(tmp_path: Path) -> None:
-    state = state_at(tmp_path, 0x2000, settled=True)
-    state.remember("public.t", b"k", 1, 0x2000, "a TOASTed value: table data")
-    state.checkpoint(0x2000, 0x1FF0, 0, 1, 0.0)
-    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
-    files = list((tmp_path / "state").iterdir())
-    assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files), [
-        (f.name, oct(f.stat().st_mode)) for f in files
-    ]
+    with state_at(tmp_path, 0x2000, settled=True) as state:
+        state.remember("public.t", b"k", 1, 0x2000, "a TOASTed value: table data")
+        state.checkpoint(0x2000, 0x1FF0, 0, 1, 0.0)
+        assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
+        files = list((tmp_path / "state").iterdir())
+        assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files), [
+            (f.name, oct(f.stat().st_mode)) for f in files
+        ]
 
 
 # ---- restarts after quiet periods ------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from capture import catalog
 from capture import decoder as pg
 from capture._copier import Copier
+from capture.changes import ChangeSink
 from capture.config import CaptureConfig
 from capture.encoder import ChangeWriter, RowEncoder
 from capture.snapshot import _Lines, copy_field, general_path
@@ -290,22 +291,25 @@ def test_streamer_takes_the_fast_path_for_real_messages(pg_database: str, unique
     conn.autocommit = False
     cfg = CaptureConfig(state_dir=tmp_path)
     state = State(tmp_path, "t")
-    streamer = Streamer(cfg, conn, catalog.TypeCache(conn), NoRegistry(), None, state, {("public", "every"): True})  # type: ignore[arg-type]
+    sink = ChangeSink(ChangeWriter(0, 0), None)  # no producer: changes are compared before their commit
+    streamer = Streamer(cfg, conn, catalog.TypeCache(conn), NoRegistry(), sink, state, {("public", "every"): True})
     kinds = []
-    for payload in payloads:
-        if payload[:1] not in (b"I", b"U", b"D"):
-            if payload[:1] != b"C":  # no sink here: changes are compared before their commit
-                streamer.handle(payload)
-            continue
-        kinds.append(payload[:1] + (payload[5:6] if payload[:1] != b"I" else b""))
-        streamer.tx.clear()
-        streamer.handle(payload)
-        fast = list(streamer.tx)
-        streamer.tx.clear()
-        streamer._handle(payload)  # the general path
-        assert fast == list(streamer.tx), kinds[-1]
-    state.close()
-    conn.close()
+    try:
+        for payload in payloads:
+            if payload[:1] not in (b"I", b"U", b"D"):
+                if payload[:1] != b"C":
+                    streamer.handle(payload)
+                continue
+            kinds.append(payload[:1] + (payload[5:6] if payload[:1] != b"I" else b""))
+            streamer.tx.clear()
+            streamer.handle(payload)
+            fast = list(streamer.tx)
+            streamer.tx.clear()
+            streamer._handle(payload)  # the general path
+            assert fast == list(streamer.tx), kinds[-1]
+    finally:
+        state.close()
+        conn.close()
     assert kinds == [b"I", b"I", b"UN", b"UK", b"DK", b"UO", b"DO"]
     assert streamer.fast_rows == len(kinds)
 

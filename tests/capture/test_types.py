@@ -19,10 +19,10 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from capture.avro import compile_schema
 from capture.jsonformat import JsonRowWriter
 from headwater.reconcile import same
 from tables import types as t
+from tables.avro import compile_schema
 from tests.plugins.capture import Capture
 
 INT4 = t.PgType(23, "int4")

@@ -25,6 +25,7 @@ from capture.backfill import UNFINISHED, Backfill
 from capture.config import CaptureConfig
 from capture.state import State
 from headwater import shop
+from tables.change import ChangeReader
 from tables.config import Secret, StackConfig
 from tables.kafka import read_topic
 from tables.registry import Registry
@@ -82,6 +83,7 @@ class Capture:
             "--include", c.include, "--state-dir", str(c.state_dir), "--bootstrap", c.bootstrap,
             "--registry-url", c.registry_url, "--status-interval", str(c.status_interval),
             "--heartbeat-interval", str(c.heartbeat_interval), "--on-error", c.on_error, "--format", c.format,
+            "--raw-images", c.raw_images,
             "--metrics-port", str(c.metrics_port), "--slot-warn-bytes", str(c.slot_warn_bytes),
             *(["--producer", ",".join(f"{k}={v}" for k, v in c.producer.items())] if c.producer else []),
             "--backfill-chunk-rows", str(c.backfill_chunk_rows), *(["--signal-table", c.signal_table] if c.signal_table
@@ -98,10 +100,12 @@ class Capture:
         return self.process
 
     def changes(self) -> list[dict[str, Any]]:
-        decode = Registry(self.cfg.registry_url)
+        """The raw topic's changes in order, their images framed (whichever ``raw_images`` capture wrote)."""
+        read = ChangeReader(Registry(self.cfg.registry_url))
         out = []
         for record in read_topic(self.cfg.bootstrap, self.cfg.changes_topic):
-            change = decode(record.value)
+            assert record.value is not None, f"a raw message without value at offset {record.offset}"
+            change = read(record.value)
             change["_offset"] = record.offset
             out.append(change)
         return out

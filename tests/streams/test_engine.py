@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from streams.viewstore import ViewStore
 from streams.writer import TableWriter
 from tables.config import StackConfig
 from tables.errors import FatalError
+from tables.kafka import bounds, reader
 from tables.registry import Registry
 from tables.views import parse_views
 from tables.wire import body
@@ -34,7 +36,8 @@ from tests.streams.test_workers import wait_for
 
 ENGINE = ["streams", "streams.engine", "streams.fanrun", "streams.fanout", "streams.joins", "streams.materializer",
           "streams.cuts", "streams.cursor", "streams.feed", "streams.tablefeed", "streams.writer", "streams.mirror",
-          "streams.store", "streams.viewstore", "streams.catalog", "streams.clients"]  # fmt: skip
+          "streams.store", "streams.viewstore", "streams.catalog", "streams.clients", "streams.frontier",
+          "streams.leader", "streams.placement", "streams.docbytes"]  # fmt: skip
 NO_IO = """
 import socket, sys
 def refuse(*args, **kwargs):
@@ -74,9 +77,10 @@ def store_rows(engine: Engine, table: str) -> dict[bytes, dict[str, Any]]:
     return rows
 
 
-def problems(conn: Any, engine: Engine) -> list[str]:
-    """PostgreSQL against the table store, the view topic and Redis."""
-    found = [p for table, key in shop.KEYS.items() for p in compare(conn, table, key, store_rows(engine, table))[1]]
+def problems(conn: Any, engine: Engine, tables: bool = True) -> list[str]:
+    """PostgreSQL against the table store (unless not ``tables``), the view topic and Redis."""
+    found = [p for table, key in shop.KEYS.items() if tables
+             for p in compare(conn, table, key, store_rows(engine, table))[1]]  # fmt: skip
     expected = view_docs_sql(conn, SQL)
     topic = engine.cfg.view_topic("orders_enriched")
     found += compare_docs(expected, latest_view_docs(engine.cfg.bootstrap, topic, engine.schemas), "topic")
@@ -96,21 +100,20 @@ def not_here(engine: Engine) -> None:
     assert engine.metrics.cut.age(time.monotonic() + 3600) == 0
 
 
-def settled(conn: Any, engine: Engine, timeout: float = 90) -> None:
+def settled(conn: Any, engine: Engine, timeout: float = 90, tables: bool = True) -> None:
     last: list[str] = []
 
     def check() -> bool:
         nonlocal last
-        last = problems(conn, engine)
+        last = problems(conn, engine, tables)
         return not last
 
     assert wait_for(check, timeout, every=1.0), "\n".join(last[:20])
 
 
-@pytest.mark.slow
-def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
-    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
-) -> None:  # fmt: skip
+def shop_engine(pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig,
+                tmp_path: Path) -> tuple[Engine, list[tuple[str, FatalError]]]:  # fmt: skip
+    """Capture of the test's shop, and an engine (no host) keeping the shop's view: the engine and its fatal errors."""
     capture = capture_factory(pg_database).start()
     capture.wait_caught_up(pg_database)
     cfg = engine_config(local_stack, capture.cfg.topic_prefix, tmp_path / "state")
@@ -119,12 +122,22 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
     fatal: list[tuple[str, FatalError]] = []
     engine = Engine(cfg, schemas, writer, catalog, TableStore(tmp_path / "tables"), ViewStore(tmp_path / "views"),
                     lambda part, exc: fatal.append((part, exc)))  # fmt: skip
-    assert engine.mirror is not None
+    return engine, fatal
+
+
+@pytest.mark.slow
+def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
+) -> None:  # fmt: skip
+    engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path)
+    cfg, catalog = engine.cfg, engine.catalog
     before = set(threading.enumerate())
-    parts = {(t.topic, p) for t in catalog.tables for p in range(cfg.partitions)}
+    topics = [*(t.topic for t in catalog.tables), *(v.topic for v in catalog.views.values())]
+    parts = {(topic, p) for topic in topics for p in range(cfg.partitions)}
     try:
         engine.assigned(parts | {engine.raw})
         settled(shop_db, engine)
+        assert engine.mirror is not None  # the raw partition's owner mirrors the views
         assert engine.mirror.staged >= len(view_docs_sql(shop_db, SQL))  # every row went through staging
         work = ShopWriter(pg_database, rate=200).start()
         wait_for(lambda: work.work.committed >= 400, 60)
@@ -132,8 +145,8 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
         settled(shop_db, engine)
         engine.revoked()  # another worker takes everything, then gives it back: the state resumes
         not_here(engine)
-        engine.assigned(parts)  # the tables only: the views run elsewhere
-        not_here(engine)
+        engine.assigned({(t, p) for t, p in parts if t not in engine.view_topics})  # the tables only: the views
+        not_here(engine)  # and the raw partition are held elsewhere
         engine.assigned(parts | {engine.raw})
         ShopWriter(pg_database, rate=200).start().stop()
         settled(shop_db, engine)
@@ -145,3 +158,43 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
     client = redis.Redis.from_url(cfg.redis_url)
     assert not list(client.scan_iter(match=f"{cfg.topic_prefix}:*#staged:*")), "staging lists left behind"
     client.close()
+
+
+@pytest.mark.slow
+def test_a_revocation_returns_only_once_kafka_has_every_view_row_written(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
+) -> None:  # fmt: skip
+    """The revoked-partition window: once ``revoked`` returns, nothing of this worker's is on its way to a view
+    topic (the next holder reads the partition back complete), whatever was being published at that moment."""
+    engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path)
+    cfg = engine.cfg
+    topic = cfg.view_topic("orders_enriched")
+    parts = {(topic, p) for p in range(cfg.partitions)} | {engine.raw}
+    assert engine.views is not None
+    load = ShopWriter(pg_database, rate=300).start()
+    rng = random.Random(19)
+    written = []
+    try:
+        engine.assigned(parts)
+        for _ in range(10):  # give everything up while rows are being published, then take it back
+            before = engine.views.publisher.published
+            time.sleep(rng.uniform(0.5, 2.0))
+            assert engine.viewing is not None
+            engine.viewing.stop()  # the views' share of a revocation, which comes first in ``revoked``
+            written.append(engine.views.publisher.published - before)
+            assert len(engine.views.cuts.producer) == 0, "view rows still on their way after the revocation"
+            ends = {p: end for p, end in engine.views.cuts.ends["orders_enriched"].items()}
+            consumer = reader({"bootstrap.servers": cfg.bootstrap})
+            try:
+                assert {p: bounds(consumer, topic, p)[1] for p in ends} == ends
+            finally:
+                consumer.close()
+            engine.revoked()
+            engine.assigned(parts)
+        load.stop()
+        settled(shop_db, engine, tables=False)
+    finally:
+        load.stop()
+        engine.close()
+    assert not fatal
+    assert sum(written) > 50, written  # rows were being published around the revocations

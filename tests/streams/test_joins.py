@@ -45,7 +45,7 @@ def shop(j: Joiner) -> None:
 
 def dirty(j: Joiner) -> set[bytes]:
     j.expand()
-    found = set(j.dirty["orders_enriched"])
+    found = {key for keys in j.dirty["orders_enriched"].values() for key in keys}
     j.dirty["orders_enriched"].clear()
     return found
 

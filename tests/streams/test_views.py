@@ -33,6 +33,7 @@ from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import free_port
 from tests.plugins.streams import Worker
 from tests.streams.test_workers import wait_for
+from tests.tables.test_views import NOTED
 
 pytestmark = pytest.mark.slow
 
@@ -41,27 +42,28 @@ SHAPES = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in sho
 SQL = parse_views(tomllib.loads(VIEWS), VIEWS)[0].sql(SHAPES)
 
 
-def view_problems(conn: Any, capture: Capture, worker: Worker, redis_url: str | None) -> list[str]:
+def view_problems(conn: Any, capture: Capture, worker: Worker, redis_url: str | None, view: str = "orders_enriched",
+                  sql: str = SQL) -> list[str]:  # fmt: skip
     """The SQL join in PostgreSQL against the view topic, the endpoint and Redis."""
-    expected = view_docs_sql(conn, SQL)
+    expected = view_docs_sql(conn, sql)
     prefix = capture.cfg.topic_prefix
-    topic = latest_view_docs(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched",
-                             Registry(capture.cfg.registry_url))  # fmt: skip
+    topic = latest_view_docs(capture.cfg.bootstrap, f"{prefix}.views.{view}", Registry(capture.cfg.registry_url))
     found = compare_docs(expected, topic, "topic")
     if found:
         return found
-    found += compare_docs(expected, endpoint_view_docs(worker.url, "orders_enriched", sorted(expected)), "endpoint")
+    found += compare_docs(expected, endpoint_view_docs(worker.url, view, sorted(expected)), "endpoint")
     if redis_url is not None:
-        found += compare_docs(expected, redis_view_docs(redis_url, prefix, "orders_enriched")[0], "redis")
+        found += compare_docs(expected, redis_view_docs(redis_url, prefix, view)[0], "redis")
     return found
 
 
-def views_reconciled(conn: Any, capture: Capture, worker: Worker, redis_url: str | None, timeout: float = 90) -> None:
+def views_reconciled(conn: Any, capture: Capture, worker: Worker, redis_url: str | None, timeout: float = 90,
+                     view: str = "orders_enriched", sql: str = SQL) -> None:  # fmt: skip
     last: list[str] = []
 
     def check() -> bool:
         nonlocal last
-        last = view_problems(conn, capture, worker, redis_url)
+        last = view_problems(conn, capture, worker, redis_url, view, sql)
         return not last
 
     assert wait_for(check, timeout, every=1.0), "\n".join(last[:20]) + "\n" + worker.tail()
@@ -146,40 +148,66 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
     assert len(read_topic(capture.cfg.bootstrap, topic)) == before
 
 
-def test_two_workers_killed_twelve_times_under_load_converge_within_a_minute(
+@pytest.mark.parametrize("workers", [2, pytest.param(3, marks=pytest.mark.heavy)])
+def test_workers_killed_twelve_times_under_load_converge_within_a_minute(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, workers: int,
 ) -> None:  # fmt: skip
     capture, first = start(shop_db, pg_database, capture_factory, worker_factory)
     app_id = first.env["HEADWATER_STREAMS_APP_ID"]
-    workers = [first, worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()]
+    group = [first, *(worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()
+                      for _ in range(workers - 1))]  # fmt: skip
     writer = ShopWriter(pg_database, rate=50).start()
     rng = random.Random(12)
-    for n in range(12):  # kill -9 each in turn; each comes back on its own state (the views move between them)
+    for n in range(12):  # kill -9 each in turn; each comes back on its own state (view partitions move between them)
         time.sleep(rng.uniform(0.5, 3))
-        state_dir = workers[n % 2].env["HEADWATER_STREAMS_STATE_DIR"]
-        workers[n % 2].kill()
-        workers[n % 2] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
-                                        state_dir=state_dir).start()  # fmt: skip
+        state_dir = group[n % workers].env["HEADWATER_STREAMS_STATE_DIR"]
+        group[n % workers].kill()
+        group[n % workers] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
+                                            state_dir=state_dir).start()  # fmt: skip
     assert writer.stop() > 100
-    views_reconciled(shop_db, capture, workers[0], local_stack.redis_url, timeout=60)
-    views_reconciled(shop_db, capture, workers[1], local_stack.redis_url, timeout=5)  # either endpoint answers
+    views_reconciled(shop_db, capture, group[0], local_stack.redis_url, timeout=60)
+    for worker in group[1:]:
+        views_reconciled(shop_db, capture, worker, local_stack.redis_url, timeout=5)  # any endpoint answers any row
 
 
+class Killer:
+    """kill -9 a random worker of a group every few seconds and start it again on its own state."""
+
+    def __init__(self, workers: list[Worker], factory: Callable[..., Worker], prefix: str, seed: int) -> None:
+        self.workers, self.factory, self.prefix = workers, factory, prefix
+        self.rng = random.Random(seed)
+        self.kills = 0
+
+    def round(self) -> None:
+        n = self.rng.randrange(len(self.workers))
+        worker = self.workers[n]
+        worker.kill()
+        self.kills += 1
+        self.workers[n] = self.factory(self.prefix, app_id=worker.env["HEADWATER_STREAMS_APP_ID"], views=VIEWS,
+                                       state_dir=worker.env["HEADWATER_STREAMS_STATE_DIR"]).start()  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
 def test_a_transaction_is_never_half_visible_at_a_published_cut(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, workers: int,
 ) -> None:  # fmt: skip
+    """One transaction moves a customer and six of its orders (rows of several view partitions, so of several
+    workers) to the next generation; Redis and the view topic read at any cut show one generation, while
+    workers are killed -9 and come back."""
     with shop_db, shop_db.cursor() as cur:
         cur.execute("INSERT INTO customers (email, name, region) VALUES ('cut@x', 'gen-0', 'north') RETURNING id")
         customer = cur.fetchone()[0]
-        cur.execute("INSERT INTO orders (customer_id, note) VALUES (%s, 'gen-0'), (%s, 'gen-0') RETURNING id",
-                    (customer, customer))  # fmt: skip
+        cur.execute("INSERT INTO orders (customer_id, note) SELECT %s, 'gen-0' FROM generate_series(1, 6) "
+                    "RETURNING id", (customer,))  # fmt: skip
         orders = [row[0] for row in cur.fetchall()]
-    capture, _ = start(shop_db, pg_database, capture_factory, worker_factory)
+    capture, first = start(shop_db, pg_database, capture_factory, worker_factory)
     prefix = capture.cfg.topic_prefix
+    group = [first, *(worker_factory(prefix, app_id=first.env["HEADWATER_STREAMS_APP_ID"], views=VIEWS).start()
+                      for _ in range(workers - 1))]  # fmt: skip
     client = redis.Redis.from_url(local_stack.redis_url)
-    seen: list[tuple[int, list[str]]] = []
+    seen: list[tuple[int, list[list[str]]]] = []
     stop = threading.Event()
 
     def sample() -> None:  # read Redis atomically, as the README tells readers to
@@ -192,40 +220,68 @@ def test_a_transaction_is_never_half_visible_at_a_published_cut(
             if cut is not None and all(docs):
                 seen.append((int(cut), [generations(json.loads(d)) for d in docs]))
 
-    reader = threading.Thread(target=sample)
-    reader.start()
-    conn = psycopg2.connect(pg_database)
-    try:
-        for n in range(1, 151):  # one transaction: the customer and both orders move to generation n
+    generation = [0]
+    enough = threading.Event()
+
+    def load() -> None:
+        conn = psycopg2.connect(pg_database)
+        while not enough.is_set() or generation[0] < 150:  # one transaction: all move to the next generation
+            n = generation[0] + 1
             with conn, conn.cursor() as cur:
-                cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", orders[0]))
                 cur.execute("UPDATE customers SET name = %s WHERE id = %s", (f"gen-{n}", customer))
-                cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", orders[1]))
+                for order in orders:
+                    cur.execute("UPDATE orders SET note = %s WHERE id = %s", (f"gen-{n}", order))
+            generation[0] = n
             time.sleep(0.03)
-        assert wait_for(lambda: seen and seen[-1][1] == [["gen-150", "gen-150"]] * 2, 60), seen[-3:]
+        conn.close()
+
+    killer = Killer(group, worker_factory, prefix, seed=workers)
+    reader, writer = threading.Thread(target=sample), threading.Thread(target=load)
+    reader.start()
+    writer.start()
+    try:
+        while workers > 1 and killer.kills < 4:  # kill -9 and restart while the load runs
+            time.sleep(killer.rng.uniform(1.0, 2.5))
+            killer.round()
+        enough.set()
+        writer.join()
+        final = [[f"gen-{generation[0]}", f"gen-{generation[0]}"]] * len(orders)
+        assert wait_for(lambda: seen and seen[-1][1] == final, 90), (seen[-3:], killer.workers[0].tail())
     finally:
+        enough.set()
         stop.set()
         reader.join()
-        conn.close()
+        writer.join()
     assert len({tuple(map(tuple, g)) for _, g in seen}) > 5, "too few generations seen to mean anything"
     mixed = [(cut, g) for cut, g in seen if len({x for pair in g for x in pair}) != 1]
     assert not mixed, mixed[:5]
-    # the topic: read to each published cut's ends, both rows show one generation
+    topic_read_at_every_cut_shows_one_generation(capture, orders)
+
+
+def topic_read_at_every_cut_shows_one_generation(capture: Capture, orders: list[int]) -> None:
+    """The view topic read to each published cut's ends: every order at one generation; no row ever goes back
+    to an older commit LSN."""
+    prefix = capture.cfg.topic_prefix
     records = read_topic(capture.cfg.bootstrap, f"{prefix}.views.orders_enriched")
     decode = Registry(capture.cfg.registry_url)
     cuts = [decode_cut(r.value) for r in read_topic(capture.cfg.bootstrap, f"{prefix}.views.cuts") if r.value]
     assert len(cuts) > 10
+    docs = {(r.partition, r.offset): decode(r.value) for r in records if r.value is not None}
+    newest: dict[bytes, int] = {}
+    for r in records:  # per key, in offset order (one key is in one partition)
+        lsn = int(dict(r.headers)["hw.lsn"])
+        assert lsn >= newest.get(r.key, -1), (r.partition, r.offset, lsn, newest.get(r.key))
+        newest[r.key] = lsn
     for cut in cuts:
         ends = {e["partition"]: e["offset"] for e in cut["ends"]}
         latest: dict[int, Any] = {}
         for r in records:
-            if r.offset < ends.get(r.partition, 0) and r.value is not None:
-                doc = decode(r.value)
-                if doc["id"] in orders:
-                    assert doc["hw_commit_lsn"] <= cut["commit_lsn"]
-                    latest[doc["id"]] = generations(to_json(doc))
+            doc = docs.get((r.partition, r.offset))
+            if r.offset < ends.get(r.partition, 0) and doc is not None and doc["id"] in orders:
+                assert doc["hw_commit_lsn"] <= cut["commit_lsn"]
+                latest[doc["id"]] = generations(to_json(doc))
         gens = {x for pair in latest.values() for x in pair}
-        assert len(latest) == 2 and len(gens) == 1, (cut, latest)
+        assert len(latest) == len(orders) and len(gens) == 1, (cut, latest)
 
 
 def generations(doc: dict[str, Any]) -> list[str]:
@@ -291,3 +347,55 @@ def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_top
                             state_dir=state_dir).start()  # fmt: skip
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)  # items and products came from offset 0
     assert "whose rows were not kept: replaying" in worker.log.read_text()
+
+
+def composite_workload(dsn: str, transactions: int, seed: int) -> None:
+    """Warehouses (keyed by region and code), notes of order items (keyed by item and number) and the orders'
+    warehouse columns, inserted, changed and deleted at random."""
+    conn = psycopg2.connect(dsn)
+    rng = random.Random(seed)
+    for n in range(transactions):
+        with conn, conn.cursor() as cur:
+            region, code = rng.choice(["north", "south"]), rng.choice(["a", "b", "c"])
+            if rng.random() < 0.3:
+                cur.execute("INSERT INTO warehouses VALUES (%s, %s, %s) ON CONFLICT (region, code) DO UPDATE SET "
+                            "name = excluded.name", (region, code, f"w{n}"))  # fmt: skip
+            elif rng.random() < 0.1:
+                cur.execute("DELETE FROM warehouses WHERE region = %s AND code = %s", (region, code))
+            cur.execute("UPDATE orders SET region = %s, wh_code = %s WHERE id = (SELECT id FROM orders ORDER BY "
+                        "random() LIMIT 1)", (rng.choice([region, None]), code))  # fmt: skip
+            cur.execute("SELECT order_id, line_no FROM order_items ORDER BY random() LIMIT 1")
+            item = cur.fetchone()
+            if item is not None and rng.random() < 0.8:
+                cur.execute("INSERT INTO item_notes VALUES (%s, %s, %s, %s) ON CONFLICT (order_id, line_no, n) DO "
+                            "UPDATE SET body = excluded.body", (*item, rng.randint(1, 3), f"note {n}"))  # fmt: skip
+            if item is not None and rng.random() < 0.2:
+                cur.execute("DELETE FROM item_notes WHERE order_id = %s AND line_no = %s", item)
+    conn.close()
+
+
+def test_views_joined_on_composite_keys_equal_the_sql_join_with_two_workers(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("CREATE TABLE warehouses (region text, code text, name text NOT NULL, PRIMARY KEY (region, code))")
+        cur.execute("CREATE TABLE item_notes (order_id bigint, line_no integer, n integer, body text, "
+                    "PRIMARY KEY (order_id, line_no, n))")  # fmt: skip
+        cur.execute("ALTER TABLE orders ADD COLUMN region text, ADD COLUMN wh_code text")
+    composite_workload(pg_database, 50, seed=1)
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    first = worker_factory(capture.cfg.topic_prefix, views=NOTED).start()
+    second = worker_factory(capture.cfg.topic_prefix, app_id=first.env["HEADWATER_STREAMS_APP_ID"], views=NOTED).start()
+    writer = ShopWriter(pg_database, rate=100).start()
+    composite_workload(pg_database, 400, seed=2)
+    assert writer.stop() > 50
+    shapes = {**SHAPES, "public.warehouses": TableShape("public.warehouses", (), ("region", "code")),
+              "public.item_notes": TableShape("public.item_notes", (), ("order_id", "line_no", "n"))}  # fmt: skip
+    sql = parse_views(tomllib.loads(NOTED), NOTED)[0].sql(shapes)
+    for worker in (first, second):  # either endpoint answers every row (routed to its partition's worker)
+        views_reconciled(shop_db, capture, worker, local_stack.redis_url, view="items_noted", sql=sql)
+    expected = view_docs_sql(shop_db, sql)
+    assert sum(len(d["notes"]) for d in expected.values()) > 20  # composite collects were seen
+    assert sum(1 for d in expected.values() if d["order"] and d["order"]["warehouse"]) > 10  # and lookups

@@ -51,7 +51,7 @@ def test_the_shop_view_reads_as_a_tree_of_joins() -> None:
     assert spec.base == "public.orders"
     customer, items, product = spec.joins
     assert (customer.name, customer.many, customer.inner, customer.parent) == ("customer", False, False, "")
-    assert (items.name, items.many, items.table, items.column) == ("items", True, "public.order_items", "order_id")
+    assert (items.name, items.many, items.table, items.on) == ("items", True, "public.order_items", ("order_id",))
     assert (product.name, product.parent, product.inner, product.line) == ("product", "items[]", True, 6)
     assert spec.tables == set(SHOP)
 
@@ -130,3 +130,60 @@ def test_unknown_base_table_key_and_view_name_fail_with_the_header_line(tmp_path
 def test_duplicate_paths_are_refused(tmp_path: Path) -> None:
     text = '[views.v]\nbase = "orders"\njoins = ["c: customers on customer_id", "c: customers on customer_id"]\n'
     assert "declared twice" in str(error(text, tmp_path))
+
+
+COMPOSITE = {
+    **SHOP,
+    "public.orders": TableShape("public.orders", ("id", "customer_id", "status", "total", "region", "wh_code"),
+                                ("id",)),
+    "public.warehouses": TableShape("public.warehouses", ("region", "code", "name"), ("region", "code")),
+    "public.item_notes": TableShape("public.item_notes", ("order_id", "line_no", "n", "body"),
+                                    ("order_id", "line_no", "n")),
+}  # fmt: skip
+NOTED = """\
+[views.items_noted]
+base = "order_items"
+joins = [
+    "notes[]: item_notes on (order_id, line_no) (body)",
+    "order: orders on order_id",
+    "order.warehouse: warehouses on (region, wh_code) = (region, code)",
+]
+"""
+
+
+def test_joins_on_composite_keys_name_every_column_in_the_keys_order() -> None:
+    (spec,) = specs(NOTED)
+    spec.check(COMPOSITE)
+    notes, order, warehouse = spec.joins
+    assert order.on == ("order_id",) and not order.many
+    assert (notes.on, notes.many, notes.columns) == (("order_id", "line_no"), True, ("body",))
+    assert (warehouse.on, warehouse.target) == (("region", "wh_code"), ("region", "code"))
+    assert spec.kept("notes[]", COMPOSITE["public.item_notes"]) == ("order_id", "line_no", "n", "body")
+    assert spec.kept("order", COMPOSITE["public.orders"]) == COMPOSITE["public.orders"].columns
+    sql = spec.sql(COMPOSITE)
+    assert 't1."order_id" = t0."order_id" AND t1."line_no" = t0."line_no"' in sql
+    assert 't3."region" = t2."region" AND t3."code" = t2."wh_code"' in sql
+
+
+@pytest.mark.parametrize(
+    ("join", "words"),
+    [
+        ("notes[]: item_notes on order_id", ["composite key (order_id, line_no)", "'on (order_id, line_no)'"]),
+        ("wh: warehouses on (region, nope)", ["has no column 'nope'"]),
+        ("wh: warehouses on (region, wh_code) = (code, region)", ["not its key (region, code)"]),
+        ("wh: warehouses on ()", ["name the columns to join on"]),
+        ("o: orders on (order_id, line_no)", ["a key (id)", "got order_id, line_no"]),
+    ],
+)  # fmt: skip
+def test_a_composite_join_that_does_not_match_the_key_fails_naming_its_line(join: str, words: list[str],
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    base = "order_items" if join.startswith(("notes", "o:")) else "orders"
+    text = f'# composite\n[views.v]\nbase = "{base}"\njoins = [\n    "{join}",\n]\n'
+    path = tmp_path / "headwater.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        for spec in specs(text, path):
+            spec.check(COMPOSITE)
+    for word in words:
+        assert word in str(caught.value), str(caught.value)
+    assert caught.value.line == 5

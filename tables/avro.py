@@ -1,4 +1,4 @@
-"""A small Avro binary encoder compiled per schema, for the hot path of capture.
+"""A small Avro binary encoder compiled per schema, for the hot paths of capture and the fan-out.
 
 Promise: ``compile_schema(schema)`` returns ``encode(value) -> bytes`` producing exactly
 the Avro binary encoding of ``value`` (records given as sequences in field order, or
@@ -7,7 +7,9 @@ records, enums, arrays, maps, fixed, unions (null first or by value type), and t
 logical types decimal (bytes), date, time-micros, timestamp-micros,
 local-timestamp-micros (values already as ints) and uuid (string). It is checked
 against fastavro's decoder in the tests; fastavro's generic writer costs ~10 µs per
-record, this ~2 µs, which is most of capture's per-change budget.
+record, this ~2 µs, which is most of capture's per-change budget. ``plain(schema)`` is a
+schema without its logical types: records read with it give their raw ints and bytes, which
+its compiled encoder writes back byte for byte (how a reader re-frames nested row images).
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ class _Compiler:
         if isinstance(schema, str):
             if schema in PRIMITIVES:
                 return PRIMITIVES[schema]
-            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+            full = full_name(schema, namespace)
             return self.named.get(full) or self.named[schema]
         if isinstance(schema, list):
             return self._union(schema, namespace)
@@ -145,21 +147,15 @@ class _Compiler:
             return self._map(self.compile(schema["values"], namespace))
         if kind == "fixed":
             self._name(schema, namespace, lambda v, out: out.append(bytes(v)), "fixed")
-            return self.named[self._full(schema, namespace)]
+            return self.named[_defined_name(schema, namespace)]
         raise ValueError(f"unsupported Avro type {kind!r}")
 
-    @staticmethod
-    def _full(schema: Mapping[str, Any], namespace: str | None) -> str:
-        name = schema["name"]
-        ns = schema.get("namespace", namespace)
-        return name if "." in name or not ns else f"{ns}.{name}"
-
     def _name(self, schema: Mapping[str, Any], namespace: str | None, encoder: Encoder, kind: str) -> None:
-        self.named[self._full(schema, namespace)] = encoder
-        self.kinds[self._full(schema, namespace)] = kind
+        self.named[_defined_name(schema, namespace)] = encoder
+        self.kinds[_defined_name(schema, namespace)] = kind
 
     def _record(self, schema: Mapping[str, Any], namespace: str | None) -> Encoder:
-        full = self._full(schema, namespace)
+        full = _defined_name(schema, namespace)
         inner_ns = full.rpartition(".")[0] or None
         compiled: list[Encoder] = []
 
@@ -298,3 +294,98 @@ def compile_schema(schema: Any) -> Callable[[Any], bytes]:
         return b"".join(out)
 
     return encode
+
+
+def plain(schema: Any) -> Any:
+    """The schema with every ``logicalType`` removed (values decode to raw ints and bytes)."""
+    if isinstance(schema, list):
+        return [plain(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: plain(v) for k, v in schema.items() if k != "logicalType"}
+    if "logicalType" in schema:
+        out.pop("precision", None)
+        out.pop("scale", None)
+    return out
+
+
+NAMED = frozenset({"record", "error", "enum", "fixed"})
+
+
+def full_name(name: str, namespace: str | None) -> str:
+    """A named type's full name: ``name`` as is when dotted or without ``namespace``, else ``namespace.name``."""
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _defined_name(node: Mapping[str, Any], namespace: str | None) -> str:
+    return full_name(node["name"], node.get("namespace", namespace))
+
+
+def walk_named(schema: Any, visit: Callable[[dict[str, Any], str], None], namespace: str | None = None) -> None:
+    """Call ``visit(definition, full name)`` on every named type ``schema`` defines, in order, each before
+    its fields are walked (so ``visit`` may check a definition before its fields are read)."""
+    if isinstance(schema, list):
+        for branch in schema:
+            walk_named(branch, visit, namespace)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind in NAMED:
+            full = _defined_name(schema, namespace)
+            visit(schema, full)
+            for f in schema.get("fields", ()):
+                walk_named(f["type"], visit, full.rpartition(".")[0] or None)
+        elif kind == "array":
+            walk_named(schema["items"], visit, namespace)
+        elif kind == "map":
+            walk_named(schema["values"], visit, namespace)
+        elif isinstance(kind, dict | list):
+            walk_named(kind, visit, namespace)
+
+
+def named_types(schema: Any) -> dict[str, Any]:
+    """Every named type ``schema`` defines, by full name (the first definition of each)."""
+    found: dict[str, Any] = {}
+    walk_named(schema, lambda node, full: found.setdefault(full, node))
+    return found
+
+
+def define_once(schema: Any, known: Mapping[str, Any] | None = None) -> Any:
+    """``schema`` with every named type defined at its first use and named (by full name) after it, as
+    Avro requires; ``known`` (full name -> definition) gives the definitions of names used before or
+    without one, so a record taken out of a larger schema stands alone again."""
+    return _Once(dict(known or named_types(schema))).walk(schema, None)
+
+
+class _Once:
+    def __init__(self, known: dict[str, Any]) -> None:
+        self.known, self.seen = known, set[str]()
+
+    def walk(self, node: Any, namespace: str | None) -> Any:
+        if isinstance(node, list):
+            return [self.walk(branch, namespace) for branch in node]
+        if isinstance(node, str):
+            full = full_name(node, namespace)
+            found = self.known.get(full, self.known.get(node))
+            return node if found is None or full in self.seen or node in self.seen else self.walk(found, namespace)
+        if not isinstance(node, dict):
+            return node
+        kind = node.get("type")
+        if kind in NAMED:
+            return self.named(node, namespace)
+        if kind == "array":
+            return {**node, "items": self.walk(node["items"], namespace)}
+        if kind == "map":
+            return {**node, "values": self.walk(node["values"], namespace)}
+        if isinstance(kind, dict | list):
+            return {**node, "type": self.walk(kind, namespace)}
+        return node
+
+    def named(self, node: dict[str, Any], namespace: str | None) -> Any:
+        full = _defined_name(node, namespace)
+        if full in self.seen:
+            return full
+        self.seen.add(full)
+        if "fields" not in node:
+            return node
+        inner = full.rpartition(".")[0] or None
+        return {**node, "fields": [{**f, "type": self.walk(f["type"], inner)} for f in node["fields"]]}

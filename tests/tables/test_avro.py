@@ -10,8 +10,8 @@ from typing import Any
 import fastavro
 import pytest
 
-from capture.avro import compile_schema, long_bytes
 from capture.encoder import ChangeWriter
+from tables.avro import compile_schema, long_bytes
 from tables.change import CHANGE_VALUE_SCHEMA
 from tables.types import INTERVAL_SCHEMA
 from tables.wire import frame

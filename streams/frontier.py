@@ -1,0 +1,184 @@
+"""How the workers agree on where views are published, and how cuts are made of their parts: pure.
+
+Promise: no I/O and no clock of its own (times are passed in). Every worker holding view
+partitions reads the raw topic in commit order; a view row is published only at a *point*, and a
+cut at commit LSN L needs every partition of the view published at exactly L. So the workers
+publish at the same points, chosen by one of them (the raw partition's owner, ``streams.leader``)
+and written to ``<prefix>.views.cuts.points`` (``POINT_SCHEMA``): ``{raw_end: X, point}`` where
+X is a true end of the raw topic (the writer received every offset below it).
+
+- ``Points`` is a worker's reading of that topic. A record is *valid* iff its X is at least the X
+  of every valid record before it: everyone reads the topic in one order, so everyone agrees,
+  and a second writer left over from a rebalance cannot move anything back. The *barrier* is
+  the highest valid X: a publishing worker applies raw offsets below it only, so it never passes
+  a place where a point may still be announced. A valid ``point`` record at X asks for a
+  publication at the first consistent point (end of a transaction or of the snapshot) at or after
+  raw offset X - 1 — the same offset for every worker (``resolves``).
+- ``Assembly`` makes cuts of *fragments* (``FRAGMENT_SCHEMA``, on
+  ``<prefix>.views.cuts.fragments``): a worker's word that the partitions it names were published
+  at commit LSN L and end at the given offsets. A view's cut at L exists once every partition has a
+  fragment at L; cuts only move forward.
+- ``Pace`` says when the next point is due: no sooner than the slowest worker's last publication
+  took (publishing takes at most about half the time, so a change that dirties most of a view —
+  a product's price — is rewritten once per publication, not per change), and no sooner than a
+  floor.
+
+Agreement is for liveness only: a fragment is a true statement about its partitions whatever
+other workers did, so a worker that publishes at a point the others skipped (one that started
+reading the points topic later) only adds a fragment no cut uses.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+
+from tables.wire import avro_body, read_framed
+
+POINT_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "ViewPoint", "namespace": "headwater",
+    "doc": "The writer received every raw offset below raw_end; point: publish at the first consistent point at or "
+           "after raw_end - 1.",
+    "fields": [{"name": "raw_end", "type": "long"}, {"name": "point", "type": "boolean"},
+               {"name": "writer", "type": "string"}],
+}  # fmt: skip
+FRAGMENT_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "ViewFragment", "namespace": "headwater",
+    "doc": "Every partition named was published at commit_lsn: its view topic read up to offset is the view there.",
+    "fields": [
+        {"name": "writer", "type": "string"}, {"name": "commit_lsn", "type": "long"},
+        {"name": "raw_offset", "type": "long"}, {"name": "publish_seconds", "type": "double"},
+        {"name": "parts", "type": {"type": "array", "items": {
+            "type": "record", "name": "FragmentPart",
+            "fields": [{"name": "view", "type": "string"}, {"name": "partition", "type": "int"},
+                       {"name": "offset", "type": "long"}]}}},
+    ],
+}  # fmt: skip
+POINT_PARSED = fastavro.parse_schema(POINT_SCHEMA)
+FRAGMENT_PARSED = fastavro.parse_schema(FRAGMENT_SCHEMA)
+
+
+@dataclass
+class Points:
+    """A worker's reading of the points topic (see the module promise)."""
+
+    barrier: int = -1  # the highest valid raw_end: raw offsets below it may be applied
+    requests: deque[int] = field(default_factory=deque)  # raw_end of valid, unresolved point requests
+
+    def read(self, raw_end: int, point: bool) -> bool:
+        """One record, in the topic's order: whether it is valid."""
+        if raw_end < self.barrier:
+            return False
+        self.barrier = raw_end
+        if point and (not self.requests or self.requests[-1] != raw_end):
+            self.requests.append(raw_end)
+        return True
+
+    def allows(self, offset: int) -> bool:
+        """Whether a publishing worker may apply raw ``offset`` now."""
+        return offset < self.barrier
+
+    def resolves(self, offset: int) -> bool:
+        """At consistent point ``offset`` (its change applied): whether a request asks for a publication
+        here. The requests it answers are done."""
+        found = False
+        while self.requests and self.requests[0] - 1 <= offset:
+            self.requests.popleft()
+            found = True
+        return found
+
+
+@dataclass
+class Cut:
+    """A view's cut: its topic read up to ``ends`` (partition -> offset) is the view at ``lsn``."""
+
+    view: str
+    lsn: int
+    ends: dict[int, int]
+
+
+class Assembly:
+    """Cuts from fragments (see the module promise); remembers at most ``keep`` points per view."""
+
+    def __init__(self, views: Iterable[str], partitions: int, keep: int = 2000) -> None:
+        self.partitions, self.keep = partitions, keep
+        self.last: dict[str, int] = {view: -1 for view in views}  # view -> commit LSN of its last cut
+        self.parts: dict[str, dict[int, dict[int, int]]] = {view: {} for view in self.last}  # view -> lsn -> ends
+
+    def seen(self, view: str, lsn: int) -> None:
+        """A cut at ``lsn`` exists already (read back from the cuts topic)."""
+        if view in self.last and lsn > self.last[view]:
+            self.last[view] = lsn
+            self.parts[view] = {at: ends for at, ends in self.parts[view].items() if at > lsn}
+
+    def add(self, view: str, lsn: int, partition: int, offset: int) -> None:
+        """One part of a fragment: ``partition`` of ``view`` published at ``lsn``, its topic ending at ``offset``."""
+        points = self.parts.get(view)
+        if points is None or lsn <= self.last[view] or not 0 <= partition < self.partitions:
+            return
+        ends = points.setdefault(lsn, {})
+        ends[partition] = max(ends.get(partition, 0), offset)
+        if len(points) > self.keep:
+            del points[min(points)]
+
+    def cuts(self) -> list[Cut]:
+        """Each view's newest point that every partition published, above its last cut (then its cut)."""
+        out = []
+        for view, points in self.parts.items():
+            whole = [lsn for lsn, ends in points.items() if len(ends) == self.partitions]
+            if whole:
+                lsn = max(whole)
+                out.append(Cut(view, lsn, dict(sorted(points[lsn].items()))))
+                self.seen(view, lsn)
+        return out
+
+
+class Pace:
+    """When the next point is due (see the module promise); times are monotonic seconds."""
+
+    def __init__(self, floor: float, forget: float = 60.0) -> None:
+        self.floor, self.forget = floor, forget
+        self.took: dict[str, tuple[float, float]] = {}  # writer -> (seconds its last publication took, when told)
+        self.announced = float("-inf")  # when the last point was announced
+
+    def report(self, writer: str, seconds: float, now: float) -> None:
+        self.took[writer] = (seconds, now)
+
+    def gap(self, now: float) -> float:
+        """Seconds between two points now: the slowest recent publication, at least the floor."""
+        recent = [seconds for seconds, at in self.took.values() if now - at <= self.forget]
+        return max([self.floor, *recent])
+
+    def due(self, now: float) -> bool:
+        return now - self.announced >= self.gap(now)
+
+    def point(self, now: float) -> None:
+        """A point was announced at ``now``."""
+        self.announced = now
+
+
+def point_value(frame: bytes, raw_end: int, point: bool, writer: str) -> bytes:
+    """A points record (``frame``: ``POINT_SCHEMA`` registered under the points topic's value subject)."""
+    return frame + avro_body(POINT_PARSED, {"raw_end": raw_end, "point": point, "writer": writer})
+
+
+def read_point(value: bytes) -> tuple[int, bool]:
+    """(raw_end, point) of a points record."""
+    record = read_framed(value, POINT_PARSED)
+    return int(record["raw_end"]), bool(record["point"])
+
+
+def fragment_value(frame: bytes, writer: str, lsn: int, offset: int, seconds: float,
+                   ends: Sequence[tuple[str, int, int]]) -> bytes:  # fmt: skip
+    """A fragment record: ``ends`` are (view, partition, end offset) published at ``lsn``."""
+    parts = [{"view": view, "partition": partition, "offset": end} for view, partition, end in ends]
+    return frame + avro_body(FRAGMENT_PARSED, {"writer": writer, "commit_lsn": lsn, "raw_offset": offset,
+                                               "publish_seconds": seconds, "parts": parts})  # fmt: skip
+
+
+def read_fragment(value: bytes) -> dict[str, Any]:
+    return dict(read_framed(value, FRAGMENT_PARSED))

@@ -1,0 +1,172 @@
+"""The raw partition's owner's part in the views: it announces the publication points and makes the cuts.
+
+Promise: runs on the worker that owns the raw partition (the one Faust assigns it), next to the
+fan-out. ``Announcer``, after each batch the fan-out reads, writes ``{raw_end, point}`` to
+``<prefix>.views.cuts.points`` (``streams.frontier``): the raw topic's end as that fetch reported it
+(its high watermark: every offset below it exists), and whether a publication is due
+(``streams.frontier.Pace``); when the raw topic goes quiet and the last record asked for no point,
+it asks for one as soon as one is due, so the last changes are published without waiting for more.
+``Assembler`` reads ``<prefix>.views.cuts.fragments`` (from its last ``WINDOW`` records at start: a
+new owner finishes the cuts its predecessor was making) and the fragments this worker's own views
+hand it in memory (``add``), and writes a view's cut to ``<prefix>.views.cuts`` in the one format
+Redis, the endpoint and Spark read (``tables.views.CUT_SCHEMA``) as soon as every partition of the
+view has a fragment at one point; it tells the pace how long each worker's publications take. Both
+write with a producer of their own that lingers for nothing: every worker's next step waits for
+these records. ``Subjects`` registers the records' schemas when first needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import fastavro
+from confluent_kafka import Producer, TopicPartition
+
+from streams.clients import reader_settings
+from streams.config import StreamsConfig
+from streams.feed import Follower
+from streams.frontier import FRAGMENT_SCHEMA, POINT_SCHEMA, Assembly, Cut, Pace, point_value, read_fragment
+from streams.writer import produce
+from tables.errors import FatalError
+from tables.kafka import bounds, read_to_end, reader
+from tables.registry import Registry
+from tables.topics import CUTS_PARTITION
+from tables.views import CUT_PARSED, CUT_SCHEMA, decode_cut
+from tables.wire import HEADER_LSN, avro_body, frame
+
+log = logging.getLogger("headwater.streams")
+KEY_STRING = fastavro.parse_schema("string")
+WINDOW = 2000  # fragments a new owner reads back
+Fatal = Callable[[FatalError], None]
+
+
+class Subjects:
+    """The Confluent frames of the views' coordination records, each schema registered when first needed."""
+
+    def __init__(self, cfg: StreamsConfig) -> None:
+        self.cfg = cfg
+        self.frames: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def frame(self, subject: str, schema: Any) -> bytes:
+        with self.lock:
+            found = self.frames.get(subject)
+            if found is None:
+                registry = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
+                found = self.frames[subject] = frame(registry.register(subject, schema))
+            return found
+
+    def point(self) -> bytes:
+        return self.frame(f"{self.cfg.points_topic}-value", POINT_SCHEMA)
+
+    def fragment(self) -> bytes:
+        return self.frame(f"{self.cfg.fragments_topic}-value", FRAGMENT_SCHEMA)
+
+    def cut(self) -> tuple[bytes, bytes]:
+        """The cut record's value and key frames."""
+        return (self.frame(f"{self.cfg.cuts_topic}-value", CUT_SCHEMA),
+                self.frame(f"{self.cfg.cuts_topic}-key", "string"))  # fmt: skip
+
+
+def coordination_producer(settings: dict[str, Any]) -> Producer:
+    """The producer of points and cuts: idempotent, acks=all, and no linger (the workers wait for them)."""
+    return Producer({**settings, "linger.ms": 0})
+
+
+class Announcer:
+    """Writes the raw topic's end after each batch the fan-out reads, with whether views publish there
+    (module promise); it rides on the fan-out's reader, whose fetches tell the raw topic's end."""
+
+    def __init__(self, cfg: StreamsConfig, producer: Producer, subjects: Subjects, pace: Pace, writer: str) -> None:
+        self.cfg, self.producer, self.subjects, self.pace, self.writer = cfg, producer, subjects, pace, writer
+        self.end = 0  # the raw topic's end as last announced
+        self.asked = False  # whether the last record asked for a point
+
+    def saw(self, end: int) -> None:
+        """The raw topic ends at ``end`` (the high watermark of the fan-out's last fetch: every offset below
+        it exists): announce it when it moved; when it did not and no point was asked for, ask for one as
+        soon as one is due."""
+        if end > self.end:
+            self.end = end
+            self.announce(end, None)
+        elif end > 0 and not self.asked and self.pace.due(time.monotonic()):
+            self.announce(self.end, True)
+        self.producer.poll(0)
+
+    def announce(self, end: int, point: bool | None) -> None:
+        """Write ``{raw_end: end, point}``; ``point`` None: whether one is due."""
+        now = time.monotonic()
+        point = self.pace.due(now) if point is None else point
+        produce(self.producer, self.cfg.points_topic, 0, None, point_value(self.subjects.point(), end, point,
+                                                                            self.writer), [])  # fmt: skip
+        if point:
+            self.pace.point(now)
+        self.asked = point
+
+
+class Assembler(Follower):
+    """Makes each view's cut of the workers' fragments (see the module promise)."""
+
+    def __init__(self, cfg: StreamsConfig, producer: Producer, subjects: Subjects, pace: Pace,
+                 views: dict[str, str], on_fatal: Fatal) -> None:  # fmt: skip
+        super().__init__("cuts", on_fatal)
+        self.cfg, self.producer, self.subjects, self.pace, self.views = cfg, producer, subjects, pace, views
+        self.assembly = Assembly(views, cfg.partitions)
+        self.lock = threading.Lock()  # the feed thread of this worker's views adds fragments too
+
+    def add(self, writer: str, lsn: int, seconds: float, ends: list[tuple[str, int, int]]) -> None:
+        """A fragment: ``ends`` (view, partition, end offset) were published at ``lsn`` by ``writer``."""
+        with self.lock:
+            self.pace.report(writer, seconds, time.monotonic())
+            for view, partition, end in ends:
+                self.assembly.add(view, lsn, partition, end)
+            for cut in self.assembly.cuts():
+                self._publish(cut)
+
+    def last(self) -> int | None:
+        """The oldest of the views' last cuts (None before every view has one)."""
+        with self.lock:
+            lsns = list(self.assembly.last.values())
+        return None if not lsns or min(lsns) < 0 else min(lsns)
+
+    def _follow(self) -> None:
+        consumer = reader(reader_settings(self.cfg))
+        try:
+            self._read_cuts(consumer)
+            low, end = bounds(consumer, self.cfg.fragments_topic, 0)
+            consumer.assign([TopicPartition(self.cfg.fragments_topic, 0, max(low, end - WINDOW))])
+            while not self.stopping.is_set():
+                for msg in consumer.consume(1000, self.cfg.batch_wait):
+                    value = msg.value() if msg.error() is None else None
+                    if value is not None:
+                        found = read_fragment(value)
+                        ends = [(p["view"], p["partition"], p["offset"]) for p in found["parts"]]
+                        self.add(found["writer"], found["commit_lsn"], found["publish_seconds"], ends)
+                self.producer.poll(0)
+        finally:
+            consumer.close()
+
+    def _read_cuts(self, consumer: Any) -> None:
+        """The cuts published so far (the last records of the cuts topic): cuts never go back."""
+        low, end = bounds(consumer, self.cfg.cuts_topic, CUTS_PARTITION)
+        start = TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, max(low, end - 1 - 4 * len(self.views)))
+        for msg in read_to_end(consumer, [start], timeout=60):
+            value = msg.value()
+            if value is not None:
+                cut = decode_cut(value)
+                with self.lock:
+                    self.assembly.seen(cut["view"], cut["commit_lsn"])
+        consumer.unassign()
+
+    def _publish(self, cut: Cut) -> None:
+        value_frame, key_frame = self.subjects.cut()
+        ends = [{"partition": p, "offset": o} for p, o in sorted(cut.ends.items())]
+        value = value_frame + avro_body(CUT_PARSED, {"view": cut.view, "commit_lsn": cut.lsn,
+                                                     "topic": self.views[cut.view], "ends": ends})  # fmt: skip
+        key = key_frame + avro_body(KEY_STRING, cut.view)
+        produce(self.producer, self.cfg.cuts_topic, CUTS_PARTITION, key, value, [(HEADER_LSN, b"%d" % cut.lsn)])
+        self.producer.poll(0)

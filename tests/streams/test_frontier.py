@@ -1,0 +1,100 @@
+"""The workers' agreement, pure: valid points, the barrier, where a point lands, cuts from fragments, the pace."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from streams.frontier import Assembly, Cut, Pace, Points
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_record_below_an_earlier_end_is_invalid_everywhere_and_moves_nothing() -> None:
+    points = Points()
+    assert points.read(10, False) and points.barrier == 10
+    assert not points.read(7, True)  # a writer left over from a rebalance, behind: ignored, no request
+    assert points.barrier == 10 and not points.requests
+    assert points.read(10, True)  # the same end again is valid (an idle owner asking for a point)
+    assert points.read(25, True) and list(points.requests) == [10, 25]
+
+
+def test_a_worker_never_applies_past_the_barrier() -> None:
+    points = Points()
+    assert not points.allows(0)
+    points.read(5, False)
+    assert points.allows(4) and not points.allows(5)
+
+
+def test_a_point_lands_on_the_first_consistent_offset_at_or_after_its_end_minus_one() -> None:
+    points = Points()
+    points.read(10, True)
+    assert not points.resolves(8)  # a consistent point before raw_end - 1: too early
+    assert points.resolves(9)  # raw_end - 1 itself ends a transaction: here
+    points.read(20, True)
+    points.read(30, True)
+    # offsets 19..29 end no transaction: both requests land on the first consistent point after them
+    assert points.resolves(31) and not points.requests
+
+
+def test_every_worker_reading_the_same_records_publishes_at_the_same_offsets() -> None:
+    rng = random.Random(5)
+    ends = sorted(rng.sample(range(1, 2000), 300))
+    records = [(x, rng.random() < 0.3) for x in ends]
+    records[100:100] = [(ends[50], True), (3, True)]  # stale and duplicate records among them
+    consistent = {o for o in range(2000) if rng.random() < 0.4}
+
+    def publications(batch: int) -> list[int]:
+        points, out, offset, read = Points(), [], 0, 0
+        while offset < 2000:
+            for record in records[read : read + batch]:  # the points topic arrives in batches of any size
+                points.read(*record)
+            read += batch
+            while offset < 2000 and (points.allows(offset) or read >= len(records)):
+                if offset in consistent and points.resolves(offset):
+                    out.append(offset)
+                offset += 1
+        return out
+
+    first = publications(1)
+    assert len(first) > 30
+    assert publications(7) == first == publications(1000)
+
+
+def test_a_cut_needs_every_partition_at_one_point_and_only_moves_forward() -> None:
+    assembly = Assembly(["v"], partitions=3)
+    assembly.add("v", 100, 0, 5)
+    assembly.add("v", 100, 1, 7)
+    assert assembly.cuts() == []
+    assembly.add("v", 200, 0, 6)
+    assembly.add("v", 100, 2, 2)
+    assert assembly.cuts() == [Cut("v", 100, {0: 5, 1: 7, 2: 2})]
+    assert assembly.cuts() == []  # made once
+    for partition in range(3):
+        assembly.add("v", 300, partition, 10 + partition)
+    assembly.add("v", 200, 1, 8)
+    assembly.add("v", 200, 2, 3)
+    assert assembly.cuts() == [Cut("v", 300, {0: 10, 1: 11, 2: 12})]  # the newest whole point
+    for partition in range(3):
+        assembly.add("v", 250, partition, 9)  # older than the last cut: never a cut
+    assert assembly.cuts() == []
+
+
+def test_a_cut_read_back_at_start_is_not_made_again() -> None:
+    assembly = Assembly(["v", "w"], partitions=1)
+    assembly.seen("v", 500)
+    assembly.add("v", 400, 0, 1)
+    assembly.add("w", 400, 0, 1)
+    assert assembly.cuts() == [Cut("w", 400, {0: 1})]
+
+
+def test_points_come_no_sooner_than_the_slowest_publication_took_nor_the_floor() -> None:
+    pace = Pace(floor=0.05)
+    assert pace.due(0.0)
+    pace.point(0.0)
+    assert not pace.due(0.04) and pace.due(0.05)
+    pace.report("a", 0.01, 0.05)
+    pace.report("b", 2.0, 0.06)  # one worker's publication took 2 s
+    assert not pace.due(1.0) and pace.due(2.0)
+    assert pace.gap(200.0) == 0.05  # a worker not heard from for a minute no longer counts
