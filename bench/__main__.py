@@ -1,23 +1,24 @@
-"""``python -m bench [capture|fanout|debezium|tables|views|shopview|analytics] [--changes N] [--rows N]
+"""``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics] [--changes N] [--rows N]
 [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--messages N] [--customers N]
-[--orders N]`` (or ``./dev bench``)."""
+[--orders N]`` (or ``./dev bench``); ``capture`` runs the backfill benchmark after its own."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import analytics, capture, debezium, fanout, shopview, tables, views
+from bench import analytics, backfill, capture, debezium, fanout, shopview, tables, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("which", nargs="?", default="all",
-                        choices=["all", "capture", "fanout", "debezium", "tables", "views", "shopview",
+                        choices=["all", "capture", "backfill", "fanout", "debezium", "tables", "views", "shopview",
                                  "analytics"])  # fmt: skip
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot")
-    parser.add_argument("--scale", type=int, default=10, help="pgbench scale of the tables benchmark (x 100,000 rows)")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot, and orders to backfill")
+    parser.add_argument("--scale", type=int, default=10,
+                        help="pgbench scale of the tables and backfill benchmarks (x 100,000 rows)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=20.0, help="steady load of the views latency benchmark")
     parser.add_argument(
         "--rate",
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.which in ("all", "capture"):
         capture.main(changes=args.changes, rows=args.rows)
+    if args.which in ("all", "capture", "backfill"):
+        backfill.main(rows=args.rows, scale=args.scale, rate=None)
     if args.which in ("all", "fanout"):
         fanout.main(changes=args.changes)
     if args.which in ("all", "debezium"):

@@ -20,7 +20,8 @@
  * ``backfill`` field of a snapshot row). With ``rows`` set the Copier writes no
  * messages: ``on_batch`` gets lists of ``(key, value)`` tuples (a backfill holds its
  * chunk's rows until the chunk's high watermark, ``capture.backfiller``), and
- * ``envelopes`` writes those rows' raw-topic changes once the chunk is due. With ``nested``
+ * ``envelopes`` writes those rows' raw-topic changes once the chunk is due
+ * (``send_envelopes``: and sends each through a ``Sender``, from one buffer). With ``nested``
  * set (``raw_images = "nested"``), the key and value go into the change as nested records:
  * their union branch and their Avro body, without the frame and the length of a bytes field,
  * after ``tail`` (the nested change record ends with its images: ``tables.change``).
@@ -642,6 +643,18 @@ static int row(Copier *self, const char *line, Py_ssize_t len) {
 
 /* ---- a backfill's chunk ---------------------------------------------------------------- */
 
+/* The raw-topic change around row i of a chunk, (key, value), into m: what ChangeWriter.records writes for it
+ * (head: op, table, topic, transaction; size: the chunk's; tail: the fields after after; nested: the images) */
+static int chunk_change(Buf *m, PyObject *head, Py_ssize_t i, PyObject *size, PyObject *row, PyObject *tail,
+                        int nested) {
+    m->n = 0;
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2) {
+        PyErr_SetString(PyExc_TypeError, "rows must be (key, value) tuples");
+        return -1;
+    }
+    return changed(m, head, i, size, PyTuple_GET_ITEM(row, 0), PyTuple_GET_ITEM(row, 1), tail, nested);
+}
+
 /* envelopes(head, size, rows, tail, nested=False): the raw-topic change around each (key, value) of rows, positions
  * 0, 1, ..., before null: what ChangeWriter.records writes for a backfill's chunk (head: op, table, topic,
  * transaction) */
@@ -654,28 +667,57 @@ static PyObject *envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *out = PyList_New(n);
     Buf m = {0};
     for (Py_ssize_t i = 0; out && i < n; i++) {
-        PyObject *row = PyList_GET_ITEM(rows, i);
-        m.n = 0;
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2) {
-            PyErr_SetString(PyExc_TypeError, "rows must be (key, value) tuples");
+        PyObject *msg = NULL;
+        if (chunk_change(&m, head, i, size, PyList_GET_ITEM(rows, i), tail, nested) < 0 ||
+            !(msg = PyBytes_FromStringAndSize(m.p, m.n)))
             Py_CLEAR(out);
-        } else if (changed(&m, head, i, size, PyTuple_GET_ITEM(row, 0), PyTuple_GET_ITEM(row, 1), tail, nested) < 0) {
-            Py_CLEAR(out);
-        } else {
-            PyObject *msg = PyBytes_FromStringAndSize(m.p, m.n);
-            if (!msg)
-                Py_CLEAR(out);
-            else
-                PyList_SET_ITEM(out, i, msg);
-        }
+        else
+            PyList_SET_ITEM(out, i, msg);
     }
     PyMem_Free(m.p);
     return out;
 }
 
+/* send_envelopes(sender, kafka_key, head, size, rows, tail, first): what envelopes writes for rows, positions first,
+ * first + 1, ..., written into one buffer (no Python object per message), then sent through the sender with the GIL
+ * released */
+static PyObject *send_envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *sender, *kafka_key, *head, *size, *rows, *tail;
+    Py_ssize_t first;
+    int nested = 0;
+    if (!PyArg_ParseTuple(args, "O!SSSO!Sn|p", &SenderType, &sender, &kafka_key, &head, &size, &PyList_Type, &rows,
+                          &tail, &first, &nested))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    Py_ssize_t *offsets = PyMem_Malloc((n + 1) * sizeof(Py_ssize_t));
+    Buf all = {0}, m = {0};
+    int rc = offsets ? 0 : -1;
+    if (!offsets)
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        offsets[i] = all.n;
+        rc = chunk_change(&m, head, first + i, size, PyList_GET_ITEM(rows, i), tail, nested);
+        if (rc == 0)
+            rc = buf_add(&all, m.p, m.n);
+    }
+    if (rc == 0) {
+        offsets[n] = all.n;
+        rc = sender_send_all(sender, all.p, offsets, n, PyBytes_AS_STRING(kafka_key), PyBytes_GET_SIZE(kafka_key));
+    }
+    PyMem_Free(offsets);
+    PyMem_Free(all.p);
+    PyMem_Free(m.p);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"envelopes", envelopes, METH_VARARGS,
      "envelopes(head, size, rows, tail, nested=False): a backfill chunk's raw-topic changes"},
+    {"send_envelopes", send_envelopes, METH_VARARGS,
+     "send_envelopes(sender, kafka_key, head, size, rows, tail, first, nested=False): a chunk's changes through a "
+     "Sender"},
     {NULL, NULL, 0, NULL},
 };
 

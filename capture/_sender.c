@@ -5,7 +5,8 @@
  * whatever the dict says, passed through as text), on the librdkafka confluent-kafka
  * itself loaded (opened by path, so the process holds one copy). ``sender_send`` copies
  * one message into the local queue, waiting with the GIL released while the queue is
- * full; the topic is first looked up then (the Sender may be made before the topic is). Kafka's acknowledgements are not reported one by one
+ * full; the topic is first looked up then (the Sender may be made before the topic is),
+ * or at ``open``. ``sender_send_all`` copies many from one buffer with the GIL released. Kafka's acknowledgements are not reported one by one
  * (``delivery.report.only.error``): a failed delivery or a fatal producer error is kept
  * as ``failure`` (failed deliveries counted in ``errors``) and makes every later send raise
  * ``error``. So ``flush`` returning 0 with ``failure`` still None means Kafka acknowledged every
@@ -188,18 +189,25 @@ static int raise_failure(Sender *self) {
     return -1;
 }
 
-int sender_send(PyObject *sender, const char *value, size_t value_len, const char *key, size_t key_len) {
-    Sender *self = (Sender *)sender;
+/* The topic's handle (librdkafka looks the topic up then): 0, or -1 with an exception set */
+static int open_topic(Sender *self) {
     if (!self->rk) {
         PyErr_SetString(PyExc_RuntimeError, "the Sender is closed");
         return -1;
     }
-    /* the topic handle only now: asking for its metadata earlier could create it with the broker's
-     * default partitions, before capture created it with one */
     if (!self->rkt && !(self->rkt = rd.topic_new(self->rk, self->topic, NULL))) {
         PyErr_Format(self->error, "topic %s: %s", self->topic, rd.err2str(rd.last_error()));
         return -1;
     }
+    return 0;
+}
+
+int sender_send(PyObject *sender, const char *value, size_t value_len, const char *key, size_t key_len) {
+    Sender *self = (Sender *)sender;
+    /* the topic handle only now (or at ``open``): asking for its metadata earlier could create it with the
+     * broker's default partitions, before capture created it with one */
+    if (open_topic(self) < 0)
+        return -1;
     for (;;) {
         if (self->failure[0])
             return raise_failure(self);
@@ -219,6 +227,41 @@ int sender_send(PyObject *sender, const char *value, size_t value_len, const cha
     if (++self->sent % POLL_EVERY == 0)
         rd.poll(self->rk, 0);
     return 0;
+}
+
+/* Messages p[offsets[i]:offsets[i + 1]], i < n, each with the one key, with the GIL released while librdkafka takes
+ * them (waiting while its queue is full): the thread a backfill reads in goes on meanwhile. */
+int sender_send_all(PyObject *sender, const char *p, const Py_ssize_t *offsets, Py_ssize_t n, const char *key,
+                    size_t key_len) {
+    Sender *self = (Sender *)sender;
+    if (n == 0)
+        return 0;
+    if (sender_send(sender, p + offsets[0], offsets[1] - offsets[0], key, key_len) < 0)
+        return -1; /* the first one as any: the topic handle, a failure so far, a closed sender */
+    Py_ssize_t i = 1;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (i < n && !self->failure[0]) {
+        if (rd.produce(self->rkt, 0, RD_KAFKA_MSG_F_COPY, (void *)(p + offsets[i]), offsets[i + 1] - offsets[i],
+                       key, key_len, NULL) == 0) {
+            if (++self->sent % POLL_EVERY == 0)
+                rd.poll(self->rk, 0);
+            i++;
+        } else if ((err = rd.last_error()) == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+            rd.poll(self->rk, 50);
+            err = 0;
+        } else {
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (self->failure[0])
+        return raise_failure(self);
+    if (err) {
+        PyErr_Format(self->error, "cannot send to %s: %s", self->topic, rd.err2str(err));
+        return -1;
+    }
+    return PyErr_CheckSignals();
 }
 
 /* ---- the Python type ------------------------------------------------------------------ */
@@ -353,6 +396,12 @@ static void destroy(Sender *self) {
     Py_END_ALLOW_THREADS
 }
 
+static PyObject *Sender_open(Sender *self, PyObject *Py_UNUSED(ignored)) {
+    if (open_topic(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Sender_close(Sender *self, PyObject *Py_UNUSED(ignored)) {
     destroy(self);
     Py_RETURN_NONE;
@@ -379,6 +428,8 @@ static PyMethodDef Sender_methods[] = {
     {"send", (PyCFunction)Sender_send, METH_VARARGS, "send(value, key): one message into the local queue"},
     {"flush", (PyCFunction)Sender_flush, METH_O, "flush(timeout) -> messages not yet acknowledged (or failed)"},
     {"poll", (PyCFunction)Sender_poll, METH_O, "poll(timeout): serve librdkafka's events (failures)"},
+    {"open", (PyCFunction)Sender_open, METH_NOARGS,
+     "open(): look the topic up now, not at the first send (only once capture made sure it exists)"},
     {"close", (PyCFunction)Sender_close, METH_NOARGS, "close(): destroy the producer (unsent messages are lost)"},
     {NULL, NULL, 0, NULL},
 };

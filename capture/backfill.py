@@ -7,10 +7,13 @@ the WAL. ``Window`` holds one chunk's rows from its read until its high watermar
 through the stream; every streamed change to one of its keys committed between the
 watermarks drops that row (the stream carries the key's newer state — or its deletion —
 so the chunk's row must not overwrite it), a TRUNCATE of the table drops them all, and
-what is left is written at the high watermark, as one transaction. ``suspect`` finds the
-one race the watermarks cannot see: a transaction streamed before the low watermark whose
-change the chunk's read could not see yet (its commit record was written, its commit not
-yet visible), after which the chunk is read again. ``parse_signal`` reads a row of the
+what is left is written at the high watermark, as one transaction. The stream may change
+keys before the chunk's rows are in (they are read while the stream goes on). ``suspects``
+finds the one race the watermarks cannot see: a transaction streamed before the low
+watermark whose change the chunk's read could not see yet (its commit record was written,
+its commit not yet visible); the keys it changed (``Touch``, kept by ``Recent``) leave the
+chunk too — a row without key cannot be matched, so then the chunk is read again.
+``parse_signal`` reads a row of the
 signal table (Debezium's layout and signal names), ``check_predicate`` refuses a
 ``--where`` predicate that could reach past its parentheses, and ``Backfill`` holds one
 backfill's progress (rows, rate, ETA) for the log, ``headwater status`` and metrics.
@@ -153,74 +156,113 @@ def follows_or_equals(a: int, b: int) -> bool:
     return ((a - b) & MASK) < 0x80000000
 
 
+KeyOf = Callable[[bytes], bytes | None]  # a full old row (REPLICA IDENTITY FULL) -> its key image
+
+
+@dataclass
+class Touch:
+    """What streamed changes did to the table being backfilled: the keys they changed (what identifies each,
+    old keys of moved rows included), whether one truncated it, whether one changed a row without key."""
+
+    keys: set[bytes] = field(default_factory=set)
+    truncated: bool = False
+    unkeyed: bool = False
+
+    def add(self, op: str, key: bytes | None, before: bytes | None, ident: Callable[[bytes], bytes], framed: bool,
+            old_key: KeyOf) -> None:  # fmt: skip
+        """One change. ``framed``: images in the Confluent wire format (Avro), where an old key image shows
+        by its schema id; else (JSON) an old image is always a full row, its key taken by ``old_key``."""
+        if op == "TRUNCATE":
+            self.truncated = True
+            return
+        if key is None:
+            self.unkeyed = True
+            return
+        self.keys.add(ident(key))
+        if op == "UPDATE" and before is not None:
+            old = before if framed and before[:5] == key[:5] else old_key(before)
+            if old is not None:
+                self.keys.add(ident(old))
+
+    def merge(self, other: Touch) -> None:
+        self.keys |= other.keys
+        self.truncated |= other.truncated
+        self.unkeyed |= other.unkeyed
+
+
 class Recent:
-    """The xids of the last commits (up to ``limit``) that changed the table being backfilled, in stream
-    order, each with its place in the stream (``seq``)."""
+    """The commits (up to ``limit``) that changed the table being backfilled since the last chunk written, in
+    stream order: each one's xid, place in the stream (``seq``) and what it changed."""
 
     def __init__(self, limit: int = 10_000) -> None:
         self.limit = limit
         self.seq = 0
-        self.xids: dict[int, int] = {}
+        self.xids: dict[int, tuple[int, Touch]] = {}
 
-    def commit(self, xid: int, touched: bool) -> None:
+    def commit(self, xid: int, touch: Touch | None) -> None:
         self.seq += 1
-        if touched:
-            self.xids[xid] = self.seq
+        if touch is not None:
+            self.xids[xid] = (self.seq, touch)
             if len(self.xids) > self.limit:
                 del self.xids[next(iter(self.xids))]
 
+    def prune(self, seq: int, snapshot: Snapshot) -> None:
+        """A chunk whose low watermark came at ``seq`` was written: forget the commits streamed before it that its
+        read (``snapshot``) saw — every later read, with a newer snapshot, sees them too. Those it could not see
+        stay: they may still be invisible to the next read (a commit waiting for a synchronous standby)."""
+        self.xids = {xid: found for xid, found in self.xids.items() if found[0] >= seq or snapshot.invisible(xid)}
 
-def suspect(recent: Recent, low_seq: int, snapshot: Snapshot) -> bool:
-    """A transaction streamed before the low watermark that changed the table but was invisible to the
-    chunk's read: the chunk may hold an older row than the stream already wrote; read it again."""
-    return any(seq < low_seq and snapshot.invisible(xid) for xid, seq in recent.xids.items())
 
-
-KeyOf = Callable[[bytes], bytes | None]  # a full old row (REPLICA IDENTITY FULL) -> its key image
+def suspects(recent: Recent, low_seq: int, snapshot: Snapshot) -> list[Touch]:
+    """What the transactions streamed before the low watermark that the chunk's read could not see changed (their
+    commit record was written, their commit not yet visible). The stream wrote those changes before the chunk,
+    so the chunk's rows of those keys are older than the topic's: drop them too (a truncate: every row; a row
+    without key cannot be matched: read the chunk again)."""
+    return [touch for xid, (seq, touch) in recent.xids.items() if seq < low_seq and snapshot.invisible(xid)]
 
 
 class Window:
     """One chunk between its watermarks: the rows (or, for a retraction, the keys) read, minus every key the
-    stream changed between the watermarks. ``ident`` turns a key image into what identifies the key (its
-    Avro body, whatever schema id framed it); rows without key are kept as they are."""
+    stream changed between the watermarks (``touch``). ``ident`` turns a key image into what identifies the key
+    (its Avro body, whatever schema id framed it); rows without key are kept as they are. The stream may change
+    keys before the rows are there (``fill``): a chunk is read while the stream goes on, and its rows are
+    due only at its high watermark, written after the read."""
 
     def __init__(self, backfill: int, table: Table, token: str, op: str, rows: Iterable[Row],
                  ident: Callable[[bytes], bytes], *, framed: bool = True) -> None:  # fmt: skip
         self.backfill, self.table, self.token, self.op, self.ident = backfill, table, token, op, ident
         self.framed = framed  # images in the Confluent wire format (Avro): an old key shows by its schema id
-        self.rows: dict[bytes, Row] = {}
-        self.unkeyed: list[Row] = []
-        for key, value in rows:
-            if key is None:
-                self.unkeyed.append((key, value))
-            else:
-                self.rows[ident(key)] = (key, value)
-        self.read = len(self.rows) + len(self.unkeyed)
+        self.rows: list[Row] = []
+        self.read = 0
+        self.touch = Touch()  # what the stream changed inside the window
         self.opened = False  # the low watermark came through the stream
         self.low_seq = 0
-        self.snapshot: Snapshot | None = None
         self.read_keys = 0  # a retraction: the keys it checked
         self.upper: list[str | None] | None = None  # where the next chunk starts (key texts, or the page)
         self.last = False  # no chunk after this one
         self.large: list[tuple[bytes, int, str]] = []  # (key body, column, text) of TOASTable values read
+        self.fill(rows)
+
+    def fill(self, rows: Iterable[Row]) -> None:
+        """The rows read (in the order read; a key appears once)."""
+        self.rows = list(rows)
+        self.read = len(self.rows)
 
     def see(self, op: str, key: bytes | None, before: bytes | None, old_key: KeyOf) -> None:
         """A streamed change to the table, committed inside the window."""
-        if op == "TRUNCATE":
-            self.rows.clear()
-            self.unkeyed.clear()
-            return
-        if key is not None:
-            self.rows.pop(self.ident(key), None)
-        if op == "UPDATE" and before is not None:
-            framed_key = self.framed and key is not None and before[:5] == key[:5]  # an old key image
-            old = before if framed_key else old_key(before)
-            if old is not None:
-                self.rows.pop(self.ident(old), None)
+        self.touch.add(op, key, before, self.ident, self.framed, old_key)
 
     def result(self) -> list[Row]:
-        """What is left to write at the high watermark."""
-        return [*self.unkeyed, *self.rows.values()]
+        """What is left to write at the high watermark: every row read unless the stream changed its key (a
+        truncate of the table: none)."""
+        if self.touch.truncated:
+            return []
+        first = next((key for key, _ in self.rows if key is not None), None)
+        if not self.touch.keys or first is None:
+            return self.rows
+        frame = first[: len(first) - len(self.ident(first))]  # what ``ident`` takes off: the chunk's key frame
+        drop = {frame + key for key in self.touch.keys}  # the changed keys as the chunk's rows spell them
+        return [row for row in self.rows if row[0] not in drop]
 
 
 # ---- progress ------------------------------------------------------------------------------

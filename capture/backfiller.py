@@ -5,11 +5,17 @@ added to the publication while capture runs (its first Relation message, or a lo
 publication every few seconds) — is backfilled; so is any captured table ``headwater
 snapshot`` (through capture's state) or a row of the signal table (through the stream)
 asks for, optionally narrowed by a predicate. One backfill runs at a time, in the order
-asked, in the stream's own thread: when the stream has a moment (``step``) it writes a low
-watermark, reads the next chunk by key (``capture.chunker``), writes the high watermark,
-and goes back to the stream; every commit streamed meanwhile drops the chunk's rows whose
-keys it changed (``capture.backfill.Window``); at the high watermark's commit the rest is
-sent as one transaction of READ rows before anything after it. Once the table is read, the
+asked. Its chunks are read by a thread of their own (``capture.chunker.Reader``: low
+watermark, the next chunk by key, high watermark) while the stream goes on in capture's
+thread, up to ``AHEAD`` chunks in flight; the stream hands the reader the next chunk when it
+has a moment (``step``), or as soon as the last one's high watermark comes through. Every
+commit streamed inside a chunk's window drops its rows whose keys it changed
+(``capture.backfill.Window``); at the high watermark's commit the rest is sent as one
+transaction of READ rows before anything after it (``ChangeSink.emit_chunk``: what the
+stream sent is acknowledged first, the chunk goes through a producer driven from C, and
+is acknowledged before the stream goes on). A chunk that cannot be sent (its backfill
+cancelled, a row without key it may hold too old) drops the chunks read after it: they are
+read again from the backfill's cursor. Once the table is read, the
 keys the raw topic held for it before the backfill (read in a thread, ``capture.retract``)
 that the table no longer holds get DELETEs, checked between watermarks too. A chunk's
 progress is saved in capture's state once Kafka acknowledged it, so after a crash the
@@ -43,11 +49,12 @@ from capture.backfill import (
     Request,
     SignalError,
     Table,
+    Touch,
     Window,
     check_predicate,
     parse_signal,
     qualify,
-    suspect,
+    suspects,
 )
 from capture.catalog import TableRef, TypeCache
 from capture.changes import ChangeSink, TxBuffer
@@ -63,6 +70,8 @@ from tables.wire import avro_body, body, frame
 
 log = logging.getLogger("headwater.capture")
 POLL_EVERY = 5.0  # seconds between looks at the publication for tables added to it
+AHEAD = 3  # chunks in flight at once (read, or being read): what a backfill holds in memory
+JOB_END_WAIT = 5.0  # seconds to wait for the reader's job to end once its high watermark came through
 LOG_EVERY = 5.0  # seconds between progress lines
 
 
@@ -82,6 +91,25 @@ class Plan:
     ident: Callable[[bytes], bytes]  # a key image -> what identifies the key (whatever schema id framed it)
     old_key: KeyOf  # a full old row (REPLICA IDENTITY FULL) -> its key image
     decode: retract.KeyDecoder  # a key image -> the key's values (retractions)
+
+
+@dataclasses.dataclass
+class Flight:
+    """A chunk (or retraction batch) on its way: its window on the stream, the reader's job, the plan it is
+    read with (its encoder writes it, whatever happens to the backfill's plan meanwhile)."""
+
+    window: Window
+    job: chunker.Job
+    plan: Plan
+    abandoned: bool = False
+
+
+def _no_old_key(before: bytes) -> bytes | None:
+    return None
+
+
+def _raise(exc: BaseException) -> bool:
+    raise exc
 
 
 class Candidates:
@@ -132,7 +160,11 @@ class Backfiller:
         self.backfills: dict[int, Backfill] = {}  # unfinished, in the order asked
         self.plans: dict[int, Plan] = {}
         self.candidates: dict[int, Candidates] = {}
-        self.flight: Window | None = None  # the chunk read and waiting for its high watermark
+        self.reader = chunker.Reader(dsn)
+        self.flights: dict[str, Flight] = {}  # chunks read or being read, waiting for their high watermark, in order
+        self.job: Flight | None = None  # the one the reader is reading
+        self.ahead: tuple[int, chunker.Bound | None, bool] | None = None  # (backfill, next chunk's start, all read)
+        self.old_key: KeyOf = _no_old_key
         self.watching: Table | None = None
         self.recent = Recent()
         self.gone: set[bytes] = set()  # keys of the watched table the stream deleted (their tombstone is written)
@@ -141,7 +173,7 @@ class Backfiller:
         self.last_end = 0
         self.ignored: set[Table] = set()  # relations seen that are not captured
         self.failures: dict[int, int] = {}  # reads refused in a row, per backfill
-        self.session, self.flights = secrets.token_hex(6), 0
+        self.session, self.tokens = secrets.token_hex(6), 0
         self.signal_at = (0, -1)
         self.applied = state.signal_position()
         self.polled = self.logged = time.monotonic()
@@ -151,6 +183,7 @@ class Backfiller:
     def close(self) -> None:
         for candidates in self.candidates.values():
             candidates.stop.set()
+        self.reader.close()
         if self._conn is not None:
             self._conn.close()
         self.mailbox.close()
@@ -252,50 +285,58 @@ class Backfiller:
         say("signal %s (%s): %s", values.get("id"), kind, outcome)
 
     def commit(self, changes: TxBuffer, xid: int, marks: list[bytes], commit: Commit) -> None:
-        table, flight = self.watching, self.flight
-        window = flight if flight is not None and flight.opened else None
-        touched = False
+        table, touch = self.watching, None
         if table is not None:
             schema, name = table
             for c in changes:
                 if c.table == name and c.schema == schema:
-                    touched = True
-                    if window is not None:
-                        window.see(c.op, c.key, c.before, self._old_key)
+                    touch = touch or Touch()
+                    touch.add(c.op, c.key, c.before, self.ident, self.framed, self.old_key)
                     if c.op == "DELETE" and c.key is not None:
                         self.gone.add(self.ident(c.key))
-        self.recent.commit(xid, touched)
+        if touch is not None:
+            for flight in self.flights.values():
+                if flight.window.opened:
+                    flight.window.touch.merge(touch)
+        self.recent.commit(xid, touch)
         for mark in marks:
             self._watermark(mark, commit, xid)
 
-    def _old_key(self, before: bytes) -> bytes | None:
-        plan = self.plans.get(self.flight.backfill) if self.flight is not None else None
-        return plan.old_key(before) if plan is not None else None
-
     def _watermark(self, content: bytes, commit: Commit, xid: int) -> None:
         found = chunker.parse_watermark(content)
-        flight = self.flight
-        if found is None or flight is None or found[1] != flight.token:
+        flight = self.flights.get(found[1]) if found is not None else None
+        if found is None or flight is None:
             return  # another session's, or a chunk abandoned
         if found[0] == "low":
-            flight.opened, flight.low_seq = True, self.recent.seq
-        elif flight.opened:
-            self.flight = None
-            self._close(flight, commit, xid)
+            flight.window.opened, flight.window.low_seq = True, self.recent.seq
+            return
+        del self.flights[flight.window.token]  # written after the read handed its rows over (``Job.ready``)
+        if flight is self.job:  # the reader wrote it last: its job ends now; the next read starts before this sends
+            flight.job.ended.wait(JOB_END_WAIT)
+            self.step()
+        if not (flight.window.opened and flight.job.ready and self._close(flight, commit, xid)):
+            self._abandon(flight.window.backfill)
 
-    def _close(self, window: Window, commit: Commit, xid: int) -> None:
-        """The high watermark of ``window`` came through: send what is left of it, before what follows."""
+    def _close(self, flight: Flight, commit: Commit, xid: int) -> bool:
+        """The high watermark of ``flight`` came through: send what is left of its chunk, before what follows
+        (False: nothing sent — the chunks after it must be read again, from the backfill's cursor)."""
+        window, job = flight.window, flight.job
         backfill = self.backfills.get(window.backfill)
-        plan = self.plans.get(window.backfill)
-        if backfill is None or plan is None or backfill.status not in ("running", "paused"):
-            return
-        if window.snapshot is not None and suspect(self.recent, window.low_seq, window.snapshot):
-            log.info("backfill #%d: a change the chunk's read could not see yet came through before its low"
-                     " watermark: reading the chunk again", backfill.id)  # fmt: skip
-            return
+        if backfill is None or backfill.status not in ("running", "paused"):
+            return False
+        assert job.snapshot is not None
+        late = suspects(self.recent, window.low_seq, job.snapshot)
+        if any(touch.unkeyed for touch in late):
+            log.info("backfill #%d: a change to a row without key the chunk's read could not see yet came through"
+                     " before its low watermark: reading the chunk again", backfill.id)  # fmt: skip
+            return False
+        for touch in late:
+            window.touch.merge(touch)
+        self.recent.prune(window.low_seq, job.snapshot)
         self.failures.pop(backfill.id, None)
+        self._fill(window, job.result)
         rows = window.result()
-        sent = self.sink.emit_chunk(window.op, plan.reading.encoder.table, rows, commit.commit_lsn, xid,
+        sent = self.sink.emit_chunk(window.op, flight.plan.reading.encoder.table, rows, commit.commit_lsn, xid,
                                     commit.commit_time, backfill.id)  # fmt: skip
         if window.op == "READ":
             self._remember(backfill, window, rows, commit.commit_lsn)
@@ -308,6 +349,25 @@ class Backfiller:
             self.candidates[backfill.id].done += window.read_keys
         self.last_end = commit.end_lsn
         self.pending.append((self.last_end, dataclasses.replace(backfill)))
+        return True
+
+    @staticmethod
+    def _fill(window: Window, result: Any) -> None:
+        """A job's result into its window: a chunk, or the keys a retraction found missing."""
+        if isinstance(result, chunker.Chunk):
+            window.fill(result.rows)
+            window.upper, window.last, window.large = result.upper, result.last, result.large
+        else:
+            window.fill((key, None) for key in result)
+
+    def _abandon(self, backfill: int) -> None:
+        """Drop the chunks of ``backfill`` in flight: the next is read from its cursor (the last chunk sent)."""
+        for token in [t for t, f in self.flights.items() if f.window.backfill == backfill]:
+            self.flights.pop(token).abandoned = True
+        if self.job is not None and self.job.window.backfill == backfill:
+            self.job.abandoned = True
+        if self.ahead is not None and self.ahead[0] == backfill:
+            self.ahead = None
 
     def _remember(self, backfill: Backfill, window: Window, rows: list[tuple[bytes | None, bytes | None]],
                   lsn: int) -> None:  # fmt: skip
@@ -320,15 +380,45 @@ class Backfiller:
                 self.state.remember(backfill.table, key, column, lsn, text)
 
     # ---- chunks ----------------------------------------------------------------------------
+    def waker(self) -> int:
+        return self.reader.wake
+
     def step(self) -> bool:
-        if self.flight is not None:
-            return False
-        backfill = self._current()
+        took = self._take()
+        if self.job is not None or len(self.flights) >= AHEAD:
+            return took
+        backfill = self._next()
         if backfill is None:
-            self.streamer.watch = self.watching = None
+            if not self.flights:
+                self.streamer.watch = self.watching = None
+            return took
+        return self._guarded(backfill, lambda: self._advance(backfill)) or took
+
+    def _take(self) -> bool:
+        """The reader's job, once it ended: where the next chunk starts, or its error handled (True if one
+        ended)."""
+        self.reader.drain()
+        flight = self.job
+        if flight is None or not flight.job.done:
             return False
+        self.job = None
+        window, job = flight.window, flight.job
+        backfill = self.backfills.get(window.backfill)
+        if flight.abandoned or backfill is None:
+            return True  # its result is not wanted any more (its high watermark, if written, is ignored)
+        if job.error is not None:
+            error = job.error
+            self._abandon(backfill.id)
+            self._guarded(backfill, lambda: _raise(error))
+        elif isinstance(job.result, chunker.Chunk):
+            self.ahead = (backfill.id, job.result.upper, job.result.last)
+        return True
+
+    def _guarded(self, backfill: Backfill, work: Callable[[], bool]) -> bool:
+        """``work`` for ``backfill``, with what its reads may raise handled (a lost connection ends the
+        session); True unless ``work`` said there was nothing to do."""
         try:
-            return self._advance(backfill)
+            return work()
         except chunker.ShapeChanged:
             log.info("backfill #%d: the columns of %s changed: registering its new shape", backfill.id, backfill.table)
             self.plans.pop(backfill.id, None)
@@ -339,6 +429,13 @@ class Backfiller:
                 raise
             self._failed_read(backfill, exc)
         return True
+
+    def _next(self) -> Backfill | None:
+        """The backfill to read for: the one whose chunks are in flight while it runs, else ``_current``."""
+        if self.flights:
+            owner = self.backfills.get(next(iter(self.flights.values())).window.backfill)
+            return owner if owner is not None and owner.status == "running" else None
+        return self._current()
 
     def _failed_read(self, backfill: Backfill, exc: psycopg2.Error) -> None:
         """A read PostgreSQL refused: once, with the table's shape and types read again (a DDL may have raced
@@ -367,6 +464,7 @@ class Backfiller:
         ks = plan.reading.ks
         backfill.estimate = chunker.validate(self.conn, ks.table, backfill.predicate)
         backfill.upto = chunker.last_bound(self.conn, ks, backfill.predicate)
+        self.sink.prepare_chunks()
         backfill.status, backfill.started_at = "running", time.time()
         backfill.phase = "chunks" if backfill.upto is not None else "retract"
         with self.state.db:
@@ -376,11 +474,18 @@ class Backfiller:
                  backfill.origin, backfill.estimate, self.cfg.backfill_chunk_rows, key)  # fmt: skip
 
     def _advance(self, backfill: Backfill) -> bool:
-        """Read the next chunk (or retraction batch) of ``backfill``; False if it waits for the raw topic."""
+        """Hand the reader the next chunk (or retraction batch) of ``backfill``; False if there is none to read
+        now (every chunk read and in flight, or the raw topic's keys still being read)."""
         plan = self._ready(backfill)
         if backfill.phase == "chunks":
-            self.flight = self._read_chunk(backfill, plan)
+            if self.ahead is None or self.ahead[0] != backfill.id:
+                self.ahead = (backfill.id, backfill.cursor, False)
+            if self.ahead[2]:
+                return False
+            self._read_chunk(backfill, plan, self.ahead[1])
             return True
+        if self.flights:
+            return False
         candidates = self._candidates(backfill)
         batch = candidates.batch(lambda key: plan.ident(key) in self.gone)
         if batch is None:
@@ -390,8 +495,7 @@ class Backfiller:
         elif not batch[1]:
             candidates.done += batch[0]
         else:
-            self.flight = self._read_missing(backfill, plan, batch[1])
-            self.flight.read_keys = batch[0]
+            self._read_missing(backfill, plan, batch[1]).read_keys = batch[0]
         return True
 
     def _ready(self, backfill: Backfill) -> Plan:
@@ -400,7 +504,7 @@ class Backfiller:
         self._candidates(backfill)
         if self.watching != backfill.qualified:
             self.watching, self.recent, self.gone = backfill.qualified, Recent(), set()
-        self.ident = plan.ident
+        self.ident, self.old_key = plan.ident, plan.old_key
         self.streamer.watch = self
         if not backfill.since[0]:
             backfill.begin()
@@ -420,31 +524,29 @@ class Backfiller:
         if found is not None:
             found.stop.set()
 
-    def _token(self) -> str:
-        self.flights += 1
-        return f"{self.session}:{self.flights}"
-
-    def _read_chunk(self, backfill: Backfill, plan: Plan) -> Window:
-        assert backfill.upto is not None
-        token = self._token()
-        chunker.watermark(self.conn, "low", token)
-        ref = plan.reading.ks.table
-        chunk = plan.reading.chunk(self.conn, backfill.predicate, backfill.cursor, backfill.upto,
-                                   lambda: catalog.table_schema(self.conn, self.types, self.cfg.topic_prefix, ref))
-        chunker.watermark(self.conn, "high", token)
-        window = Window(backfill.id, backfill.qualified, token, "READ", chunk.rows, plan.ident, framed=self.framed)
-        window.snapshot, window.upper, window.last, window.large = chunk.snapshot, chunk.upper, chunk.last, chunk.large
+    def _submit(self, backfill: Backfill, plan: Plan, op: str, read: Callable[[catalog.Connection, TypeCache], Any]
+                ) -> Window:  # fmt: skip
+        """A read between watermarks for the reader; its window sees the stream from its low watermark on."""
+        self.tokens += 1
+        token = f"{self.session}:{self.tokens}"
+        window = Window(backfill.id, backfill.qualified, token, op, (), plan.ident, framed=self.framed)
+        flight = self.job = self.flights[token] = Flight(window, chunker.Job(token, read), plan)
+        self.reader.submit(flight.job)
         return window
+
+    def _read_chunk(self, backfill: Backfill, plan: Plan, after: chunker.Bound | None) -> Window:
+        upto, predicate, ref, prefix = backfill.upto, backfill.predicate, plan.reading.ks.table, self.cfg.topic_prefix
+        assert upto is not None
+
+        def read(conn: catalog.Connection, types: TypeCache) -> chunker.Chunk:
+            shape = lambda: catalog.table_schema(conn, types, prefix, ref)  # noqa: E731 - read in the chunk's transaction
+            return plan.reading.read(conn, predicate, after, upto, shape)
+
+        return self._submit(backfill, plan, "READ", read)
 
     def _read_missing(self, backfill: Backfill, plan: Plan, keys: list[bytes]) -> Window:
-        token = self._token()
-        chunker.watermark(self.conn, "low", token)
-        gone, snapshot = chunker.missing(self.conn, plan.reading.encoder.table, keys, plan.decode)
-        chunker.watermark(self.conn, "high", token)
-        window = Window(backfill.id, backfill.qualified, token, "DELETE", [(k, None) for k in gone], plan.ident,
-                        framed=self.framed)
-        window.snapshot = snapshot
-        return window
+        shape = plan.reading.encoder.table
+        return self._submit(backfill, plan, "DELETE", lambda conn, _: chunker.missing(conn, shape, keys, plan.decode))
 
     def _plan(self, backfill: Backfill) -> Plan:
         found = self.plans.get(backfill.id)
@@ -486,8 +588,7 @@ class Backfiller:
         self.backfills.pop(backfill.id, None)
         self.plans.pop(backfill.id, None)
         self._stop_reading(backfill.id)
-        if self.flight is not None and self.flight.backfill == backfill.id:
-            self.flight = None
+        self._abandon(backfill.id)
         if status == "done":
             self.pending.append((self.last_end, dataclasses.replace(backfill)))
             elapsed = backfill.finished_at - (backfill.started_at or backfill.finished_at)
@@ -581,8 +682,7 @@ class Backfiller:
         self.backfills.pop(backfill.id, None)
         self.plans.pop(backfill.id, None)
         self._stop_reading(backfill.id)
-        if self.flight is not None and self.flight.backfill == backfill.id:
-            self.flight = None
+        self._abandon(backfill.id)
         return True
 
     def _snapshot(self, request: Request, origin: str) -> str:

@@ -121,6 +121,11 @@ class ChangeSink:
         self.producer.mark(self._snapshot_lsn)
 
     # ---- backfills ------------------------------------------------------------------------
+    def prepare_chunks(self) -> None:
+        """A backfill starts: its chunks' producer connects now (``emit_chunk``), not at its first chunk."""
+        if isinstance(self.writer, ChangeWriter):
+            self.producer.chunk_sender()
+
     def emit_chunk(self, op: str, table: TableSchema, rows: list[tuple[bytes | None, bytes | None]],
                    commit_lsn: int, xid: int, pg_time: int, backfill: int) -> int:  # fmt: skip
         """One chunk of a backfill as one transaction at its high watermark's commit: READ rows (or, for a
@@ -129,7 +134,11 @@ class ChangeSink:
             return 0
         transaction = self.writer.transaction(commit_lsn, xid, pg_time + UNIX_FROM_PG_MICROS)
         t = table
-        self.producer.send_all(self.writer.chunk(op, t.schema, t.name, t.topic, transaction, rows, backfill))
+        if isinstance(self.writer, ChangeWriter) and (sender := self.producer.chunk_sender()) is not None:
+            parts = self.writer.chunk_parts(op, t.schema, t.name, t.topic, transaction, rows, backfill)
+            self.producer.send_chunk(sender, *parts)
+        else:
+            self.producer.send_all(self.writer.chunk(op, t.schema, t.name, t.topic, transaction, rows, backfill))
         self.events += len(rows)
         return len(rows)
 

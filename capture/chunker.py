@@ -1,9 +1,12 @@
 """A backfill's reads: watermarks, chunks by key, retraction checks (the SQL side of ``capture.backfill``).
 
 Promise: only what capture's role may do — SELECT on the table, the catalog, and
-``pg_logical_emit_message`` for the watermarks. A chunk is read in one read-only
-REPEATABLE READ transaction that starts after its low watermark committed and ends before
-its high watermark is written: ``pg_current_snapshot()`` (what the read could see), the
+``pg_logical_emit_message`` for the watermarks. The ``Reader`` reads in a thread of its own,
+on a connection of its own, one ``Job`` at a time, in three round trips: the low watermark
+and the read's transaction (read-only REPEATABLE READ, after the low watermark committed)
+with ``pg_current_snapshot()`` (what the read could see); the read; the end of the
+transaction and the high watermark. A chunk's read is the table's shape (checked against
+the encoder's), the
 key that closes the chunk (``backfill_chunk_rows`` rows after the previous chunk, by the
 table's key in its index's order — composite keys compared as rows, so the index is used),
 then the rows with ``COPY``: through the compiled ``Copier`` in its rows mode on the fast
@@ -19,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import queue
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg2
@@ -29,7 +35,7 @@ from psycopg2 import sql
 from capture import retract
 from capture._copier import Copier
 from capture.backfill import WATERMARK_PREFIX, Row, SignalError, Snapshot
-from capture.catalog import Connection, TableRef, connection_lost
+from capture.catalog import Connection, TableRef, TypeCache, connect, connection_lost
 from capture.encoder import RowEncoder
 from capture.snapshot import _Lines, general_path
 from capture.transcoder import CopierSpec
@@ -153,8 +159,40 @@ def last_bound(conn: Connection, ks: Keyset, predicate: str | None) -> Bound | N
 
 def watermark(conn: Connection, kind: str, token: str) -> None:
     """Write the low or high watermark of chunk ``token`` into the WAL (its own transaction)."""
-    payload = json.dumps({"w": kind, "t": token})
-    _execute(conn, sql.SQL("SELECT pg_logical_emit_message(true, %s, %s)"), (WATERMARK_PREFIX, payload))
+    _execute(conn, sql.SQL("SELECT pg_logical_emit_message(true, %s, %s)"), (WATERMARK_PREFIX, _mark(kind, token)))
+
+
+def _mark(kind: str, token: str) -> str:
+    return json.dumps({"w": kind, "t": token})
+
+
+# The low watermark, then the read's transaction and what it can see, in one round trip. The low watermark's
+# commit does not wait for its WAL flush (the high watermark's, later in the WAL, flushes it): the read only
+# has to start after it, and PostgreSQL sends neither before both are on disk.
+OPEN_SQL = """
+BEGIN; SET LOCAL synchronous_commit TO off; SELECT pg_logical_emit_message(true, %s, %s); COMMIT;
+BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_current_snapshot()::text
+"""
+CLOSE_SQL = "COMMIT; SELECT pg_logical_emit_message(true, %s, %s)"  # the read ends, then the high watermark
+
+
+def open_read(conn: Connection, token: str) -> Snapshot:
+    """The low watermark of ``token``, then a read-only REPEATABLE READ transaction: what it can see."""
+    try:
+        found = _execute(conn, sql.SQL(OPEN_SQL), (WATERMARK_PREFIX, _mark("low", token)))
+        return Snapshot.parse(found[0][0])
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def close_read(conn: Connection, token: str) -> None:
+    """The read's transaction ends, then the high watermark of ``token`` is written (and flushed)."""
+    try:
+        _execute(conn, sql.SQL(CLOSE_SQL), (WATERMARK_PREFIX, _mark("high", token)))
+    except BaseException:
+        _rollback(conn)
+        raise
 
 
 def parse_watermark(content: bytes) -> tuple[str, str] | None:
@@ -173,13 +211,12 @@ class ShapeChanged(Exception):
 @dataclass
 class Chunk:
     """One chunk as read: its rows, their TOASTable values, where the next chunk starts, whether it is the
-    last one, and what the read could see."""
+    last one."""
 
     rows: list[Row]
     large: Large
     upper: Bound | None
     last: bool
-    snapshot: Snapshot
 
 
 class Reading:
@@ -189,20 +226,15 @@ class Reading:
                  decode: retract.KeyDecoder) -> None:  # fmt: skip
         self.ks, self.encoder, self.spec, self.size, self.decode = ks, encoder, spec, size, decode
 
-    def chunk(self, conn: Connection, predicate: str | None, after: Bound | None, upto: Bound,
-              shape: Callable[[], TableSchema]) -> Chunk:  # fmt: skip
-        """The next chunk after ``after`` (None: the first), never past ``upto``, in one transaction;
-        ``ShapeChanged`` if the table's shape (``shape()``, read in it) is no longer the encoder's."""
-        snapshot = _begin(conn)
-        try:
-            if shape() != self.encoder.table:
-                raise ShapeChanged(self.ks.table.qualified)
-            rows, large, upper = self._read(conn, predicate, after, upto)
-            _execute(conn, sql.SQL("COMMIT"))
-        except BaseException:
-            _rollback(conn)
-            raise
-        return Chunk(rows, large, upper or upto, upper is None or upper == upto, snapshot)
+    def read(self, conn: Connection, predicate: str | None, after: Bound | None, upto: Bound,
+             shape: Callable[[], TableSchema]) -> Chunk:  # fmt: skip
+        """The next chunk after ``after`` (None: the first), never past ``upto``, inside the caller's read
+        transaction (``open_read``); ``ShapeChanged`` if the table's shape (``shape()``, read in it) is no
+        longer the encoder's."""
+        if shape() != self.encoder.table:
+            raise ShapeChanged(self.ks.table.qualified)
+        rows, large, upper = self._read(conn, predicate, after, upto)
+        return Chunk(rows, large, upper or upto, upper is None or upper == upto)
 
     def _read(self, conn: Connection, predicate: str | None, after: Bound | None,
               upto: Bound) -> tuple[list[Row], Large, Bound | None]:  # fmt: skip
@@ -271,29 +303,103 @@ def _general_row(general: Callable[[bytes], tuple[bytes, bytes | None, list[tupl
         large.extend((body(key), i, text) for i, text in big)
 
 
-def _begin(conn: Connection) -> Snapshot:
-    _execute(conn, sql.SQL("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"))
-    try:
-        return Snapshot.parse(_execute(conn, sql.SQL("SELECT pg_current_snapshot()::text"))[0][0])
-    except BaseException:
-        _rollback(conn)
-        raise
-
-
 def _rollback(conn: Connection) -> None:
     if not conn.closed:
         with contextlib.suppress(psycopg2.Error):
             _execute(conn, sql.SQL("ROLLBACK"))
 
 
-def missing(conn: Connection, shape: TableSchema, keys: Sequence[bytes], decode: retract.KeyDecoder
-            ) -> tuple[list[bytes], Snapshot]:  # fmt: skip
-    """Which of ``keys`` the table does not hold, asked in one read-only transaction (``retract.missing``)."""
-    snapshot = _begin(conn)
-    try:
-        gone = retract.missing(conn, shape, keys, decode)
-        _execute(conn, sql.SQL("COMMIT"))
-    except BaseException:
-        _rollback(conn)
-        raise
-    return gone, snapshot
+# ---- the reader's thread ------------------------------------------------------------------
+@dataclass
+class Job:
+    """One read between watermarks for the ``Reader``'s thread: ``read(conn, types)`` runs inside the read
+    transaction. Its ``result`` and ``snapshot`` are in place (``ready``) before the high watermark is
+    written, so the stream finds them when the watermark comes through. ``done`` once the job ended;
+    ``error`` is what it raised (no high watermark then)."""
+
+    token: str
+    read: Callable[[Connection, TypeCache], Any]
+    result: Any = None
+    snapshot: Snapshot | None = None
+    ready: bool = False
+    error: Exception | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.ended.is_set()
+
+
+class Reader:
+    """A backfill's reads in a thread of their own, on a connection of their own (autocommit), one job at a
+    time, while the stream goes on in capture's thread: the low watermark, the read, the high watermark.
+    ``wake`` is a file descriptor that becomes readable when a job ends (the stream waits on it too)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.wake, self._wake = os.pipe()
+        os.set_blocking(self.wake, False)
+        self.conn: Connection | None = None
+        self.thread = threading.Thread(target=self._run, name="backfill-reader", daemon=True)
+
+    def submit(self, job: Job) -> None:
+        if not self.thread.is_alive() and self.thread.ident is None:
+            self.thread.start()
+        self.jobs.put(job)
+
+    def drain(self) -> None:
+        """Empty ``wake`` (the caller looks at its job next)."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake, 4096):
+                pass
+
+    def close(self) -> None:
+        """Stop the thread (a read under way is cancelled) and close its connection."""
+        self.jobs.put(None)
+        if self.thread.ident is not None:
+            conn = self.conn
+            if conn is not None and not conn.closed:
+                with contextlib.suppress(psycopg2.Error):
+                    conn.cancel()
+            self.thread.join(timeout=10)
+        if not self.thread.is_alive():  # else it may still write to the pipe: left open
+            os.close(self.wake)
+            os.close(self._wake)
+
+    def _run(self) -> None:
+        types: TypeCache | None = None
+        while (job := self.jobs.get()) is not None:
+            try:
+                if self.conn is None or self.conn.closed or types is None:
+                    types = TypeCache(self._connect())
+                self._do(types.conn, types, job)
+            except Exception as exc:
+                job.error, types = exc, None  # the types are read again: a DDL may have raced the read
+            finally:
+                job.ended.set()
+                os.write(self._wake, b"x")
+        if self.conn is not None:
+            self.conn.close()
+
+    def _connect(self) -> Connection:
+        if self.conn is None or self.conn.closed:
+            self.conn = connect(self.dsn)
+            self.conn.autocommit = True
+        return self.conn
+
+    @staticmethod
+    def _do(conn: Connection, types: TypeCache, job: Job) -> None:
+        job.snapshot = open_read(conn, job.token)
+        try:
+            job.result = job.read(conn, types)
+        except BaseException:
+            _rollback(conn)
+            raise
+        job.ready = True
+        close_read(conn, job.token)
+
+
+def missing(conn: Connection, shape: TableSchema, keys: Sequence[bytes], decode: retract.KeyDecoder) -> list[bytes]:
+    """Which of ``keys`` the table does not hold, inside the caller's read transaction (``retract.missing``)."""
+    return retract.missing(conn, shape, keys, decode)

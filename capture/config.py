@@ -67,7 +67,7 @@ class CaptureConfig:
     snapshot_workers: int = setting(2, "worker processes copying tables in parallel during the snapshot")
     snapshot_chunk_pages: int = setting(2000, "heap pages per snapshot chunk (big tables are split)")
     max_tx_memory: int = setting(64 * 1024 * 1024, "bytes of a transaction kept in memory before spilling to disk")
-    backfill_chunk_rows: int = setting(4096, "rows per chunk of a backfill (incremental snapshot)")
+    backfill_chunk_rows: int = setting(16384, "rows per chunk of a backfill (incremental snapshot)")
     signal_table: str = setting("", "schema.table whose INSERTs are backfill signals (empty: none; see README)")
     state_dir: Path = setting(
         Path(".headwater/capture"), "checkpoint, TOAST cache, spills (default: <data_dir>/capture)"

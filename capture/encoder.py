@@ -40,6 +40,7 @@ from tables.wire import frame
 
 Text = str | None
 Image = tuple[bytes | None, bytes | None]  # (key, after) of a backfill's row
+ChunkParts = tuple[bytes, bytes, bytes, list[Image], bytes, bool]  # key, head, size, rows, tail, nested
 FIXED_SIZE = frozenset({int, float, parse_bool, parse_date, parse_time, parse_timestamp, parse_money, parse_interval})
 
 
@@ -222,10 +223,17 @@ class ChangeWriter:
               backfill: int) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
         """(Kafka key, value) of a backfill chunk's changes (``rows``: key and after images), positions from 0:
         what ``records`` writes for them, by the compiled ``envelopes``."""
+        kafka_key, head, size, rows, tail, nested = self.chunk_parts(op, schema, table, topic, transaction, rows,
+                                                                     backfill)  # fmt: skip
+        return zip(repeat(kafka_key), envelopes(head, size, rows, tail, nested))
+
+    def chunk_parts(self, op: str, schema: str, table: str, topic: str, transaction: bytes, rows: list[Image],
+                    backfill: int) -> ChunkParts:  # fmt: skip
+        """(Kafka key, head, size, rows, tail, nested) of a backfill chunk's changes, counted: what ``envelopes``
+        (or ``send_envelopes``) writes ``chunk``'s values from."""
         kafka_key, head, count = self._head(op, schema, table, topic)
         count[0] += len(rows)
-        values = envelopes(head + transaction, self.size(len(rows)), rows, backfill_tail(backfill))
-        return zip(repeat(kafka_key), values)
+        return kafka_key, head + transaction, self.size(len(rows)), rows, backfill_tail(backfill), False
 
 
 class Shape(NamedTuple):
@@ -306,14 +314,13 @@ class NestedChangeWriter(ChangeWriter):
             found[2][0] += 1
             yield found[0], b"".join(_nested(shape, found[1], transaction, position, size, key, before, after, tail))
 
-    def chunk(self, op: str, schema: str, table: str, topic: str, transaction: bytes, rows: list[Image],
-              backfill: int) -> Iterator[tuple[bytes, bytes]]:  # fmt: skip
+    def chunk_parts(self, op: str, schema: str, table: str, topic: str, transaction: bytes, rows: list[Image],
+                    backfill: int) -> ChunkParts:  # fmt: skip
         key, after = rows[0] if rows else (None, None)
         shape = self.shape(schema, table, key, None, after)
         kafka_key, head, count = self._head(op, schema, table, topic, shape.prefix)
         count[0] += len(rows)
-        values = envelopes(head + transaction, self.size(len(rows)), rows, backfill_tail(backfill), True)
-        return zip(repeat(kafka_key), values)
+        return kafka_key, head + transaction, self.size(len(rows)), rows, backfill_tail(backfill), True
 
 
 def _nested(shape: Shape, head: bytes, transaction: bytes, position: int, size: bytes, key: bytes | None,

@@ -9,6 +9,10 @@ raised as ``BrokerError`` by the next call, so nothing after it is confirmed.
 librdkafka's statistics; or messages waiting with no acknowledgement for ``STALL_AFTER``
 seconds), and ``on_wait`` is called about once a second while a send waits for room in
 the full local queue — so capture watches Kafka even while it cannot hand it anything.
+``send_chunk`` sends a backfill's chunk through a second producer driven from C
+(``capture._copier.Sender``, no Python per message) without breaking the order: what was
+sent before is acknowledged first, and the chunk is acknowledged before anything after it
+is sent.
 librdkafka's own lines, of every client here (``SnapshotSender`` included), go to the
 ``tables.logs.KAFKA_LOGGER`` logger, where its connection noise is gated.
 """
@@ -28,7 +32,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from capture._copier import Sender
+from capture._copier import Sender, send_envelopes
 from capture.config import CaptureConfig
 from capture.errors import BrokerError, SourceError, TopicLostError
 from tables.errors import FatalError
@@ -40,6 +44,7 @@ log = logging.getLogger("headwater.capture")
 kafka_log = logging.getLogger(KAFKA_LOGGER)
 STALL_AFTER = 2.0  # seconds messages may wait with no acknowledgement before Kafka counts as not answering
 WAIT_REPORT = 1.0  # seconds between calls of ``on_wait`` while a send waits for room
+CHUNK_SLICE = 10_000  # a backfill chunk's messages handed to its sender at once (room for them awaited first)
 
 DEFAULTS = {
     "enable.idempotence": True,
@@ -180,6 +185,8 @@ class ChangeProducer:
 
     def __init__(self, cfg: CaptureConfig) -> None:
         self.topic = cfg.changes_topic
+        self.cfg = cfg
+        self.chunks: Sender | None = None  # a backfill's chunks' own producer, made at the first chunk
         settings = producer_settings(cfg)
         self.producer = Producer(
             {
@@ -290,6 +297,8 @@ class ChangeProducer:
 
     def abandon(self) -> None:
         """End of a session: drop what is still queued (the next session resends it from the slot)."""
+        if self.chunks is not None:
+            self.chunks.close()
         try:
             self.producer.purge(in_queue=True, in_flight=False, blocking=False)
             self.producer.poll(0)
@@ -319,6 +328,40 @@ class ChangeProducer:
             if err.code() != KafkaError._QUEUE_FULL:
                 raise BrokerError(f"cannot send to {self.topic}: {err}")
             self.send(message["key"], message["value"])
+
+    def chunk_sender(self) -> Sender | None:
+        """The chunks' producer (``send_chunk``), or None when confluent-kafka's librdkafka cannot be found."""
+        if self.chunks is None:
+            library = librdkafka_library()
+            if library is None:
+                return None
+            self.chunks = Sender(library, librdkafka_settings(self.cfg), self.topic, BrokerError, librdkafka_line)
+            self.chunks.open()  # the topic exists (the stream writes it): connected before the first chunk
+        return self.chunks
+
+    def send_chunk(self, sender: Sender, kafka_key: bytes, head: bytes, size: bytes,
+                   rows: list[tuple[bytes | None, bytes | None]], tail: bytes, nested: bool) -> None:  # fmt: skip
+        """A backfill chunk's changes (``capture._copier.send_envelopes``), after everything sent before and before
+        anything sent after: what was sent is acknowledged first, then the chunk goes through ``sender`` (C, no
+        Python per message) and is acknowledged before this returns. The stream waits meanwhile; ``on_wait``
+        hears about Kafka every second."""
+        timeout = float(producer_settings(self.cfg).get("message.timeout.ms", 300000)) / 1000
+        self.flush(timeout)
+        told = time.monotonic()
+        for first in range(0, len(rows), CHUNK_SLICE):
+            while len(sender) + CHUNK_SLICE > self.queue_max and not sender.failure:
+                sender.poll(0.05)
+                told = self._waiting(told)
+            send_envelopes(sender, kafka_key, head, size, rows[first : first + CHUNK_SLICE], tail, first, nested)
+        start = time.monotonic()
+        while (remaining := sender.flush(WAIT_REPORT)) and not sender.failure and time.monotonic() - start < timeout:
+            told = self._waiting(told)
+        if sender.failure:
+            self.delivery_errors += sender.errors
+            raise failed(BrokerError(f"a backfill chunk: {sender.failure}", hint="capture resumes from the last"
+                                     " confirmed commit, the backfill from its last chunk"), sender.errors)  # fmt: skip
+        if remaining:
+            raise BrokerError(f"{remaining} messages of a backfill chunk not acknowledged after {timeout:.0f} s")
 
     def _produce_when_room(self, key: bytes, value: bytes, pending: int) -> None:
         """The local queue is full: serve deliveries until the message fits (``pending``: messages the

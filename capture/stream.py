@@ -14,7 +14,8 @@ one attribute test per commit.
 ``Loop`` is the thin loop around it: read, handle, and every status interval
 checkpoint and confirm the newest commit Kafka acknowledged, plus heartbeats; every second
 (and while a send waits on a full producer queue) it tells ``capture.metrics`` about Kafka;
-when the stream has nothing to read (or every 1000 messages) it lets a backfill read its next chunk.
+when the stream has nothing to read (or every 1000 messages) it lets a backfill hand its reader the next chunk
+(a thread of the backfill's, which wakes the loop when it is done).
 
 Which LSNs the slot is told (the checkpoint contract): the end LSN of a commit once
 Kafka acknowledged every message up to it (a heartbeat's empty transaction too), and,
@@ -80,7 +81,12 @@ class BackfillHooks(Protocol):
         """A commit (while a backfill runs), before its changes are sent, with its watermark messages."""
 
     def step(self) -> bool:
-        """The stream has a moment: read a backfill's next chunk if one is due (True if it did)."""
+        """The stream has a moment: hand a backfill's next chunk to its reader if one is due, take what the
+        reader finished (True if it did either)."""
+
+    def waker(self) -> int:
+        """A file descriptor that becomes readable when the backfills' reader finished a read (the stream's
+        wait ends then, so the next chunk is handed over at once)."""
 
     def housekeeping(self, acked_lsn: int | None) -> None:
         """Every status interval: requests, new tables, progress, and what Kafka acknowledged."""
@@ -417,15 +423,19 @@ class Loop:
                     continue
                 self.backfill_step()
             elif not self.backfill_step():
-                select.select([self.repl], [], [], 0.2)
+                select.select([self.repl.fileno(), *self.wakers()], [], [], 0.2)
             self.housekeeping(cur)
         self.producer.flush()
         self.housekeeping(cur, force=True)
 
     def backfill_step(self) -> bool:
-        """A backfill's next chunk, when one is due (True if one was read)."""
+        """A backfill's next chunk, when one is due (True if one was handed over or taken)."""
         backfills = self.streamer.backfills
         return backfills is not None and backfills.step()
+
+    def wakers(self) -> list[int]:
+        backfills = self.streamer.backfills
+        return [backfills.waker()] if backfills is not None else []
 
     def housekeeping(self, cur: Any, force: bool = False) -> None:
         now = time.monotonic()

@@ -13,12 +13,13 @@ from capture.backfill import (
     Request,
     SignalError,
     Snapshot,
+    Touch,
     Window,
     check_predicate,
     follows_or_equals,
     parse_signal,
     qualify,
-    suspect,
+    suspects,
 )
 from tables.wire import body
 
@@ -65,10 +66,18 @@ def test_in_the_json_format_an_old_row_is_always_read_for_its_key() -> None:
 
 
 def test_a_truncate_in_the_window_drops_every_row() -> None:
-    w = window(1, 2)
-    w.unkeyed.append((None, b"unkeyed"))
+    w = Window(1, T, "s:1", "READ", [(key(1), b"row1"), (None, b"unkeyed"), (key(2), b"row2")], body)
     w.see("TRUNCATE", None, None, no_old_key)
     assert w.result() == []
+
+
+def test_the_stream_may_change_keys_before_the_chunk_is_read() -> None:
+    """A chunk is read while the stream goes on: a change between the watermarks may come through before the
+    read's rows are in the window; it drops them all the same."""
+    w = Window(1, T, "s:4", "READ", (), body)
+    w.see("DELETE", key(2), None, no_old_key)
+    w.fill([(key(1), b"row1"), (key(2), b"row2"), (None, b"unkeyed")])
+    assert w.result() == [(key(1), b"row1"), (None, b"unkeyed")] and w.read == 3
 
 
 def test_rows_without_key_are_kept_as_read() -> None:
@@ -85,19 +94,59 @@ def test_snapshots_read_as_32_bit_xids_and_compare_across_wraparound() -> None:
     assert Snapshot.parse("5:5:") == Snapshot(5, 5, frozenset())
 
 
-def test_a_transaction_streamed_before_the_low_watermark_yet_invisible_to_the_read_makes_it_suspect() -> None:
+def touched(*keys: int) -> Touch:
+    return Touch({body(key(k)) for k in keys})
+
+
+def test_a_transaction_streamed_before_the_low_watermark_yet_invisible_to_the_read_is_a_suspect() -> None:
+    """Its changes are on the topic before the chunk, and the chunk read the rows as they were before it: the
+    keys it changed are dropped from the chunk."""
     recent = Recent(limit=3)
-    for xid, touched in [(90, True), (91, False), (95, True)]:
-        recent.commit(xid, touched)
+    for xid, touch in [(90, touched(1)), (91, None), (95, touched(2, 3))]:
+        recent.commit(xid, touch)
     low = recent.seq + 1  # the low watermark's commit
-    recent.commit(99, False)
-    recent.commit(96, True)  # after the low watermark: the window's own business
-    assert not suspect(recent, low, Snapshot.parse("92:97:96"))
-    assert suspect(recent, low, Snapshot.parse("90:97:95,96"))  # 95 streamed, but the read could not see it
-    assert suspect(recent, low, Snapshot.parse("90:95:96"))  # 95 at or past xmax: not visible either
+    recent.commit(99, None)
+    recent.commit(96, touched(4))  # after the low watermark: the window's own business
+    assert suspects(recent, low, Snapshot.parse("92:97:96")) == []
+    assert suspects(recent, low, Snapshot.parse("90:97:95,96")) == [touched(2, 3)]  # 95 streamed, yet not seen
+    assert suspects(recent, low, Snapshot.parse("90:95:96")) == [touched(2, 3)]  # 95 at or past xmax: not seen
     for xid in range(200, 210):
-        recent.commit(xid, True)
+        recent.commit(xid, touched(xid))
     assert len(recent.xids) == 3 and min(recent.xids) == 207, "only the last few are kept"
+
+
+def test_a_suspects_keys_leave_the_chunk() -> None:
+    w = window(1, 2, 3, 4)
+    w.touch.merge(touched(2))
+    w.touch.merge(Touch())
+    assert [k for k, _ in w.result()] == [key(1), key(3), key(4)]
+    w.touch.merge(Touch(truncated=True))
+    assert w.result() == []
+
+
+def test_a_change_records_its_key_its_old_key_a_truncate_and_rows_without_key() -> None:
+    touch = Touch()
+    touch.add("UPDATE", key(7), key(1), body, True, no_old_key)
+    touch.add("DELETE", key(3, OTHER_FRAME), None, body, True, no_old_key)
+    assert touch == Touch({body(key(7)), body(key(1)), body(key(3))})
+    touch.add("INSERT", None, None, body, True, no_old_key)
+    touch.add("TRUNCATE", None, None, body, True, no_old_key)
+    assert touch.unkeyed and touch.truncated
+
+
+def test_a_chunk_written_forgets_the_commits_before_its_low_watermark_that_its_read_saw() -> None:
+    """Every later read (a newer snapshot) sees them too: they can make no chunk after it suspect. One its read
+    could not see (a commit still waiting, e.g. for a synchronous standby) stays a suspect of the next ones."""
+    recent = Recent()
+    for xid in (89, 90, 91):
+        recent.commit(xid, touched(xid))
+    recent.commit(92, None)  # the chunk's low watermark
+    low = recent.seq
+    recent.commit(93, touched(1))  # inside its window
+    recent.prune(low, Snapshot.parse("89:93:89"))  # its read saw 90 and 91, not 89
+    assert list(recent.xids) == [89, 93]
+    assert suspects(recent, recent.seq + 1, Snapshot.parse("94:94:")) == []
+    assert suspects(recent, recent.seq + 1, Snapshot.parse("89:95:89,93")) == [touched(89), touched(1)]
 
 
 @pytest.mark.parametrize(

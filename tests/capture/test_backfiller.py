@@ -278,13 +278,14 @@ def _chunking(capture: Capture, table: str, rows: int) -> Backfill | None:
 
 
 # ---- tables that join the captured set --------------------------------------------------------
+@pytest.mark.parametrize("images", ["framed", "nested"])
 def test_tables_added_to_the_publication_while_capture_runs_are_backfilled(
-    pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
+    pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker], images: str
 ) -> None:
     """Two tables added to the publication of a running capture: one written to meanwhile (capture sees it in
     the stream), one left quiet (capture finds it in the publication): both end equal on every topic."""
     run(pg_database, "CREATE TABLE zoo (id int PRIMARY KEY, name text)", "INSERT INTO zoo VALUES (1, 'a'), (2, 'b')")
-    capture = capture_factory(pg_database, backfill_chunk_rows=500).start()
+    capture = capture_factory(pg_database, backfill_chunk_rows=500, raw_images=images).start()
     capture.wait_caught_up(pg_database)
     run(pg_database,
         "CREATE TABLE busy (a int, b text, v numeric(10, 2), PRIMARY KEY (a, b))",

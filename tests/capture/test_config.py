@@ -65,4 +65,4 @@ def test_table_patterns() -> None:
 def test_the_signal_table_reads_as_schema_and_table() -> None:
     assert CaptureConfig(signal_table="ops.Signals").signal == ("ops", "Signals")
     assert CaptureConfig(signal_table="headwater_signal").signal == ("public", "headwater_signal")
-    assert CaptureConfig().signal is None and CaptureConfig().backfill_chunk_rows == 4096
+    assert CaptureConfig().signal is None and CaptureConfig().backfill_chunk_rows == 16384

@@ -4,18 +4,23 @@ read whole by fastavro with the registered schema, and re-framed byte for byte b
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 import fastavro
 import httpx
 import pytest
 
+from capture._copier import Sender, send_envelopes
 from capture.config import CaptureConfig
 from capture.encoder import ChangeWriter, NestedChangeWriter, RowEncoder
+from capture.errors import BrokerError
+from capture.producer import librdkafka_library, librdkafka_line, librdkafka_settings
 from capture.schemas import register_changes, register_table
 from tables.catalog import ColumnInfo, TableSchema
 from tables.change import ChangeReader
-from tables.config import StackConfig
+from tables.config import Secret, StackConfig
+from tables.kafka import read_topic
 from tables.registry import Registry
 from tables.wire import UndecodableMessage, body, schema_id
 from tests.capture.test_transcoder import COLUMNS, ROW
@@ -97,6 +102,31 @@ def test_nested_changes_read_as_the_framed_ones(local_stack: StackConfig, unique
     assert counts[("public", t.name, "UPDATE")] == 3 and counts[("public", t.name, "READ")] == 2
     assert len(nested.records(found[:1], tx, b"\x02").__next__()[1]) < len(
         next(framed.records(found[:1], tx, b"\x02"))[1])  # no frames, no lengths  # fmt: skip
+
+
+def test_a_chunk_sent_from_c_is_what_the_envelopes_write_framed_and_nested(
+    local_stack: StackConfig, unique_name: str, topic_factory: Callable[..., str]
+) -> None:
+    """A backfill's chunk goes out through the C sender (``send_envelopes``, in slices): on the topic, each
+    message is what ``envelopes`` writes for it, with either encoding of the row images."""
+    registry, encoder, framed, nested = writers(local_stack, unique_name, KEYED)
+    tx, t = ChangeWriter.transaction(0x1A2B3C, 77, 1_700_000_000_000_000), encoder.table
+    rows = [(c[4], c[6]) for c in changes(encoder) if c[6] is not None][:3]
+    cfg = CaptureConfig(dsn=Secret("postgresql:///unused"), bootstrap=local_stack.bootstrap)
+    for writer, name in ((framed, "framed"), (nested, "nested")):
+        topic = topic_factory(name)
+        kafka_key, head, size, parts, tail, is_nested = writer.chunk_parts("READ", "public", t.name, t.topic, tx,
+                                                                           rows, 4)  # fmt: skip
+        assert is_nested == (writer is nested)
+        sender = Sender(librdkafka_library() or "", librdkafka_settings(cfg), topic, BrokerError, librdkafka_line)
+        send_envelopes(sender, kafka_key, head, size, parts[:2], tail, 0, is_nested)
+        send_envelopes(sender, kafka_key, head, size, parts[2:], tail, 2, is_nested)
+        assert sender.flush(30.0) == 0 and sender.failure is None
+        sender.close()
+        expected = [v for _, v in writer.chunk("READ", "public", t.name, t.topic, tx, rows, 4)]
+        assert len(expected) == 3 and [r.value for r in read_topic(local_stack.bootstrap, topic)] == expected
+    same_both_ways(registry, [v for _, v in framed.chunk("READ", "public", t.name, t.topic, tx, rows, 4)],
+                   [v for _, v in nested.chunk("READ", "public", t.name, t.topic, tx, rows, 4)])  # fmt: skip
 
 
 def test_a_record_without_a_learned_shape_is_refused(local_stack: StackConfig, unique_name: str) -> None:

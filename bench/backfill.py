@@ -1,0 +1,270 @@
+"""Backfills under a steady load against ``COPY`` of the same table, in one run (``./dev bench capture``).
+
+Two tables, each on a stack of its own: the shop's ``orders`` grown to ``--rows`` rows (as the
+snapshot benchmark grows it) under the shop's own transaction mix (``headwater demo load``:
+new orders, status changes, orders moved, customers deleted with their orders, ...), and
+pgbench's ``pgbench_accounts`` (``pgbench -i -s SCALE``: SCALE x 100,000 narrow rows) under
+``pgbench -R RATE``. Capture streams every table of the set (no snapshot); then ``headwater
+snapshot TABLE`` backfills the table while the load goes on. Printed, from one run each:
+- ``COPY (SELECT * FROM TABLE) TO STDOUT`` (psql to /dev/null), idle and under the same load
+  (median of 3 each), and the backfill's rate (capture's own figure: from the backfill's start
+  to its end, every chunk written; the last acknowledged) as a share of each;
+- capture's CPU seconds (every thread) while it ran;
+- the lag of the load's changes before the backfill and during it — every 50 ms, how far the
+  raw topic's newest change lies behind its commit (the load commits every few ms, and the
+  topic is in commit order): the stream goes on while the table is chunked. Sampling reads
+  one batch a time, not the million messages a full consumer would read on the same cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg2
+from confluent_kafka import Consumer, TopicPartition
+
+from bench import capture
+from bench.tables import pgbench
+from capture.backfill import UNFINISHED, Backfill
+from capture.state import State
+from headwater import shop, stack
+from tables.registry import Registry
+
+SLOT, PREFIX = "bench_backfill", "bf"
+SAMPLE_EVERY = 0.05  # seconds between looks at the raw topic's newest change
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A table to backfill, the tables captured with it, how its data is made and what loads it."""
+
+    table: str
+    include: str
+    prepare: Callable[[stack.StackConfig, str], None]
+    load: Callable[[stack.StackConfig], list[str]]
+    what: str
+
+
+def grow_orders(rows: int) -> Callable[[stack.StackConfig, str], None]:
+    def prepare(cfg: stack.StackConfig, dsn: str) -> None:
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:  # 50 orders a customer: the load deletes a customer with their orders
+            cur.execute("INSERT INTO customers (email, name, region) SELECT 'bench' || g || '@example.com',"
+                        " 'Bench ' || g, 'north' FROM generate_series(1, %s) g", (rows // 50,))  # fmt: skip
+            cur.execute("INSERT INTO orders (customer_id, status, total, note) SELECT c.id, 'paid', g / 100.0,"
+                        " 'note ' || g FROM generate_series(1, %s) g JOIN customers c ON c.email = 'bench' ||"
+                        " (1 + g %% %s) || '@example.com'", (rows, rows // 50))  # fmt: skip
+            cur.execute("VACUUM ANALYZE")
+        conn.close()
+
+    return prepare
+
+
+def shop_load(rate: float) -> Callable[[stack.StackConfig], list[str]]:
+    return lambda cfg: [sys.executable, "-m", "headwater.cli", "demo", "load", "--rate", f"{rate:g}", "--duration",
+                        "3600", "--postgres-port", str(cfg.postgres_port)]  # fmt: skip
+
+
+def pgbench_data(scale: int) -> Callable[[stack.StackConfig, str], None]:
+    return lambda cfg, dsn: print(pgbench(cfg, "-i", "-s", str(scale), "-q"), end="")
+
+
+def pgbench_load(rate: float) -> Callable[[stack.StackConfig], list[str]]:
+    return lambda cfg: [str(capture.bindir() / "pgbench"), "-h", cfg.host, "-p", str(cfg.postgres_port), "-U",
+                        cfg.postgres_user, "-n", "-c", "2", "-j", "1", "-R", f"{rate:g}", "-T", "3600",
+                        cfg.database]  # fmt: skip
+
+
+def scenarios(rows: int, scale: int, rate: float | None) -> list[Scenario]:
+    shop_rate, pgbench_rate = rate or 100.0, rate or 200.0
+    return [
+        Scenario("public.orders", ",".join(f"public.{t}" for t in shop.TABLES), grow_orders(rows),
+                 shop_load(shop_rate), f"the shop's orders grown by {rows}, under headwater demo load --rate"
+                 f" {shop_rate:g}"),
+        Scenario("public.pgbench_accounts", "public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers",
+                 pgbench_data(scale), pgbench_load(pgbench_rate), f"pgbench -s {scale}, under pgbench -R"
+                 f" {pgbench_rate:g}"),
+    ]  # fmt: skip
+
+
+@dataclass
+class Lags:
+    """Samples of how far the raw topic's newest change lies behind its commit, in ms, with the wall time of
+    each sample."""
+
+    seen: list[tuple[float, float]] = field(default_factory=list)
+    cpu: float = 0.0  # the sampling thread's CPU seconds
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def between(self, start: float, end: float) -> list[float]:
+        with self.lock:
+            return sorted(lag for at, lag in self.seen if start <= at <= end)
+
+
+def follow(cfg: stack.StackConfig, lags: Lags, stop: threading.Event) -> None:
+    """Every ``SAMPLE_EVERY`` seconds, the newest change of the raw topic: now minus its commit time. The load
+    commits every few ms, and the topic is in commit order (a chunk at its high watermark's commit), so this
+    is the lag of the changes committed last. (The local broker's reported end is the last batch's first
+    offset + 1: that batch's first change, at most one linger older than its last.)"""
+    tp = TopicPartition(f"{PREFIX}.changes", 0)
+    consumer = Consumer({"bootstrap.servers": cfg.bootstrap, "group.id": "bench-backfill-lag",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 5})  # fmt: skip
+    decoder = Registry(cfg.registry_url)
+    started = time.thread_time()
+    try:
+        while not stop.wait(SAMPLE_EVERY):
+            end = consumer.get_watermark_offsets(tp, timeout=5, cached=False)[1]
+            consumer.assign([TopicPartition(tp.topic, 0, max(end - 1, 0))])
+            found = [m for m in consumer.consume(1, timeout=2) if m.error() is None and m.value()]
+            if found:
+                now = time.time()
+                change = decoder.decode(found[0].value())
+                with lags.lock:
+                    lags.seen.append((now, (now - change["commit_time"].timestamp()) * 1000))
+    finally:
+        lags.cpu = time.thread_time() - started
+        consumer.close()
+        decoder.close()
+
+
+def copy_seconds(dsn: str, table: str, times: int = 3) -> float:
+    """Median seconds of ``COPY (SELECT * FROM table) TO STDOUT``, psql to /dev/null."""
+    psql = [str(capture.bindir() / "psql"), dsn, "-qc", f"COPY (SELECT * FROM {table}) TO STDOUT"]  # noqa: S608
+    return statistics.median(capture.sh(psql, stdout=subprocess.DEVNULL) for _ in range(times))
+
+
+def count(dsn: str, table: str) -> int:
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {table}")  # noqa: S608 - the scenario's own table
+        found = int(cur.fetchone()[0])  # type: ignore[index]
+    conn.close()
+    return found
+
+
+def backfilled(work: Path) -> Backfill:
+    """The backfill, once capture's state says it is done (saved after Kafka acknowledged its last chunk)."""
+    while True:
+        state = State(work / "state-backfill", SLOT)
+        try:
+            found = state.backfills()
+        finally:
+            state.close()
+        if found and found[-1].status not in UNFINISHED:
+            return found[-1]
+        time.sleep(0.1)
+
+
+def ask(work: Path, table: str) -> None:
+    argv = [sys.executable, "-m", "headwater.cli", "snapshot", table, "--slot", SLOT, "--state-dir",
+            str(work / "state-backfill"), "--wait", "60"]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Run:
+    """What one scenario measured."""
+
+    scenario: Scenario
+    rows: int = 0
+    idle: float = 0.0
+    loaded: float = 0.0
+    cpu: float = 0.0
+    before: tuple[float, float] = (0.0, 0.0)
+    lags: Lags = field(default_factory=Lags)
+    done: Backfill | None = None
+
+
+def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk: int | None = None) -> Run:
+    """One scenario on a running stack (``cfg``)."""
+    print(f"backfill of {scenario.table}: {scenario.what} ...", flush=True)
+    scenario.prepare(cfg, dsn)
+    measured = Run(scenario, rows=count(dsn, scenario.table), idle=copy_seconds(dsn, scenario.table))
+    extra = ["--backfill-chunk-rows", str(chunk)] if chunk else []
+    argv = capture.capture_argv(cfg, PREFIX, SLOT, work / "state-backfill", "--include", scenario.include,
+                                "--skip-snapshot", *extra)  # fmt: skip
+    argv[argv.index("--publication") + 1] = SLOT
+    cap = subprocess.Popen(argv, env={**os.environ, "HEADWATER_CAPTURE_DSN": dsn},
+                           stdout=(work / "capture-backfill.log").open("ab"), stderr=subprocess.STDOUT)  # fmt: skip
+    stop = threading.Event()
+    follower = threading.Thread(target=follow, args=(cfg, measured.lags, stop), daemon=True)
+    load = None
+    try:
+        capture.wait_confirmed(dsn, SLOT, cap)
+        follower.start()
+        load = subprocess.Popen(scenario.load(cfg), env={**os.environ, "PGPASSWORD": cfg.postgres_password.reveal()},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(6.0)
+        measured.before = (time.time() - 5.0, time.time())
+        measured.loaded = copy_seconds(dsn, scenario.table)
+        cpu = cpu_seconds(cap.pid)
+        ask(work, scenario.table)
+        measured.done = backfilled(work)
+        measured.cpu = cpu_seconds(cap.pid) - cpu
+        time.sleep(1.0)
+    finally:
+        if load is not None:
+            load.terminate()
+            load.wait()
+        stop.set()
+        follower.join(timeout=30)
+        cap.terminate()
+        cap.wait(timeout=120)
+    return measured
+
+
+def report(measured: Run, log: Path) -> None:
+    done, table = measured.done, measured.scenario.table
+    pattern = rf"backfill #\d+ of {re.escape(table)} done: (\d+) rows in ([\d.]+) s"
+    found = re.findall(pattern, log.read_text())
+    if done is None or done.status != "done" or not found:
+        raise RuntimeError(f"the backfill of {table} did not finish: {done.describe() if done else 'not asked'}")
+    assert done.started_at is not None and done.finished_at is not None
+    rows, seconds = int(found[-1][0]), float(found[-1][1])
+    idle, loaded, lags = measured.idle, measured.loaded, measured.lags
+    print(f"\nbackfill of {table} ({measured.rows} rows; {measured.scenario.what}):")
+    print(f"  COPY ... TO STDOUT (psql -> /dev/null), idle:       {idle:7.2f} s  {measured.rows / idle:9.0f} rows/s")
+    print(f"  COPY ... TO STDOUT, under the same load:           {loaded:7.2f} s  {measured.rows / loaded:9.0f} rows/s")
+    print(f"  headwater backfill (-> Kafka, Avro, acknowledged): {seconds:7.2f} s  {rows / seconds:9.0f} rows/s"
+          f"  ({rows} rows written, {done.dropped} read and left to the stream)")  # fmt: skip
+    print(f"  ratio: {loaded / seconds * rows / measured.rows:.0%} of COPY under load,"
+          f" {idle / seconds * rows / measured.rows:.0%} of COPY idle (target >= 30%)")  # fmt: skip
+    print(f"  capture's CPU while it ran (every thread): {measured.cpu:.1f} s"
+          f" = {measured.cpu / rows * 1e6:.2f} CPU-s per million rows")  # fmt: skip
+    every = f"{SAMPLE_EVERY * 1000:.0f} ms"
+    print(f"  lag: how far the raw topic's newest change lies behind its commit (sampled every {every}):")
+    print(describe("before the backfill (5 s)", lags.between(*measured.before)))
+    print(describe(f"during the backfill ({done.finished_at - done.started_at:.1f} s)",
+                   lags.between(done.started_at, done.finished_at)))  # fmt: skip
+    print(f"  (the sampler's CPU: {lags.cpu:.2f} s)")
+
+
+def describe(name: str, values: list[float]) -> str:
+    if not values:
+        return f"    {name}: no sample"
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return (f"    {name}: {len(values)} samples, p50 {pick(0.5):.0f} ms, p99 {pick(0.99):.0f} ms,"
+            f" max {values[-1]:.0f} ms")  # fmt: skip
+
+
+def main(rows: int, scale: int, rate: float | None) -> None:
+    for scenario in scenarios(rows, scale, rate):
+        with capture.seeded_stack() as (cfg, dsn, work):
+            measured = run(cfg, dsn, work, scenario)
+            report(measured, work / "capture-backfill.log")
