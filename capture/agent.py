@@ -122,14 +122,18 @@ class Session:
         self.streamed = False
         self.made: list[str] = []  # what this session created and must remove if a first start fails
 
-    def run(self, stop: threading.Event) -> None:
-        cfg = self.cfg
-        conn = catalog.connect(self.dsn)
+    def _state(self, conn: Connection) -> State:
+        """Capture's state file (``conn`` is closed when it cannot be opened)."""
         try:
-            state = State(cfg.state_dir, cfg.slot)
+            return State(self.cfg.state_dir, self.cfg.slot)
         except BaseException:
             conn.close()
             raise
+
+    def run(self, stop: threading.Event) -> None:
+        cfg = self.cfg
+        conn = catalog.connect(self.dsn)
+        state = self._state(conn)
         registrar: Registry | NoRegistry = Registry(cfg.registry_url) if cfg.format == "avro" else NoRegistry()
         producer: ChangeProducer | None = None
         sink: ChangeSink | None = None
