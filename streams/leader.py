@@ -35,7 +35,7 @@ from tables.errors import FatalError
 from tables.kafka import bounds, read_to_end, reader
 from tables.registry import Registry
 from tables.topics import CUTS_PARTITION
-from tables.views import CUT_PARSED, CUT_SCHEMA, decode_cut
+from tables.views import CUT_PARSED, CUT_SCHEMA, decode_cut, last_cuts_start
 from tables.wire import HEADER_LSN, avro_body, frame
 
 log = logging.getLogger("headwater.streams")
@@ -153,7 +153,7 @@ class Assembler(Follower):
     def _read_cuts(self, consumer: Any) -> None:
         """The cuts published so far (the last records of the cuts topic): cuts never go back."""
         low, end = bounds(consumer, self.cfg.cuts_topic, CUTS_PARTITION)
-        start = TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, max(low, end - 1 - 4 * len(self.views)))
+        start = TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, last_cuts_start(low, end, len(self.views)))
         for msg in read_to_end(consumer, [start], timeout=60):
             value = msg.value()
             if value is not None:

@@ -38,7 +38,7 @@ from streams.viewtopic import ViewTopic
 from tables.kafka import reader, record
 from tables.registry import Registry, shown
 from tables.topics import CUTS_PARTITION, view_key, view_staging_key
-from tables.views import LSN_FIELD, decode_cut
+from tables.views import LSN_FIELD, decode_cut, last_cuts_start
 from tables.wire import lsn_text
 
 log = logging.getLogger("headwater.streams")
@@ -154,7 +154,7 @@ class RedisMirror(threading.Thread):
     def _assign(self, consumer: Consumer) -> None:
         """Read the cuts topic from its last records and each view topic from the offsets Redis holds."""
         low, high = consumer.get_watermark_offsets(TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION), timeout=10)
-        todo = [TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, max(low, high - 1 - 4 * len(self.views)))]
+        todo = [TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, last_cuts_start(low, high, len(self.views)))]
         for name, view in self.views.items():
             held = self.client.hget(view_key(self.prefix, name), "offsets")
             self.held[name] = held.decode() if isinstance(held, bytes) else "{}"

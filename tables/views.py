@@ -67,6 +67,12 @@ CUT_SCHEMA: dict[str, Any] = {
 CUT_PARSED = fastavro.parse_schema(CUT_SCHEMA)
 
 
+def last_cuts_start(low: int, end: int, views: int) -> int:
+    """The offset from which the cuts topic holds the last cut of each of ``views`` views (read back four records
+    a view from its ``end``, not before ``low``)."""
+    return max(low, end - 1 - 4 * views)
+
+
 def decode_cut(value: bytes) -> dict[str, Any]:
     """A cut record's value (Confluent-framed ``ViewCut``)."""
     return dict(read_framed(value, CUT_PARSED))
