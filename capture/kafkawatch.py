@@ -36,28 +36,20 @@ class KafkaWatch(threading.Thread):
         self.cfg, self.metrics = cfg, metrics
         self.stopping = threading.Event()
         self.client: Any = None
-        self.silent_since: float | None = None  # first look Kafka did not answer, in this episode
 
     def run(self) -> None:
         while not self.stopping.wait(KAFKA_EVERY):
             if self.metrics.phase == "snapshot":
                 self.look()
-            elif self.silent_since is not None:  # the phase moved on: capture's producer judges from here
-                self.silent_since = None
 
     def look(self) -> None:
-        """One metadata request; its answer (or none) goes to the metrics."""
+        """One metadata request; its answer (or none, since it was asked: the episode keeps its first) goes to
+        the metrics."""
         started = time.monotonic()
         detail = self.ask()
         if self.client is not None:
             self.client.poll(0)  # its log lines (the Kafka gate counts the connection failures)
-        now = time.monotonic()
-        if detail is None:
-            self.silent_since = None
-            self.metrics.kafka(None, 0, now)
-            return
-        self.silent_since = started if self.silent_since is None else self.silent_since
-        self.metrics.kafka((self.silent_since, detail), 0, now)
+        self.metrics.kafka(None if detail is None else (started, detail), 0, time.monotonic())
 
     def ask(self) -> str | None:
         """None when the broker told the raw topic's metadata in time; else what it did instead."""
