@@ -121,6 +121,7 @@ class Candidates:
         self.keys: list[bytes] | None = None
         self.error: BaseException | None = None
         self.done = 0  # keys checked
+        self.handed = 0  # keys handed to a read (checked once its high watermark comes through)
         self.stop = threading.Event()  # the session ends, or the backfill: stop reading
         self.thread = threading.Thread(target=self._read, name=f"backfill-keys-{table[1]}", daemon=True)
         self.thread.start()
@@ -138,12 +139,20 @@ class Candidates:
                 registry.close()
 
     def batch(self, gone: Callable[[bytes], bool]) -> tuple[int, list[bytes]] | None:
-        """The next keys to check: (how many, those of them the stream did not delete meanwhile — their
-        tombstone is on the topic already); (0, []) when all are checked, None while they are being read."""
+        """The next keys to check, handed out once: (how many, those of them the stream did not delete
+        meanwhile — their tombstone is on the topic already); (0, []) when all are handed out, None while
+        they are being read. (The high watermark of a read can come through before the reader's job is
+        taken, and ``step`` then asks for the next batch before the read is closed: handing out from
+        ``done`` sent that batch's DELETEs twice.)"""
         if self.keys is None:
             return None
-        keys = self.keys[self.done : self.done + retract.BATCH]
+        keys = self.keys[self.handed : self.handed + retract.BATCH]
+        self.handed += len(keys)
         return len(keys), [k for k in keys if not gone(k)]
+
+    def rewind(self) -> None:
+        """The read of the keys handed out was abandoned: they are handed out again."""
+        self.handed = self.done
 
 
 class Backfiller:
@@ -368,6 +377,8 @@ class Backfiller:
             self.job.abandoned = True
         if self.ahead is not None and self.ahead[0] == backfill:
             self.ahead = None
+        if (candidates := self.candidates.get(backfill)) is not None:
+            candidates.rewind()
 
     def _remember(self, backfill: Backfill, window: Window, rows: list[tuple[bytes | None, bytes | None]],
                   lsn: int) -> None:  # fmt: skip
@@ -491,6 +502,8 @@ class Backfiller:
         if batch is None:
             return False
         if not batch[0]:
+            if candidates.done < candidates.handed:
+                return False  # the last keys' read is closed first
             self._end(backfill, "done")
         elif not batch[1]:
             candidates.done += batch[0]
