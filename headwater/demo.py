@@ -140,8 +140,10 @@ STREAMS_SHOWN = (streams_metrics.FANOUT_CHANGES + "_total", streams_metrics.RAW_
                  streams_metrics.CUT_AGE)  # fmt: skip
 
 
-def show_metrics(url: str, names: tuple[str, ...], each: int = 4) -> None:
-    """Where the metrics are (``url``: /metrics, /health, /ready) and up to ``each`` samples of each of ``names``."""
+def show_metrics(url: str, names: tuple[str, ...], each: int = 4, focus: dict[str, str] | None = None) -> None:
+    """Where the metrics are (``url``: /metrics, /health, /ready) and up to ``each`` samples of each of ``names``:
+    those whose labels include ``focus`` first, then in label order (the exposition's order is the order in
+    which label sets were first counted, which differs from run to run)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -153,12 +155,16 @@ def show_metrics(url: str, names: tuple[str, ...], each: int = 4) -> None:
     print(f"  Prometheus metrics at {url}/metrics; GET {url}/ready: {'ready' if ready['ready'] else ready['reason']}")
     samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
     for name in names:
-        found = [s for s in samples if s.name == name]
+        found = sorted((s for s in samples if s.name == name), key=lambda s: _shown_first(s.labels, focus or {}))
         for sample in found[:each]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             print(f"  {name}{{{labels}}} {sample.value:g}" if labels else f"  {name} {sample.value:g}")
         if len(found) > each:
             print(f"  ... and {len(found) - each} more {name}")
+
+
+def _shown_first(labels: dict[str, str], focus: dict[str, str]) -> tuple[bool, list[tuple[str, str]]]:
+    return not focus.items() <= labels.items(), sorted(labels.items())
 
 
 def start_worker(stack: StackConfig, env: dict[str, str], port: int) -> int:
