@@ -247,7 +247,8 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
 class Proxy:
     """TCP from ``port`` to ``target`` on 127.0.0.1. ``outage(seconds)`` (or ``cut()`` then ``restore()``)
     drops every connection and refuses new ones for a while: what a broker restart that keeps its data
-    looks like to clients. A connection stays open however long either side is silent."""
+    looks like to clients. A connection stays open however long either side is silent. While cut, the port
+    stays bound without listening (connections are refused), so no other test's free port can take it."""
 
     def __init__(self, port: int, target: int) -> None:
         self.port, self.target = port, target
@@ -255,14 +256,22 @@ class Proxy:
         self.lock = threading.Lock()
         self.down = threading.Event()
         self.closed = threading.Event()
-        self.listener = self._listen()
+        self.listener = self._listen(self._bind())
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
-    def _listen(self) -> socket.socket:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+    def _bind(self) -> socket.socket:
+        sock = socket.socket()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", self.port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    @staticmethod
+    def _listen(listener: socket.socket) -> socket.socket:
         listener.listen(64)
         listener.settimeout(0.2)
         return listener
@@ -285,6 +294,8 @@ class Proxy:
                 threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
     def _drop_all(self) -> None:
+        with contextlib.suppress(OSError):  # out of LISTEN now: the accept thread's poll() holds the socket on
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self.lock:
             for conn in self.conns:
@@ -301,9 +312,10 @@ class Proxy:
     def cut(self) -> None:
         self.down.set()
         self._drop_all()
+        self.listener = self._bind()
 
     def restore(self) -> None:
-        self.listener = self._listen()
+        self._listen(self.listener)
         self.down.clear()
 
     def close(self) -> None:

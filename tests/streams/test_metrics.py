@@ -16,7 +16,7 @@ import pytest
 from headwater import shop
 from streams.metrics import CutWatch, KafkaWatch, StreamsMetrics, silence
 from tables.kafka import bounds, reader
-from tests.capture.test_metrics import Samples, scrape, value
+from tests.capture.test_metrics import Samples, maybe, scrape, value
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import ProxiedBroker
 from tests.plugins.streams import Worker
@@ -81,14 +81,19 @@ def test_worker_metrics_move_and_it_is_ready_once_loaded(
     assert all(r.startswith(known) for r in reasons), reasons
     assert {status for status, _ in seen} == {200, 503}
     assert worker.get("/health").json() == {"status": "alive"}
-    moving(worker)
-    writer.stop()
+    try:
+        moving(worker)
+    finally:
+        writer.stop()  # before the database goes, also when the test failed
     capture.wait_caught_up(pg_database)
     loaded_and_served(worker, shop_db, prefix, capture)
 
 
 def moving(worker: Worker) -> None:
-    """Under load, two scrapes 4 s apart: counters, positions and the cut move; lags are what they say."""
+    """Under load, two scrapes 4 s apart: counters, positions and the cut move; lags are what they say. The
+    first waits for the views' first cut (ready may come before it when the machine is busy)."""
+    cut = "headwater_streams_view_cut_lsn"
+    assert wait_for(lambda: maybe(scrape(worker.url), cut) is not None, 30, every=0.2), "no view cut in 30 s"
     first = scrape(worker.url)
     time.sleep(4)
     second = scrape(worker.url)
@@ -100,7 +105,7 @@ def moving(worker: Worker) -> None:
         at, end = (value(second, f"headwater_streams_raw_{n}", reader=name) for n in ("offset", "end_offset"))
         assert at > value(first, "headwater_streams_raw_offset", reader=name) and end >= at
         assert value(second, "headwater_streams_raw_lag_messages", reader=name) == end - at
-    assert value(second, "headwater_streams_view_cut_lsn") > value(first, "headwater_streams_view_cut_lsn") > 0
+    assert value(second, cut) > value(first, cut) > 0
     assert 0 <= value(second, "headwater_streams_view_cut_age_seconds") < 30
     assert value(second, "headwater_streams_broker_reachable") == 1
 
