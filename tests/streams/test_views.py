@@ -69,13 +69,20 @@ def views_reconciled(conn: Any, capture: Capture, worker: Worker, redis_url: str
     assert wait_for(check, timeout, every=1.0), "\n".join(last[:20]) + "\n" + worker.tail()
 
 
-def unruly(dsn: str, transactions: int, seed: int) -> None:
-    """Late parents and parent deletes: orders of customers that do not exist yet, customers deleted under orders."""
+def loosen(dsn: str) -> None:
+    """Drop the foreign keys ``unruly`` breaks; before any writer starts (ALTER under the shop's load deadlocks)."""
     conn = psycopg2.connect(dsn)
-    rng = random.Random(seed)
     with conn, conn.cursor() as cur:
         cur.execute("ALTER TABLE orders DROP CONSTRAINT IF EXISTS orders_customer_id_fkey")
         cur.execute("ALTER TABLE order_items DROP CONSTRAINT IF EXISTS order_items_product_id_fkey")
+    conn.close()
+
+
+def unruly(dsn: str, transactions: int, seed: int) -> None:
+    """Late parents and parent deletes: orders of customers that do not exist yet, customers deleted under orders."""
+    loosen(dsn)
+    conn = psycopg2.connect(dsn)
+    rng = random.Random(seed)
     for n in range(transactions):
         with conn, conn.cursor() as cur:
             late = 900000 + rng.randint(0, 30)
@@ -129,15 +136,18 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     app_id = worker.env["HEADWATER_STREAMS_APP_ID"]
+    loosen(pg_database)
     writer = ShopWriter(pg_database, rate=100).start()
     rng = random.Random()
-    time.sleep(rng.uniform(2, 5))
-    worker.kill()  # kill -9 mid-stream
-    unruly(pg_database, 40, seed=rng.randint(0, 1000))
-    state_dir = worker.env["HEADWATER_STREAMS_STATE_DIR"]  # the same machine: it resumes from its own state
-    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
-    time.sleep(rng.uniform(1, 3))
-    writer.stop()
+    try:
+        time.sleep(rng.uniform(2, 5))
+        worker.kill()  # kill -9 mid-stream
+        unruly(pg_database, 40, seed=rng.randint(0, 1000))
+        state_dir = worker.env["HEADWATER_STREAMS_STATE_DIR"]  # the same machine: it resumes from its own state
+        worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
+        time.sleep(rng.uniform(1, 3))
+    finally:
+        writer.stop()
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
     topic = f"{capture.cfg.topic_prefix}.views.orders_enriched"
     before = len(read_topic(capture.cfg.bootstrap, topic))
@@ -159,13 +169,16 @@ def test_workers_killed_twelve_times_under_load_converge_within_a_minute(
                       for _ in range(workers - 1))]  # fmt: skip
     writer = ShopWriter(pg_database, rate=50).start()
     rng = random.Random(12)
-    for n in range(12):  # kill -9 each in turn; each comes back on its own state (view partitions move between them)
-        time.sleep(rng.uniform(0.5, 3))
-        state_dir = group[n % workers].env["HEADWATER_STREAMS_STATE_DIR"]
-        group[n % workers].kill()
-        group[n % workers] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
-                                            state_dir=state_dir).start()  # fmt: skip
-    assert writer.stop() > 100
+    try:
+        for n in range(12):  # kill -9 each in turn; each comes back on its own state (view partitions move)
+            time.sleep(rng.uniform(0.5, 3))
+            state_dir = group[n % workers].env["HEADWATER_STREAMS_STATE_DIR"]
+            group[n % workers].kill()
+            group[n % workers] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
+                                                state_dir=state_dir).start()  # fmt: skip
+    finally:
+        committed = writer.stop()  # before the database is dropped under it
+    assert committed > 100
     views_reconciled(shop_db, capture, group[0], local_stack.redis_url, timeout=60)
     for worker in group[1:]:
         views_reconciled(shop_db, capture, worker, local_stack.redis_url, timeout=5)  # any endpoint answers any row
