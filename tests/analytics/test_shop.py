@@ -47,12 +47,13 @@ def plain(value: Any) -> Any:
 def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_has_them(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig], capsys: pytest.CaptureFixture[str],
+    shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     cfg = analytics_config(capture.cfg.topic_prefix)
     earlier: tuple[Any, Any] | None = None
     for transactions in (300, 600):  # the view at rest twice: the first cut is read again at the end
-        writer = ShopWriter(pg_database, rate=250).start()
+        writer = shop_writer(rate=250)
         wait_for(lambda: writer.work.committed >= transactions, 60)  # noqa: B023 - waited for at once
         if earlier is not None:  # the second time, orders and their items backfilled again under the writes
             capture.snapshot("orders", "order_items", "--wait", "30")
@@ -120,13 +121,14 @@ def test_the_report_on_a_pipeline_without_the_view_says_how_to_get_it(
 def test_the_shop_with_nested_raw_images_and_a_schema_change_reconciles_everywhere(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig], local_stack: StackConfig,
+    shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     """``raw_images = "nested"``: raw topic, table topics, endpoint, view (topic, endpoint, Redis) and Spark all
     equal PostgreSQL, across a column added mid-stream inside a transaction that changes rows before and after."""
     capture = capture_factory(pg_database, raw_images="nested").start()
     capture.wait_caught_up(pg_database)
     worker = worker_factory(capture.cfg.topic_prefix, views=VIEWS).start()
-    writer = ShopWriter(pg_database, rate=200).start()
+    writer = shop_writer(rate=200)
     wait_for(lambda: writer.work.committed >= 200, 60)
     with shop_db, shop_db.cursor() as cur:  # one transaction: rows of the old shape, the new column, rows of the new
         cur.execute("UPDATE customers SET name = name || '.' WHERE id % 10 = 1")

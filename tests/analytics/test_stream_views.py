@@ -81,6 +81,7 @@ def report_matches(cfg: AnalyticsConfig, shop_db: Any, out: str) -> None:
 def test_a_view_stream_ends_every_batch_at_a_cut_and_its_batches_add_up_to_the_view_at_each(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig], tmp_path: Path,
+    shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     cfg = analytics_config(capture.cfg.topic_prefix)
@@ -95,7 +96,7 @@ def test_a_view_stream_ends_every_batch_at_a_cut_and_its_batches_add_up_to_the_v
     query = (frame.writeStream.foreachBatch(keep).option("checkpointLocation", str(tmp_path / "checkpoint"))
              .trigger(processingTime="300 milliseconds").start())  # fmt: skip
     try:
-        writer = ShopWriter(pg_database, rate=120).start()  # while the stream runs
+        writer = shop_writer(rate=120)  # while the stream runs
         wait_for(lambda: writer.work.committed >= 300, 60)
         writer.stop()
         capture.wait_caught_up(pg_database)
@@ -134,6 +135,7 @@ def test_a_view_stream_ends_every_batch_at_a_cut_and_its_batches_add_up_to_the_v
 def test_the_streaming_shop_report_equals_postgres_after_each_run(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     spark: SparkSession, analytics_config: Callable[..., AnalyticsConfig], capsys: pytest.CaptureFixture[str],
+    shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     cfg = analytics_config(capture.cfg.topic_prefix)
@@ -142,7 +144,7 @@ def test_the_streaming_shop_report_equals_postgres_after_each_run(
     assert main(job_argv(cfg, "shop-report-stream", "--batch-records", "150")) == 0  # the seeded shop, in batches
     report_matches(cfg, shop_db, capsys.readouterr().out)
 
-    writer = ShopWriter(pg_database, rate=150).start()
+    writer = shop_writer(rate=150)
     wait_for(lambda: writer.work.committed >= 200, 60)
     writer.stop()
     capture.wait_caught_up(pg_database)

@@ -221,7 +221,7 @@ def test_a_writer_changing_the_keys_being_chunked_never_loses_to_a_chunk_row(
 # ---- kill -9 ------------------------------------------------------------------------------------
 def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     local_stack: StackConfig, pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture],
-    worker_factory: Callable[..., Worker],
+    worker_factory: Callable[..., Worker], shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     """The shop under load; ``headwater snapshot orders order_items``; capture killed with ``kill -9`` while it
     chunks order_items: on restart the backfill goes on after its last acknowledged chunk, and the raw topic,
@@ -229,7 +229,7 @@ def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     shop.seed(shop_db, shop.Scale(customers=500, products=60, orders=12000, description_size=500), rng_seed=5)
     run(pg_database, "ANALYZE")
     capture = shop_pipeline(pg_database, shop_db, capture_factory, backfill_chunk_rows=300)
-    writer = ShopWriter(pg_database, rate=80).start()
+    writer = shop_writer(rate=80)
     try:
         capture.snapshot("orders", "order_items", "--wait", "30")
         saved = wait_for(lambda: _chunking(capture, "public.order_items", 3000), 180, every=0.1)

@@ -24,8 +24,7 @@ from tables.config import Settings
 from tables.kafka import read_topic
 from tables.registry import Registry
 from tables.wire import parse_lsn
-from tests.plugins.capture import Capture
-from tests.plugins.capture import ShopWriter as Writer
+from tests.plugins.capture import Capture, ShopWriter
 
 SHOP_KEYS = {"customers": ["id"], "products": ["id"], "orders": ["id"], "order_items": ["order_id", "line_no"]}
 
@@ -69,12 +68,12 @@ def check_reconciles(capture: Capture, shop_db: Any, committed: int) -> list[dic
 
 @pytest.mark.slow
 def test_kill_9_at_random_points_loses_nothing(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], shop_writer: Callable[..., ShopWriter]
 ) -> None:
     capture = capture_factory(pg_database)
     capture.spawn()
     wait_snapshot(capture)
-    writer = Writer(pg_database).start()
+    writer = shop_writer()
     kills: list[tuple[int, int]] = []  # (topic length at the kill, slot's confirmed LSN at the kill)
     rng = random.Random()
     for _ in range(3):
@@ -105,11 +104,12 @@ def test_kill_9_at_random_points_loses_nothing(
 
 @pytest.mark.slow
 def test_broker_paused_30s_under_load_then_recovers(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], local_stack: StackConfig
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], local_stack: StackConfig,
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     capture = capture_factory(pg_database, on_error="log").start()
     wait_snapshot(capture)
-    writer = Writer(pg_database, rate=100).start()
+    writer = shop_writer(rate=100)
     time.sleep(2)
     broker_pid = Broker(local_stack).pid()
     assert broker_pid is not None
@@ -127,12 +127,13 @@ def test_broker_paused_30s_under_load_then_recovers(
 
 @pytest.mark.slow
 def test_on_error_exit_ends_non_zero_when_kafka_stops_answering(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], local_stack: StackConfig
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], local_stack: StackConfig,
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     capture = capture_factory(pg_database)
     process = capture.spawn("--producer", "message.timeout.ms=4000")
     wait_snapshot(capture)
-    writer = Writer(pg_database, rate=50).start()
+    writer = shop_writer(rate=50)
     broker_pid = Broker(local_stack).pid()
     assert broker_pid is not None
     os.kill(broker_pid, signal.SIGSTOP)

@@ -67,7 +67,7 @@ def wait_ready(capture: Capture, timeout: float = 60) -> list[int]:
 
 
 def test_metrics_move_while_the_shop_workload_runs(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], shop_writer: Callable[..., ShopWriter]
 ) -> None:
     capture = capture_factory(pg_database, heartbeat_interval=0.5).start()
     wait_ready(capture)
@@ -90,7 +90,7 @@ def test_metrics_move_while_the_shop_workload_runs(
     assert value(before, "headwater_capture_broker_reachable") == 1
     assert abs(time.time() - value(before, "headwater_capture_last_report_timestamp_seconds")) < 10
 
-    writer = ShopWriter(pg_database, rate=100).start()
+    writer = shop_writer(rate=100)
     time.sleep(3)
     committed = writer.stop()
     capture.wait_caught_up(pg_database)
@@ -117,13 +117,14 @@ def test_metrics_move_while_the_shop_workload_runs(
 
 
 def test_slot_above_its_warning_size_is_said_once(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], caplog: pytest.LogCaptureFixture
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], caplog: pytest.LogCaptureFixture,
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     capture = capture_factory(pg_database, slot_warn_bytes=1)
     with caplog.at_level(logging.WARNING, logger="headwater.capture"):
         capture.start()
         capture.wait_caught_up(pg_database)
-        writer = ShopWriter(pg_database, rate=50).start()
+        writer = shop_writer(rate=50)
         time.sleep(3)  # the slot is looked at every 5 status intervals (1 s here)
         writer.stop()
         capture.stop()
@@ -186,7 +187,8 @@ def episodes(log: str) -> tuple[list[str], list[str], list[str]]:
 
 @pytest.mark.slow
 def test_a_broker_away_is_logged_once_when_it_begins_and_once_when_it_ends(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker,
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     """Connections dropped and refused for 12 s, then the broker paused (SIGSTOP) for 12 s, under load with a
     producer queue that fills within a second or two (capture then waits in the send): two episodes, each one
@@ -196,7 +198,7 @@ def test_a_broker_away_is_logged_once_when_it_begins_and_once_when_it_ends(
                               producer={"queue.buffering.max.messages": "500"})  # fmt: skip
     process = capture.spawn()
     wait_ready(capture)
-    writer = ShopWriter(pg_database, rate=50).start()
+    writer = shop_writer(rate=50)
     time.sleep(2)
 
     def look(_: str) -> tuple[Samples, httpx.Response, Samples]:

@@ -348,7 +348,7 @@ def test_a_broker_restarted_without_its_topics_is_named_by_capture_and_the_worke
     shop_db: Any,
     capture_factory: Callable[..., Capture],
     worker_factory: Callable[..., Worker],
-    broker_factory: Callable[[], BrokerProcess],
+    broker_factory: Callable[[], BrokerProcess], shop_writer: Callable[..., ShopWriter],
 ) -> None:
     """The local broker keeps topics in memory: a restart empties it. Capture (even with on_error = log)
     and the worker say so and stop; nobody creates the raw topic again through auto-create."""
@@ -357,7 +357,7 @@ def test_a_broker_restarted_without_its_topics_is_named_by_capture_and_the_worke
     process = capture.spawn()
     capture.wait_caught_up(pg_database)
     worker = worker_factory(capture.cfg.topic_prefix, bootstrap=broker.bootstrap, broker_profile="tansu").start()
-    writer = ShopWriter(pg_database, rate=50).start()
+    writer = shop_writer(rate=50)
     time.sleep(2)
     broker.restart()
     try:
@@ -376,14 +376,15 @@ def test_a_broker_restarted_without_its_topics_is_named_by_capture_and_the_worke
 
 @pytest.mark.slow
 def test_a_broker_restart_that_keeps_its_data_under_load_capture_reconnects_and_resumes(
-    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker
+    pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker,
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     """Every connection to the broker dropped and refused for 8 s (as a real Kafka restarting looks to
     its clients): capture waits, reconnects, and the raw topic reconciles with PostgreSQL."""
     capture = capture_factory(pg_database, bootstrap=proxied_broker.bootstrap, on_error="log")
     process = capture.spawn()
     capture.wait_caught_up(pg_database)
-    writer = ShopWriter(pg_database, rate=100).start()
+    writer = shop_writer(rate=100)
     time.sleep(2)
     proxied_broker.proxy.outage(8)
     time.sleep(3)

@@ -2,7 +2,9 @@
 
 ``capture_factory`` builds a ``CaptureConfig`` for a test database and runs the agent
 in a thread (``start``) or as the real ``headwater capture`` process (``spawn``);
-``changes`` reads the raw topic back decoded.
+``changes`` reads the raw topic back decoded; ``shop_writer`` starts the shop workload in a
+thread and stops every one it started before the test's database is dropped, also when the
+test fails (a writer left running fails the next test once its database is gone).
 """
 
 from __future__ import annotations
@@ -183,10 +185,26 @@ class ShopWriter:
         return self
 
     def stop(self) -> int:
+        """Stop writing (again: no-op) and return the committed transactions."""
         self.stop_event.set()
-        self.thread.join()
+        if self.thread.is_alive():
+            self.thread.join()
         self.conn.close()
         return self.work.committed
+
+
+@pytest.fixture
+def shop_writer(pg_database: str) -> Iterator[Callable[..., ShopWriter]]:
+    """Start a ``ShopWriter`` on the test's database; teardown (before the database's) stops them all."""
+    started: list[ShopWriter] = []
+
+    def start(rate: float = 150) -> ShopWriter:
+        started.append(ShopWriter(pg_database, rate=rate).start())
+        return started[-1]
+
+    yield start
+    for writer in started:
+        writer.stop()
 
 
 @pytest.fixture

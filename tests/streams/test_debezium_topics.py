@@ -51,13 +51,14 @@ def replayed(found: list[tuple[Record, Any, Any]]) -> dict[bytes, dict[str, Any]
 
 def test_debezium_topics_carry_every_change_once_in_the_envelope_with_transactions_through_a_killed_worker(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture = capture_factory(pg_database).start()
     database = psycopg2.extensions.parse_dsn(pg_database)["dbname"]
     settings = {"debezium": "true", "debezium_transactions": "true", "debezium_database": database}
     prefix = capture.cfg.topic_prefix
     worker = worker_factory(prefix, **settings).start()
-    writer = ShopWriter(pg_database, rate=200).start()
+    writer = shop_writer(rate=200)
     wait_for(lambda: writer.work.committed >= 300, 60)
     worker.kill(signal.SIGKILL)  # mid-workload
     worker = worker_factory(prefix, app_id=f"{prefix}-app", **settings).start()

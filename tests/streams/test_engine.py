@@ -127,7 +127,8 @@ def shop_engine(pg_database: str, capture_factory: Callable[..., Capture], local
 
 @pytest.mark.slow
 def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
-    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:  # fmt: skip
     engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path)
     cfg, catalog = engine.cfg, engine.catalog
@@ -139,7 +140,7 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
         settled(shop_db, engine)
         assert engine.mirror is not None  # the raw partition's owner mirrors the views
         assert engine.mirror.staged >= len(view_docs_sql(shop_db, SQL))  # every row went through staging
-        work = ShopWriter(pg_database, rate=200).start()
+        work = shop_writer(rate=200)
         wait_for(lambda: work.work.committed >= 400, 60)
         assert work.stop() >= 400
         settled(shop_db, engine)
@@ -148,7 +149,7 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
         engine.assigned({(t, p) for t, p in parts if t not in engine.view_topics})  # the tables only: the views
         not_here(engine)  # and the raw partition are held elsewhere
         engine.assigned(parts | {engine.raw})
-        ShopWriter(pg_database, rate=200).start().stop()
+        shop_writer(rate=200).stop()
         settled(shop_db, engine)
     finally:
         engine.close()
@@ -162,7 +163,8 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
 
 @pytest.mark.slow
 def test_a_revocation_returns_only_once_kafka_has_every_view_row_written(
-    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:  # fmt: skip
     """The revoked-partition window: once ``revoked`` returns, nothing of this worker's is on its way to a view
     topic (the next holder reads the partition back complete), whatever was being published at that moment."""
@@ -171,7 +173,7 @@ def test_a_revocation_returns_only_once_kafka_has_every_view_row_written(
     topic = cfg.view_topic("orders_enriched")
     parts = {(topic, p) for p in range(cfg.partitions)} | {engine.raw}
     assert engine.views is not None
-    load = ShopWriter(pg_database, rate=300).start()
+    load = shop_writer(rate=300)
     rng = random.Random(19)
     written = []
     try:

@@ -64,11 +64,12 @@ def captured(pg_database: str, capture_factory: Callable[..., Capture], **settin
 
 @pytest.mark.slow
 def test_worker_metrics_move_and_it_is_ready_once_loaded(
-    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     capture = captured(pg_database, capture_factory)
     prefix = capture.cfg.topic_prefix
-    writer = ShopWriter(pg_database, rate=80).start()
+    writer = shop_writer(rate=80)
     time.sleep(2)
     worker = worker_factory(prefix, views=shop.VIEWS_TOML)
     watch = ReadyWatch(worker.url)
@@ -81,10 +82,8 @@ def test_worker_metrics_move_and_it_is_ready_once_loaded(
     assert all(r.startswith(known) for r in reasons), reasons
     assert {status for status, _ in seen} == {200, 503}
     assert worker.get("/health").json() == {"status": "alive"}
-    try:
-        moving(worker)
-    finally:
-        writer.stop()  # before the database goes, also when the test failed
+    moving(worker)
+    writer.stop()
     capture.wait_caught_up(pg_database)
     loaded_and_served(worker, shop_db, prefix, capture)
 
@@ -157,7 +156,8 @@ def topic_ends(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
 
 @pytest.mark.slow
 def test_ready_stays_ready_while_changes_stream_in(
-    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     """A loaded worker whose partitions get records all the time, and now and then more than one read takes,
     is ready all the time (and its partitions stay loaded): readiness is not "read to the end of the last
@@ -165,7 +165,7 @@ def test_ready_stays_ready_while_changes_stream_in(
     capture = captured(pg_database, capture_factory)
     worker = worker_factory(capture.cfg.topic_prefix).start()
     assert wait_for(lambda: worker.get("/ready").status_code == 200, 60)
-    writer = ShopWriter(pg_database, rate=200).start()
+    writer = shop_writer(rate=200)
     watch = ReadyWatch(worker.url, every=0.01)
     loaded: set[float] = set()
     try:
@@ -218,7 +218,7 @@ def test_worker_logs_json_lines_at_the_level_asked(
 @pytest.mark.slow
 def test_a_broker_away_is_said_once_by_a_worker(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    proxied_broker: ProxiedBroker,
+    proxied_broker: ProxiedBroker, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     """Connections dropped and refused for 12 s, then the broker paused (SIGSTOP) for 12 s, under load: the
     worker says each once when it begins and once when it ends (librdkafka says an identical connection
@@ -227,7 +227,7 @@ def test_a_broker_away_is_said_once_by_a_worker(
     prefix = capture.cfg.topic_prefix
     worker = worker_factory(prefix, bootstrap=proxied_broker.bootstrap, broker_profile="tansu").start()
     assert wait_for(lambda: worker.get("/ready").status_code == 200, 60), worker.tail()
-    writer = ShopWriter(pg_database, rate=50).start()
+    writer = shop_writer(rate=50)
     time.sleep(2)
     seen = proxied_broker.outages(lambda _: time.sleep(2) or scrape(worker.url), between=lambda: time.sleep(5))
     writer.stop()

@@ -114,11 +114,11 @@ def start(shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture
 
 def test_randomized_workload_view_equals_the_sql_join_on_topic_endpoint_and_redis(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
-    writer = ShopWriter(pg_database, rate=300).start()
+    writer = shop_writer(rate=300)
     wait_for(lambda: writer.work.committed >= 1400, 60)
     committed = writer.stop()
     loosen(pg_database)
@@ -133,22 +133,20 @@ def test_randomized_workload_view_equals_the_sql_join_on_topic_endpoint_and_redi
 
 def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     app_id = worker.env["HEADWATER_STREAMS_APP_ID"]
     loosen(pg_database)
-    writer = ShopWriter(pg_database, rate=100).start()
+    writer = shop_writer(rate=100)
     rng = random.Random()
-    try:
-        time.sleep(rng.uniform(2, 5))
-        worker.kill()  # kill -9 mid-stream
-        unruly(pg_database, 40, seed=rng.randint(0, 1000))
-        state_dir = worker.env["HEADWATER_STREAMS_STATE_DIR"]  # the same machine: it resumes from its own state
-        worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
-        time.sleep(rng.uniform(1, 3))
-    finally:
-        writer.stop()
+    time.sleep(rng.uniform(2, 5))
+    worker.kill()  # kill -9 mid-stream
+    unruly(pg_database, 40, seed=rng.randint(0, 1000))
+    state_dir = worker.env["HEADWATER_STREAMS_STATE_DIR"]  # the same machine: it resumes from its own state
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
+    time.sleep(rng.uniform(1, 3))
+    writer.stop()
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
     topic = f"{capture.cfg.topic_prefix}.views.orders_enriched"
     before = len(read_topic(capture.cfg.bootstrap, topic))
@@ -162,23 +160,21 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
 @pytest.mark.parametrize("workers", [2, pytest.param(3, marks=pytest.mark.heavy)])
 def test_workers_killed_twelve_times_under_load_converge_within_a_minute(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig, workers: int,
+    local_stack: StackConfig, workers: int, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture, first = start(shop_db, pg_database, capture_factory, worker_factory)
     app_id = first.env["HEADWATER_STREAMS_APP_ID"]
     group = [first, *(worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS).start()
                       for _ in range(workers - 1))]  # fmt: skip
-    writer = ShopWriter(pg_database, rate=50).start()
+    writer = shop_writer(rate=50)
     rng = random.Random(12)
-    try:
-        for n in range(12):  # kill -9 each in turn; each comes back on its own state (view partitions move)
-            time.sleep(rng.uniform(0.5, 3))
-            state_dir = group[n % workers].env["HEADWATER_STREAMS_STATE_DIR"]
-            group[n % workers].kill()
-            group[n % workers] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
-                                                state_dir=state_dir).start()  # fmt: skip
-    finally:
-        committed = writer.stop()  # before the database is dropped under it
+    for n in range(12):  # kill -9 each in turn; each comes back on its own state (view partitions move)
+        time.sleep(rng.uniform(0.5, 3))
+        state_dir = group[n % workers].env["HEADWATER_STREAMS_STATE_DIR"]
+        group[n % workers].kill()
+        group[n % workers] = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS,
+                                            state_dir=state_dir).start()  # fmt: skip
+    committed = writer.stop()
     assert committed > 100
     views_reconciled(shop_db, capture, group[0], local_stack.redis_url, timeout=60)
     for worker in group[1:]:
@@ -304,12 +300,12 @@ def generations(doc: dict[str, Any]) -> list[str]:
 
 def test_redis_away_the_view_topic_flows_and_redis_catches_up_when_it_returns(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    tmp_path: Any,
+    tmp_path: Any, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory, redis_url=url)
-    writer = ShopWriter(pg_database, rate=100).start()
+    writer = shop_writer(rate=100)
     time.sleep(2)
     writer.stop()
     views_reconciled(shop_db, capture, worker, None)  # the topic and the endpoint, without Redis
@@ -345,14 +341,14 @@ def test_an_invalid_view_spec_stops_the_worker_at_start_naming_the_line(
 
 def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_topic(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     first = '[views.orders_only]\nbase = "orders"\njoins = ["customer: customers on customer_id"]\n'
     capture = capture_factory(pg_database).start()
     capture.wait_caught_up(pg_database)
     worker = worker_factory(capture.cfg.topic_prefix, views=first).start()
     app_id = worker.env["HEADWATER_STREAMS_APP_ID"]
-    writer = ShopWriter(pg_database, rate=100).start()
+    writer = shop_writer(rate=100)
     time.sleep(2)
     writer.stop()
     worker.kill(signal.SIGTERM)
@@ -390,7 +386,7 @@ def composite_workload(dsn: str, transactions: int, seed: int) -> None:
 
 def test_views_joined_on_composite_keys_equal_the_sql_join_with_two_workers(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     with shop_db, shop_db.cursor() as cur:
         cur.execute("CREATE TABLE warehouses (region text, code text, name text NOT NULL, PRIMARY KEY (region, code))")
@@ -402,7 +398,7 @@ def test_views_joined_on_composite_keys_equal_the_sql_join_with_two_workers(
     capture.wait_caught_up(pg_database)
     first = worker_factory(capture.cfg.topic_prefix, views=NOTED).start()
     second = worker_factory(capture.cfg.topic_prefix, app_id=first.env["HEADWATER_STREAMS_APP_ID"], views=NOTED).start()
-    writer = ShopWriter(pg_database, rate=100).start()
+    writer = shop_writer(rate=100)
     composite_workload(pg_database, 400, seed=2)
     assert writer.stop() > 50
     shapes = {**SHAPES, "public.warehouses": TableShape("public.warehouses", (), ("region", "code")),

@@ -200,10 +200,10 @@ def test_two_workers_answer_every_key(
 
 def test_kill9_worker_under_load_then_replay_from_zero_changes_nothing(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    unique_name: str,
+    unique_name: str, shop_writer: Callable[..., ShopWriter],
 ) -> None:  # fmt: skip
     capture, worker = pipeline(shop_db, pg_database, capture_factory, worker_factory, batch_size=50)
-    load = ShopWriter(pg_database, rate=150).start()
+    load = shop_writer(rate=150)
     for _ in range(2):
         time.sleep(2.5)
         worker.kill(signal.SIGKILL)
@@ -255,13 +255,14 @@ def test_undecodable_raw_message_goes_to_dead_letter_topic(
 
 
 def test_capture_killed_and_replaying_adds_no_second_copies(
-    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    shop_writer: Callable[..., ShopWriter]
 ) -> None:
     capture = capture_factory(pg_database)
     capture.spawn()
     capture.wait_caught_up(pg_database)
     worker = worker_factory(capture.cfg.topic_prefix).start()
-    load = ShopWriter(pg_database, rate=200).start()
+    load = shop_writer(rate=200)
     replayed = 0
     for _ in range(6):  # until capture has sent some changes twice (it replays from the last confirmed commit)
         time.sleep(random.uniform(1.0, 2.5))
