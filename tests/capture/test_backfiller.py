@@ -230,23 +230,21 @@ def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     run(pg_database, "ANALYZE")
     capture = shop_pipeline(pg_database, shop_db, capture_factory, backfill_chunk_rows=300)
     writer = shop_writer(rate=80)
-    try:
-        capture.snapshot("orders", "order_items", "--wait", "30")
-        saved = wait_for(lambda: _chunking(capture, "public.order_items", 3000), 180, every=0.1)
-        assert saved is not None, f"order_items never chunked: {[b.describe() for b in capture.backfills()]}"
-        status = status_of(capture)
-        assert re.search(r"backfills: 1 not finished, 1 finished.*\n    #2 public.order_items: running, \d+/~\d+ rows,"
-                         r" \d+ rows/s(, ETA \d+ s)?", status), status  # fmt: skip
-        assert capture.process is not None
-        capture.process.kill()
-        capture.process.wait()
-        killed_at = len(capture.changes())  # nothing is written while capture is dead
-        at_kill = next(b for b in capture.backfills() if b.table == "public.order_items")
-        assert at_kill.status == "running" and at_kill.cursor is not None and at_kill.rows >= saved.rows
-        capture.spawn()
-        capture.wait_backfilled(pg_database, count=2, timeout=300)
-    finally:
-        committed = writer.stop()
+    capture.snapshot("orders", "order_items", "--wait", "30")
+    saved = wait_for(lambda: _chunking(capture, "public.order_items", 3000), 180, every=0.1)
+    assert saved is not None, f"order_items never chunked: {[b.describe() for b in capture.backfills()]}"
+    status = status_of(capture)
+    assert re.search(r"backfills: 1 not finished, 1 finished.*\n    #2 public.order_items: running, \d+/~\d+ rows,"
+                     r" \d+ rows/s(, ETA \d+ s)?", status), status  # fmt: skip
+    assert capture.process is not None
+    capture.process.kill()
+    capture.process.wait()
+    killed_at = len(capture.changes())  # nothing is written while capture is dead
+    at_kill = next(b for b in capture.backfills() if b.table == "public.order_items")
+    assert at_kill.status == "running" and at_kill.cursor is not None and at_kill.rows >= saved.rows
+    capture.spawn()
+    capture.wait_backfilled(pg_database, count=2, timeout=300)
+    committed = writer.stop()
     capture.wait_caught_up(pg_database)
     capture.stop()
 

@@ -360,11 +360,9 @@ def test_a_broker_restarted_without_its_topics_is_named_by_capture_and_the_worke
     writer = shop_writer(rate=50)
     time.sleep(2)
     broker.restart()
-    try:
-        assert process.wait(timeout=120) == 1
-        assert worker.process is not None and worker.process.wait(timeout=120) != 0
-    finally:
-        writer.stop()
+    assert process.wait(timeout=120) == 1
+    assert worker.process is not None and worker.process.wait(timeout=120) != 0
+    writer.stop()
     log = capture.log.read_text() if capture.log else ""
     assert "Traceback" not in log, log[-3000:]
     errors = [line for line in log.splitlines() if line.startswith("headwater: error:")]

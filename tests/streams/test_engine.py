@@ -196,7 +196,6 @@ def test_a_revocation_returns_only_once_kafka_has_every_view_row_written(
         load.stop()
         settled(shop_db, engine, tables=False)
     finally:
-        load.stop()
         engine.close()
     assert not fatal
     assert sum(written) > 50, written  # rows were being published around the revocations
