@@ -605,7 +605,7 @@ class Backfiller:
         if status == "done":
             self.pending.append((self.last_end, dataclasses.replace(backfill)))
             elapsed = backfill.finished_at - (backfill.started_at or backfill.finished_at)
-            log.info("backfill #%d of %s done: %d rows in %.1f s, %d keys the table no longer holds retracted",
+            log.info("backfill #%d of %s done: %d rows in %.2f s, %d keys the table no longer holds retracted",
                      backfill.id, backfill.table, backfill.rows, elapsed, backfill.retracted)  # fmt: skip
             return
         with self.state.db:
