@@ -11,9 +11,9 @@ thread, up to ``AHEAD`` chunks in flight; the stream hands the reader the next c
 has a moment (``step``), or as soon as the last one's high watermark comes through. Every
 commit streamed inside a chunk's window drops its rows whose keys it changed
 (``capture.backfill.Window``); at the high watermark's commit the rest is sent as one
-transaction of READ rows before anything after it (``ChangeSink.emit_chunk``: what the
-stream sent is acknowledged first, the chunk goes through a producer driven from C, and
-is acknowledged before the stream goes on). A chunk that cannot be sent (its backfill
+transaction of READ rows before anything after it (``ChangeSink.emit_chunk``: through a
+producer driven from C, which from the first chunk on carries the stream's messages too,
+so order holds without waiting for Kafka). A chunk that cannot be sent (its backfill
 cancelled, a row without key it may hold too old) drops the chunks read after it: they are
 read again from the backfill's cursor. Once the table is read, the
 keys the raw topic held for it before the backfill (read in a thread, ``capture.retract``)
@@ -596,7 +596,10 @@ class Backfiller:
 
     # ---- ends ------------------------------------------------------------------------------
     def _end(self, backfill: Backfill, status: str, message: str = "") -> None:
-        """Done, failed or cancelled: saved once Kafka acknowledged what it sent (at once for the others)."""
+        """Done, failed or cancelled: saved once Kafka acknowledged what it sent (at once for the others). Done waits
+        for Kafka to acknowledge its last chunk (sent without waiting), so its time is the whole backfill's."""
+        if status == "done":
+            self.sink.producer.flush()
         backfill.status, backfill.message, backfill.finished_at = status, message, time.time()
         self.backfills.pop(backfill.id, None)
         self.plans.pop(backfill.id, None)

@@ -10,9 +10,10 @@ librdkafka's statistics; or messages waiting with no acknowledgement for ``STALL
 seconds), and ``on_wait`` is called about once a second while a send waits for room in
 the full local queue — so capture watches Kafka even while it cannot hand it anything.
 ``send_chunk`` sends a backfill's chunk through a second producer driven from C
-(``capture._copier.Sender``, no Python per message) without breaking the order: what was
-sent before is acknowledged first, and the chunk is acknowledged before anything after it
-is sent.
+(``capture._copier.Sender``, no Python per message) without breaking the order: what the
+first producer sent is acknowledged once, before the session's first chunk, and from then on
+the stream's messages go through the second producer too, behind the chunks (one idempotent
+producer keeps one partition's order), so neither waits for Kafka between chunks.
 librdkafka's own lines, of every client here (``SnapshotSender`` included), go to the
 ``tables.logs.KAFKA_LOGGER`` logger, where its connection noise is gated.
 """
@@ -44,6 +45,7 @@ log = logging.getLogger("headwater.capture")
 kafka_log = logging.getLogger(KAFKA_LOGGER)
 STALL_AFTER = 2.0  # seconds messages may wait with no acknowledgement before Kafka counts as not answering
 WAIT_REPORT = 1.0  # seconds between calls of ``on_wait`` while a send waits for room
+ROOM_EVERY = 1_000  # the stream's messages sent through the chunks' producer between looks for room
 CHUNK_SLICE = 10_000  # a backfill chunk's messages handed to its sender at once (room for them awaited first)
 
 DEFAULTS = {
@@ -180,13 +182,17 @@ class ChangeProducer:
 
     No Python callback runs per message: librdkafka reports only failed deliveries,
     and since the idempotent producer delivers one partition's messages in order,
-    everything sent minus what is still queued or in flight has been acknowledged.
+    everything sent minus what is still queued or in flight has been acknowledged. That holds
+    across the two producers too: the first backfill chunk waits until the first one is
+    acknowledged, and from then on only the chunks' producer is sent to.
     """
 
     def __init__(self, cfg: CaptureConfig) -> None:
         self.topic = cfg.changes_topic
         self.cfg = cfg
         self.chunks: Sender | None = None  # a backfill's chunks' own producer, made at the first chunk
+        self.routed = False  # a chunk went through ``chunks``: everything after it goes there too, in order
+        self._folded = 0  # ``chunks``' failed deliveries already counted in ``delivery_errors``
         settings = producer_settings(cfg)
         self.producer = Producer(
             {
@@ -233,8 +239,8 @@ class ChangeProducer:
             self.failure = f"delivery to {self.topic} failed: {err}"
 
     def waiting(self) -> int:
-        """Messages sent and not yet acknowledged by Kafka."""
-        return len(self.producer)
+        """Messages sent and not yet acknowledged by Kafka (by either producer: only one holds any)."""
+        return len(self.producer) + (len(self.chunks) if self.chunks is not None else 0)
 
     @property
     def sent(self) -> int:
@@ -244,11 +250,11 @@ class ChangeProducer:
     def acknowledged(self) -> int:
         """Messages Kafka acknowledged so far: sent, minus those still waiting (a failed one waits until its
         report is served, which counts it in ``delivery_errors``), minus those that failed."""
-        return self.sent - len(self.producer) - self.delivery_errors
+        return self.sent - self.waiting() - self.delivery_errors
 
     def unanswered(self, now: float) -> float:
         """Seconds messages have been waiting with no acknowledgement at all (0 when none wait or acks move)."""
-        waiting = len(self.producer)
+        waiting = self.waiting()
         acked = self.sent - waiting
         if not waiting or acked != self._progress[0]:
             self._progress = (acked, now)
@@ -266,6 +272,9 @@ class ChangeProducer:
         return None
 
     def send(self, key: bytes, value: bytes) -> None:
+        if self.routed:
+            self._send_routed(((key, value),))
+            return
         try:
             self.producer.produce(self.topic, value, key)
         except BufferError:
@@ -276,6 +285,9 @@ class ChangeProducer:
 
     def send_all(self, records: Iterable[tuple[bytes, bytes]]) -> None:
         """``send`` each (key, value), in order (one transaction's messages: the hot path)."""
+        if self.routed:
+            self._send_routed(records)
+            return
         produce, topic, sent = self.producer.produce, self.topic, 0
         try:
             for key, value in records:
@@ -312,6 +324,9 @@ class ChangeProducer:
         limit) is sent again after the others, so only then is the batch's order not kept:
         this is for the snapshot's READ rows, whose positions identify them.
         """
+        if self.routed:
+            self._send_routed((m["key"], m["value"]) for m in messages)
+            return
         told = time.monotonic()
         while len(self.producer) and len(self.producer) + len(messages) > self.queue_max:
             self.producer.poll(0.05)
@@ -341,27 +356,42 @@ class ChangeProducer:
 
     def send_chunk(self, sender: Sender, kafka_key: bytes, head: bytes, size: bytes,
                    rows: list[tuple[bytes | None, bytes | None]], tail: bytes, nested: bool) -> None:  # fmt: skip
-        """A backfill chunk's changes (``capture._copier.send_envelopes``), after everything sent before and before
-        anything sent after: what was sent is acknowledged first, then the chunk goes through ``sender`` (C, no
-        Python per message) and is acknowledged before this returns. The stream waits meanwhile; ``on_wait``
-        hears about Kafka every second."""
-        timeout = float(producer_settings(self.cfg).get("message.timeout.ms", 300000)) / 1000
-        self.flush(timeout)
-        told = time.monotonic()
+        """A backfill chunk's changes (``capture._copier.send_envelopes``) through ``sender`` (C, no Python per
+        message), after everything sent before and before anything sent after. The session's first chunk waits
+        until the first producer's messages are acknowledged; then the stream's messages go through ``sender`` as
+        well (``routed``), so later chunks and the messages around them wait for nothing but room in its queue."""
+        if not self.routed:
+            self.flush(float(producer_settings(self.cfg).get("message.timeout.ms", 300000)) / 1000)
+            self.routed = True
+        told = self._below(sender, len(rows), time.monotonic())  # one chunk in flight at most, while this one goes in
         for first in range(0, len(rows), CHUNK_SLICE):
-            while len(sender) + CHUNK_SLICE > self.queue_max and not sender.failure:
-                sender.poll(0.05)
-                told = self._waiting(told)
+            told = self._room(sender, CHUNK_SLICE, told)
             send_envelopes(sender, kafka_key, head, size, rows[first : first + CHUNK_SLICE], tail, first, nested)
-        start = time.monotonic()
-        while (remaining := sender.flush(WAIT_REPORT)) and not sender.failure and time.monotonic() - start < timeout:
+            self._sent += min(CHUNK_SLICE, len(rows) - first)
+
+    def _send_routed(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """The stream's messages once chunks went through ``chunks``: behind them, by the same producer."""
+        sender = self.chunks
+        assert sender is not None
+        send, told = sender.send, time.monotonic()
+        for n, (key, value) in enumerate(records):
+            if n % ROOM_EVERY == 0:
+                told = self._room(sender, ROOM_EVERY, told)
+            send(value, key)
+            self._sent += 1
+
+    def _room(self, sender: Sender, count: int, told: float) -> float:
+        """Wait until ``sender``'s queue has room for ``count`` more messages, or is empty when it holds fewer
+        (a send into a full queue then waits in C)."""
+        return self._below(sender, max(self.queue_max - count, 0), told)
+
+    def _below(self, sender: Sender, limit: int, told: float) -> float:
+        """Wait until ``sender`` holds at most ``limit`` messages not acknowledged (``on_wait`` meanwhile)."""
+        while len(sender) > limit and not sender.failure:
+            sender.poll(0.005)
             told = self._waiting(told)
-        if sender.failure:
-            self.delivery_errors += sender.errors
-            raise failed(BrokerError(f"a backfill chunk: {sender.failure}", hint="capture resumes from the last"
-                                     " confirmed commit, the backfill from its last chunk"), sender.errors)  # fmt: skip
-        if remaining:
-            raise BrokerError(f"{remaining} messages of a backfill chunk not acknowledged after {timeout:.0f} s")
+        self.check()
+        return told
 
     def _produce_when_room(self, key: bytes, value: bytes, pending: int) -> None:
         """The local queue is full: serve deliveries until the message fits (``pending``: messages the
@@ -394,7 +424,7 @@ class ChangeProducer:
         self._marks.append((self._sent, lsn))
 
     def acked_lsn(self) -> int | None:
-        self.producer.poll(0)
+        self.poll(0)
         self.check()
         acked = self.acknowledged()
         while self._marks and self._marks[0][0] <= acked:
@@ -402,19 +432,34 @@ class ChangeProducer:
         return self._last_acked_lsn
 
     def check(self) -> None:
+        chunks = self.chunks
+        if chunks is not None and chunks.errors > self._folded:
+            self.delivery_errors += chunks.errors - self._folded
+            self._folded = chunks.errors
+        if self.failure is None and chunks is not None and chunks.failure:
+            self.failure = f"a backfill's producer: {chunks.failure}"
         if self.failure:
-            raise BrokerError(self.failure, hint="capture resumes from the last confirmed commit once Kafka is back")
+            raise BrokerError(self.failure, hint="capture resumes from the last confirmed commit once Kafka is back"
+                              " (a backfill from its last acknowledged chunk)")  # fmt: skip
+
+    def _failed(self) -> bool:
+        return bool(self.failure or (self.chunks is not None and self.chunks.failure))
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until Kafka acknowledged everything sent (``on_wait`` about once a second meanwhile)."""
         told = start = time.monotonic()
-        while remaining := self.producer.flush(max(min(WAIT_REPORT, start + timeout - time.monotonic()), 0)):
-            if self.failure or time.monotonic() >= start + timeout:
-                break
-            told = self._waiting(told)
+        remaining = 0
+        for handle in (self.producer, self.chunks):
+            while handle is not None and not self._failed():
+                remaining = handle.flush(max(min(WAIT_REPORT, start + timeout - time.monotonic()), 0))
+                if not remaining or time.monotonic() >= start + timeout:
+                    break
+                told = self._waiting(told)
         self.check()
         if remaining:
             raise BrokerError(f"{remaining} messages not acknowledged by Kafka after {timeout:.0f} s")
 
     def poll(self, timeout: float = 0.0) -> None:
         self.producer.poll(timeout)
+        if self.chunks is not None:
+            self.chunks.poll(0)

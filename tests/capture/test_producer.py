@@ -2,7 +2,8 @@
 
 What the Copier sends through it reaches the topic byte for byte as the batches the
 ``ChangeProducer`` path sends; a full local queue is waited out; a delivery that fails
-is reported, never taken for acknowledged.
+is reported, never taken for acknowledged. Backfill chunks and the stream's messages
+around them reach the topic in send order, with no wait for Kafka between them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from capture._copier import Sender
+from capture._copier import Sender, envelopes
 from capture.config import CaptureConfig
 from capture.errors import BrokerError
 from capture.producer import (
@@ -176,3 +177,32 @@ def test_a_senders_librdkafka_lines_are_log_records_on_the_sending_thread(caplog
 def test_the_producers_statistics_interval_is_the_users_if_set() -> None:
     assert statistics({"bootstrap.servers": "x"})["statistics.interval.ms"] == 1000
     assert statistics({"statistics.interval.ms": "60000"})["statistics.interval.ms"] == "60000"
+
+
+def test_chunks_and_the_stream_around_them_keep_send_order_without_waiting_for_kafka(
+    local_stack: StackConfig, unique_name: str
+) -> None:
+    """Once a chunk went through the chunks' producer the stream's messages follow it there: a chunk returns with
+    its messages still unacknowledged, the topic holds everything in send order, and a commit's LSN is confirmed
+    only once everything before it was acknowledged."""
+    cfg = config(local_stack.bootstrap, unique_name, **{"queue.buffering.max.messages": "300", "linger.ms": "200"})
+    ensure_changes_topic(cfg)
+    producer = ChangeProducer(cfg)
+    sender = producer.chunk_sender()
+    assert sender is not None
+    expected: list[bytes] = []
+    for n in range(3):
+        stream = [b"stream %d.%d" % (n, i) for i in range(400)]  # more than the queue holds: room is waited for
+        producer.send_all((b"k", value) for value in stream)
+        producer.mark(10 * n + 1)
+        rows: list[tuple[bytes | None, bytes | None]] = [(b"key %d" % i, b"row %d.%d" % (n, i)) for i in range(250)]
+        producer.send_chunk(sender, b"k", b"head", b"\x02", rows, b"tail", False)
+        assert producer.waiting() > 0, "a chunk waited for Kafka"
+        producer.mark(10 * n + 2)
+        expected += [*stream, *envelopes(b"head", b"\x02", rows, b"tail")]
+    assert producer.routed
+    producer.flush(30.0)
+    assert producer.acked_lsn() == 22 and producer.acknowledged() == producer.sent == len(expected) == 1950
+    assert [r.value for r in read_topic(local_stack.bootstrap, cfg.changes_topic)] == expected
+    producer.abandon()
+
