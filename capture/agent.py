@@ -29,7 +29,7 @@ from capture.encoder import change_writer
 from capture.errors import BrokerError, CheckpointMismatchError, SlotLostError, SourceError, SourceUnreachableError
 from capture.kafkawatch import KafkaWatch
 from capture.metrics import CaptureMetrics, Probe
-from capture.producer import ChangeProducer, ensure_changes_topic
+from capture.producer import ChangeProducer, ensure_changes_topic, sized
 from capture.schemas import Ids, register_changes, register_table
 from capture.slotwatch import SlotWatch
 from capture.state import Checkpoint, State, snapshot_done
@@ -147,7 +147,7 @@ class Session:
             workers = self._workers()  # before any Kafka client: forked while this process has one thread
             self.probe.start()  # its threads after the fork, too
             writer = change_writer(cfg.format, *register_changes(registrar, cfg), cfg.raw_images)
-            ensure_changes_topic(cfg, written=self._written(state))
+            self.cfg = cfg = sized(cfg, ensure_changes_topic(cfg, written=self._written(state)))
             producer = ChangeProducer(cfg)
             producer.on_wait = functools.partial(self.metrics.watch_producer, producer)  # Kafka watched while it waits
             sink = ChangeSink(writer, producer)

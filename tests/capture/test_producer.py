@@ -3,11 +3,14 @@
 What the Copier sends through it reaches the topic byte for byte as the batches the
 ``ChangeProducer`` path sends; a full local queue is waited out; a delivery that fails
 is reported, never taken for acknowledged. Backfill chunks and the stream's messages
-around them reach the topic in send order, with no wait for Kafka between them.
+around them reach the topic in send order, with no wait for Kafka between them. Producer
+batches are sized under the raw topic's ``max.message.bytes``, and batches that large are read
+back whole by every kind of reader here.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -15,23 +18,30 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from capture._copier import Sender, envelopes
 from capture.config import CaptureConfig
 from capture.errors import BrokerError
 from capture.producer import (
+    BIG_BATCH,
+    RAW_MAX_MESSAGE_BYTES,
     ChangeProducer,
     SnapshotSender,
+    batch_settings,
     ensure_changes_topic,
     librdkafka_library,
     librdkafka_line,
     librdkafka_settings,
+    producer_settings,
+    sized,
     statistics,
 )
+from streams.clients import READER_MEMORY
 from tables.config import Secret, Settings, StackConfig
 from tables.errors import FatalError
-from tables.kafka import read_topic
+from tables.kafka import read_topic, read_topic_from
 from tables.logs import KAFKA_LOGGER
 from tests.capture.test_transcoder import CHANGE_KEY, ROW, copier_for, copy_line, with_
 from tests.plugins.stack import free_port
@@ -206,3 +216,73 @@ def test_chunks_and_the_stream_around_them_keep_send_order_without_waiting_for_k
     assert [r.value for r in read_topic(local_stack.bootstrap, cfg.changes_topic)] == expected
     producer.abandon()
 
+
+KAFKA_DEFAULT_LIMIT = 1_048_588  # Apache Kafka's message.max.bytes unless a broker is configured otherwise
+
+
+def test_batches_are_sized_under_the_topics_limit_with_room_for_framing() -> None:
+    assert batch_settings(None) == {}  # unknown: librdkafka's own 1 MB batches
+    big = batch_settings(RAW_MAX_MESSAGE_BYTES)
+    assert int(big["batch.size"]) == BIG_BATCH and int(big["message.max.bytes"]) > BIG_BATCH
+    for limit in (KAFKA_DEFAULT_LIMIT, 200_000, 1_500_000):
+        size = int(batch_settings(limit)["batch.size"])
+        assert size + limit // 20 < limit  # lz4's worst growth and the batch's framing fit
+    assert int(batch_settings(200_000)["message.max.bytes"]) >= 1_000_000  # one row may still be 1 MB
+
+
+def test_the_users_producer_settings_win_over_the_sizing() -> None:
+    cfg = config("127.0.0.1:9", "p", **{"batch.size": "65536"})
+    chosen = sized(cfg, RAW_MAX_MESSAGE_BYTES)
+    assert chosen.producer["batch.size"] == "65536"
+    assert chosen.producer["batch.num.messages"] == "100000" and cfg.producer == {"batch.size": "65536"}
+    assert sized(cfg, None) is cfg
+    assert librdkafka_settings(sized(config("127.0.0.1:9", "p"), KAFKA_DEFAULT_LIMIT))["batch.size"] == str(
+        KAFKA_DEFAULT_LIMIT - KAFKA_DEFAULT_LIMIT // 16)
+
+
+def topic_setting(bootstrap: str, topic: str, name: str) -> str | None:
+    admin, resource = AdminClient({"bootstrap.servers": bootstrap}), ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entry = admin.describe_configs([resource])[resource].result(timeout=10).get(name)
+    return entry.value if entry is not None else None
+
+
+def test_the_raw_topic_is_made_to_take_big_batches_unless_the_user_says(
+    local_stack: StackConfig, unique_name: str
+) -> None:
+    cfg = config(local_stack.bootstrap, unique_name)
+    assert ensure_changes_topic(cfg) == RAW_MAX_MESSAGE_BYTES == ensure_changes_topic(cfg)  # made, then found
+    assert topic_setting(local_stack.bootstrap, cfg.changes_topic, "max.message.bytes") == str(RAW_MAX_MESSAGE_BYTES)
+    limit = Settings({"max.message.bytes": "2000000"})
+    own = CaptureConfig(dsn=Secret("postgresql:///unused"), bootstrap=local_stack.bootstrap,
+                        topic_prefix=unique_name + "-own", topic_config=limit)  # fmt: skip
+    assert ensure_changes_topic(own) == 2_000_000
+
+
+def test_a_raw_topic_reporting_no_limit_keeps_librdkafkas_batches(local_stack: StackConfig, unique_name: str) -> None:
+    """The local broker reports only settings a topic was made with: a raw topic made by an older
+    capture (or by hand) has no known limit, so batches stay at librdkafka's 1 MB."""
+    cfg = config(local_stack.bootstrap, unique_name)
+    admin = AdminClient({"bootstrap.servers": local_stack.bootstrap})
+    admin.create_topics([NewTopic(cfg.changes_topic, 1, 1)])[cfg.changes_topic].result(timeout=10)
+    assert ensure_changes_topic(cfg) is None
+    assert "batch.size" not in librdkafka_settings(sized(cfg, None))
+
+
+def test_big_batches_are_read_whole_by_a_reader_fetching_a_megabyte(local_stack: StackConfig, unique_name: str) -> None:
+    """Batches of 4 MB (before lz4) are larger than the workers' readers fetch at once (1 MB): the broker
+    hands each over whole all the same, and every message is read, in order."""
+    cfg = sized(config(local_stack.bootstrap, unique_name, **{"linger.ms": "200"}), RAW_MAX_MESSAGE_BYTES)
+    ensure_changes_topic(cfg)
+    largest: list[int] = []
+    producer = Producer({**statistics(producer_settings(cfg)), "statistics.interval.ms": 100, "stats_cb":
+                         lambda s: largest.append(json.loads(s)["topics"].get(cfg.changes_topic, {}).get(
+                             "batchcnt", {}).get("max", 0)) if "topics" in json.loads(s) else None})  # fmt: skip
+    values = [(b"%06d" % n) * 25 for n in range(40_000)]  # 6 MB
+    for n, value in enumerate(values):
+        producer.produce(cfg.changes_topic, value, b"key %d" % n, partition=0)
+    producer.flush(60.0)
+    time.sleep(0.3)
+    producer.poll(0)
+    assert max(largest) > 10_000  # messages in a batch: librdkafka's 1 MB batches held ~6,000 of these
+    settings = {"bootstrap.servers": local_stack.bootstrap, **READER_MEMORY}
+    assert [r.value for r in read_topic_from(settings, cfg.changes_topic)] == values
