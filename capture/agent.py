@@ -147,8 +147,8 @@ class Session:
             workers = self._workers()  # before any Kafka client: forked while this process has one thread
             self.probe.start()  # its threads after the fork, too
             writer = change_writer(cfg.format, *register_changes(registrar, cfg), cfg.raw_images)
-            self.cfg = cfg = sized(cfg, ensure_changes_topic(cfg, written=self._written(state)))
-            producer = ChangeProducer(cfg)
+            limit = ensure_changes_topic(cfg, written=self._written(state))
+            producer = ChangeProducer(sized(cfg, limit))  # batch settings for it alone: capture's readers share cfg
             producer.on_wait = functools.partial(self.metrics.watch_producer, producer)  # Kafka watched while it waits
             sink = ChangeSink(writer, producer)
             types = TypeCache(conn)

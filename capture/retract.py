@@ -35,6 +35,7 @@ from capture.config import CaptureConfig
 from tables.catalog import TableSchema
 from tables.change import ChangeReader
 from tables.kafka import bounds, read_to_end, reader
+from tables.logs import KAFKA_LOGGER
 from tables.registry import Registry
 from tables.wire import body, schema_id
 
@@ -70,9 +71,15 @@ class LiveKeys:
         return sum(len(k) for k in self.keys.values())
 
 
+def _settings(cfg: CaptureConfig) -> dict[str, Any]:
+    """A raw topic reader's settings: capture's Kafka settings, librdkafka's lines through logging (a
+    producer's setting among them makes a consumer warn, and that warning is a log record like any)."""
+    return {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": logging.getLogger(KAFKA_LOGGER)}
+
+
 def raw_end(cfg: CaptureConfig) -> int:
     """The raw topic's true end offset (0 when it is empty or does not exist yet)."""
-    consumer = reader({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
+    consumer = reader(_settings(cfg))
     try:
         listed = consumer.list_topics(cfg.changes_topic, timeout=10).topics.get(cfg.changes_topic)
         if listed is None or listed.error is not None or not listed.partitions:
@@ -86,7 +93,7 @@ def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None) -> 
     """(op, table, key, before) of every raw change below offset ``end``, in order; Avro records are read
     with their writer's schema from ``registry``, so records of every version of the change schema, with
     framed or nested images, are read (images framed: ``tables.change.ChangeReader``)."""
-    consumer = reader({"bootstrap.servers": cfg.bootstrap, **cfg.producer})
+    consumer = reader(_settings(cfg))
     decode = _json_change if cfg.format == "json" or registry is None else _avro_reader(ChangeReader(registry))
     try:
         for msg in read_to_end(consumer, [TopicPartition(cfg.changes_topic, 0, 0)], timeout=600):
