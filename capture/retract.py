@@ -35,11 +35,12 @@ from capture.config import CaptureConfig
 from tables.catalog import TableSchema
 from tables.change import ChangeReader
 from tables.kafka import bounds, read_to_end, reader
-from tables.logs import KAFKA_LOGGER
+from tables.logs import KAFKA_GATE, KAFKA_LOGGER
 from tables.registry import Registry
 from tables.wire import body, schema_id
 
 log = logging.getLogger("headwater.capture")
+READER_LOGGER = KAFKA_LOGGER + ".reader"  # librdkafka's lines of the raw topic readers (``SharedSettings``)
 Table = tuple[str, str]  # (schema, name)
 KeyDecoder = Callable[[bytes], list[Any]]  # key image -> the key columns' values, in key order
 Earlier = tuple[str, Table, bytes | None, bytes | None]  # (op, table, key, before) of a raw change
@@ -71,10 +72,25 @@ class LiveKeys:
         return sum(len(k) for k in self.keys.values())
 
 
+class SharedSettings(logging.Filter):
+    """Capture's Kafka settings are its producer's and its readers': a reader's warning that one of them is a
+    producer's and does not apply to it is expected, and goes to DEBUG; its other lines pass the gate every
+    librdkafka client's lines pass (``KAFKA_GATE``: connection failures counted)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "is a producer property" in record.getMessage():
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return KAFKA_GATE.filter(record)
+
+
 def _settings(cfg: CaptureConfig) -> dict[str, Any]:
-    """A raw topic reader's settings: capture's Kafka settings, librdkafka's lines through logging (a
-    producer's setting among them makes a consumer warn, and that warning is a log record like any)."""
-    return {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": logging.getLogger(KAFKA_LOGGER)}
+    """A raw topic reader's settings: capture's Kafka settings, librdkafka's lines through logging (never
+    straight to stderr: a JSON log stays JSON)."""
+    logger = logging.getLogger(READER_LOGGER)
+    if not any(isinstance(f, SharedSettings) for f in logger.filters):
+        logger.addFilter(SharedSettings())
+    return {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": logger}
 
 
 def raw_end(cfg: CaptureConfig) -> int:

@@ -144,7 +144,8 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 def test_json_log_lines_and_log_levels(pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture]) -> None:
     """A consumer's setting among the producer's (as a shared [pipeline] kafka has) makes librdkafka warn, in
     capture's producer and in the snapshot's sender (C); a producer's makes capture's raw topic readers (the
-    snapshot's retraction reads the raw topic's keys) warn: every line is JSON all the same."""
+    snapshot's retraction reads the raw topic's keys) warn at DEBUG only (the settings are shared on purpose):
+    every line is JSON all the same."""
     capture = capture_factory(pg_database, producer={"fetch.wait.max.ms": "100", "linger.ms": "5"})
     process = capture.spawn("--log-format", "json", "--log-level", "warning")
     wait_ready(capture)
@@ -154,8 +155,7 @@ def test_json_log_lines_and_log_levels(pg_database: str, shop_db: Any, capture_f
     lines = json_lines(capture.log.read_text())
     warned = [line for line in lines if line["logger"] == "headwater.kafka" and "fetch.wait.max.ms" in line["message"]]
     assert len(warned) >= 2, "capture's producer and the snapshot's sender each warn"
-    read = [line for line in lines if line["logger"] == "headwater.kafka" and "queue.buffering.max.ms" in line["message"]]
-    assert read, "a raw topic reader warns of linger.ms (librdkafka names it by its alias)"
+    assert not any("queue.buffering.max.ms" in line["message"] for line in lines), "a reader's warning of linger.ms"
     assert {line["level"] for line in lines} <= {"WARNING", "ERROR", "CRITICAL"}, "INFO lines at --log-level warning"
     assert all({"time", "level", "component", "logger", "message"} <= set(line) for line in lines)
     start = next(line for line in lines if line["message"].startswith("capture starting"))
