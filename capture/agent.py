@@ -151,6 +151,7 @@ class Session:
             producer = ChangeProducer(sized(cfg, limit))  # batch settings for it alone: capture's readers share cfg
             producer.on_wait = functools.partial(self.metrics.watch_producer, producer)  # Kafka watched while it waits
             sink = ChangeSink(writer, producer)
+            sink.prepare_chunks()  # made now: a new idempotent producer sends nothing for ~0.5 s (its producer id)
             types = TypeCache(conn)
             parts = Parts(conn, state, tables, types, registrar, sink, producer, workers)
             try:
