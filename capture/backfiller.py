@@ -475,7 +475,6 @@ class Backfiller:
         ks = plan.reading.ks
         backfill.estimate = chunker.validate(self.conn, ks.table, backfill.predicate)
         backfill.upto = chunker.last_bound(self.conn, ks, backfill.predicate)
-        self.sink.prepare_chunks()
         backfill.status, backfill.started_at = "running", time.time()
         backfill.phase = "chunks" if backfill.upto is not None else "retract"
         with self.state.db:

@@ -122,10 +122,10 @@ class ChangeSink:
 
     # ---- backfills ------------------------------------------------------------------------
     def prepare_chunks(self) -> None:
-        """The chunks' producer (``emit_chunk``) is made now, at a session's start and again (if need be) when a
-        backfill starts, not at its first chunk: librdkafka's idempotent producer sends nothing for about 0.5 s
-        after it is made (its producer id first), and every backfill's second chunk waited that long for the
-        first one's acknowledgement, the stream with it (``./dev bench backfill``: 0.4-0.5 s of ~2 s)."""
+        """The chunks' producer (``emit_chunk``) is made now, at a session's start, not when a backfill starts:
+        librdkafka's idempotent producer sends nothing for about 0.5 s after it is made (its producer id first),
+        and every backfill's second chunk waited that long for the first one's acknowledgement, the stream with it
+        (``./dev bench backfill``: 0.4-0.5 s of ~2 s)."""
         if isinstance(self.writer, ChangeWriter):
             self.producer.chunk_sender()
 

@@ -243,7 +243,7 @@ class ChangeProducer:
     def __init__(self, cfg: CaptureConfig) -> None:
         self.topic = cfg.changes_topic
         self.cfg = cfg
-        self.chunks: Sender | None = None  # a backfill's chunks' own producer, made at the first chunk
+        self.chunks: Sender | None = None  # the backfills' chunks' own producer (``chunk_sender``, at session start)
         self.routed = False  # a chunk went through ``chunks``: everything after it goes there too, in order
         self._folded = 0  # ``chunks``' failed deliveries already counted in ``delivery_errors``
         settings = producer_settings(cfg)
