@@ -3,16 +3,23 @@ PostgreSQL no longer holds, for keys of every common key type, in both output fo
 
 from __future__ import annotations
 
+import io
+import json
+from collections.abc import Callable
 from datetime import UTC, date, datetime
 from typing import Any
 
+import fastavro
 import psycopg2
 import pytest
 from psycopg2 import sql
 
 from capture import catalog, retract
-from capture.encoder import RowEncoder
+from capture.encoder import ChangeWriter, RowEncoder
+from capture.jsonformat import JsonChangeWriter
 from tables.catalog import TableSchema
+from tables.change import CHANGE_KEY_SCHEMA
+from tables.wire import body
 
 T = ("public", "t")
 OTHER = ("public", "other")
@@ -38,6 +45,35 @@ def test_live_keys_apply_the_raw_topic_in_order() -> None:
     assert list(live.keys[T]) == [key(3), key(4)]
     assert list(live.keys[OTHER]) == [key(6)]
     assert ("public", "untracked") not in live.keys and len(live) == 3
+
+
+def avro_key_decoder(calls: list[bytes]) -> Callable[[bytes], Any]:
+    parsed = fastavro.parse_schema(CHANGE_KEY_SCHEMA)
+
+    def decode(key: bytes) -> Any:
+        calls.append(key)
+        return fastavro.schemaless_reader(io.BytesIO(body(key)), parsed, None)
+
+    return decode
+
+
+@pytest.mark.unit
+def test_key_filter_passes_changes_keyed_by_its_tables_and_decodes_each_key_once() -> None:
+    calls: list[bytes] = []
+    wanted = retract.KeyFilter([T], avro_key_decoder(calls))
+    mine, other = ChangeWriter(7, 8).encode_key(*T), ChangeWriter(7, 8).encode_key(*OTHER)
+    older = ChangeWriter(3, 4).encode_key(*T)  # the same key under another schema id
+    seen = [wanted(k) for k in (mine, other, mine, other, older, None, b"\x00\x00\x00\x00\x07\xff", b"")]
+    assert seen == [True, False, True, False, True, True, True, True]  # no key, or no change key: the value decides
+    assert calls.count(mine) == 1 and calls.count(other) == 1
+
+
+@pytest.mark.unit
+def test_key_filter_reads_json_change_keys() -> None:
+    wanted = retract.KeyFilter([T], json.loads)
+    writer = JsonChangeWriter()
+    assert wanted(writer.encode_key(*T)) and not wanted(writer.encode_key(*OTHER))
+    assert wanted(b"not json") and wanted(b"[1]")
 
 
 @pytest.mark.unit
