@@ -52,6 +52,7 @@ class Scenario:
     prepare: Callable[[stack.StackConfig, str], None]
     load: Callable[[stack.StackConfig], list[str]]
     what: str
+    small: str  # a small table of the set, backfilled after ``table``: mostly the read of the raw topic's keys
 
 
 def grow_orders(rows: int) -> Callable[[stack.StackConfig, str], None]:
@@ -90,10 +91,10 @@ def scenarios(rows: int, scale: int, rate: float | None) -> list[Scenario]:
     return [
         Scenario("public.orders", ",".join(f"public.{t}" for t in shop.TABLES), grow_orders(rows),
                  shop_load(shop_rate), f"the shop's orders grown by {rows}, under headwater demo load --rate"
-                 f" {shop_rate:g}"),
+                 f" {shop_rate:g}", "public.products"),
         Scenario("public.pgbench_accounts", "public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers",
                  pgbench_data(scale), pgbench_load(pgbench_rate), f"pgbench -s {scale}, under pgbench -R"
-                 f" {pgbench_rate:g}"),
+                 f" {pgbench_rate:g}", "public.pgbench_tellers"),
     ]  # fmt: skip
 
 
@@ -189,6 +190,7 @@ class Run:
     before: tuple[float, float] = (0.0, 0.0)
     lags: Lags = field(default_factory=Lags)
     done: Backfill | None = None
+    raw: int = 0  # the raw topic's changes as the small table's backfill started
 
 
 def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk: int | None = None) -> Run:
@@ -217,6 +219,9 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
         ask(work, scenario.table)
         measured.done = backfilled(work)
         measured.cpu = cpu_seconds(cap.pid) - cpu
+        measured.raw = raw_changes(cfg)
+        ask(work, scenario.small)
+        backfilled(work)
         time.sleep(1.0)
     finally:
         if load is not None:
@@ -229,14 +234,27 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
     return measured
 
 
+def raw_changes(cfg: stack.StackConfig) -> int:
+    consumer = Consumer({"bootstrap.servers": cfg.bootstrap, "group.id": "bench-backfill-end"})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(f"{PREFIX}.changes", 0), timeout=10)[1])
+    finally:
+        consumer.close()
+
+
+def logged(log: Path, table: str) -> tuple[int, float] | None:
+    """(rows, seconds) of the last backfill of ``table`` capture's log says is done."""
+    found = re.findall(rf"backfill #\d+ of {re.escape(table)} done: (\d+) rows in ([\d.]+) s", log.read_text())
+    return (int(found[-1][0]), float(found[-1][1])) if found else None
+
+
 def report(measured: Run, log: Path) -> None:
     done, table = measured.done, measured.scenario.table
-    pattern = rf"backfill #\d+ of {re.escape(table)} done: (\d+) rows in ([\d.]+) s"
-    found = re.findall(pattern, log.read_text())
-    if done is None or done.status != "done" or not found:
+    found, small = logged(log, table), logged(log, measured.scenario.small)
+    if done is None or done.status != "done" or found is None or small is None:
         raise RuntimeError(f"the backfill of {table} did not finish: {done.describe() if done else 'not asked'}")
     assert done.started_at is not None and done.finished_at is not None
-    rows, seconds = int(found[-1][0]), float(found[-1][1])
+    rows, seconds = found
     idle, loaded, lags = measured.idle, measured.loaded, measured.lags
     print(f"\nbackfill of {table} ({measured.rows} rows; {measured.scenario.what}):")
     print(f"  COPY ... TO STDOUT (psql -> /dev/null), idle:       {idle:7.2f} s  {measured.rows / idle:9.0f} rows/s")
@@ -253,6 +271,10 @@ def report(measured: Run, log: Path) -> None:
     print(describe(f"during the backfill ({done.finished_at - done.started_at:.1f} s)",
                    lags.between(done.started_at, done.finished_at)))  # fmt: skip
     print(f"  (the sampler's CPU: {lags.cpu:.2f} s)")
+    reads = re.findall(r"the raw topic holds \d+ changes from before backfill #\d+ \(\d+ keys of its tables, read in"
+                       r" ([\d.]+) s\)", log.read_text())  # fmt: skip
+    print(f"  then {measured.scenario.small} ({small[0]} rows), with {measured.raw} changes on the raw topic to read"
+          f" for its retraction: {small[1]:.2f} s (the read: {reads[-1] if reads else '?'} s)")  # fmt: skip
 
 
 def describe(name: str, values: list[float]) -> str:
