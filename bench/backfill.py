@@ -13,7 +13,9 @@ snapshot TABLE`` backfills the table while the load goes on. Printed, from one r
 - the lag of the load's changes before the backfill and during it — every 50 ms, how far the
   raw topic's newest change lies behind its commit (the load commits every few ms, and the
   topic is in commit order): the stream goes on while the table is chunked. Sampling reads
-  one batch a time, not the million messages a full consumer would read on the same cores.
+  one batch a time, not the million messages a full consumer would read on the same cores;
+- then a small table of the same set backfilled, with the time its retraction's read of the whole
+  raw topic (by then the big table's million rows and the load's changes) took.
 """
 
 from __future__ import annotations

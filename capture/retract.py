@@ -129,8 +129,8 @@ def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None,
 class KeyFilter:
     """Whether a raw change's Kafka key (``tables.change.CHANGE_KEY_SCHEMA``: its schema and table) may name
     one of ``tables``: each distinct key is decoded once (a topic has a few: one per table and key schema
-    id), so changes of other tables cost a dict lookup instead of decoding their value. Measured: a 100-row
-    table's retraction read 1M raw changes of another table in 16 s, nearly all of it decoding them.
+    id), so changes of other tables cost a dict lookup instead of decoding their value. Measured (``./dev bench
+    backfill``, a 100-row table after a 1M-row one): its backfill took 10.7 s before, 3.7 s after.
     A key that is missing or does not decode to a table passes (its value decides)."""
 
     def __init__(self, tables: Collection[Table], decode: Callable[[bytes], Any]) -> None:
