@@ -8,9 +8,9 @@ table feed fetches up to 16 MB at once there, because Tansu lists every batch of
 each fetch (its object-store engine, 0.6.0): the table topics hold many small batches, and at
 1 MB a fetch a 5M-row load (1.25M rows a partition) fell to a few hundred rows a second and
 stalled. The raw topic's batches are capture's (up to 4 MiB of changes each, lz4), few and large:
-its readers keep 1 MB fetches, which is what bounds their memory (``tables.kafka.READER_MEMORY``).
-The fan-out lingers 20 ms (Kafka Streams: 100 ms), so a table topic gets fewer, larger batches.
-The Faust app's own settings are the host's (``streams.profile``). Nothing here imports Faust.
+its readers keep 1 MB fetches, which is what bounds their memory. The fan-out lingers 20 ms
+(Kafka Streams: 100 ms), so a table topic gets fewer, larger batches. The Faust app's own
+settings are the host's (``streams.profile``). Nothing here imports Faust.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import logging
 from typing import Any
 
 from streams.config import StreamsConfig
-from tables.kafka import READER_MEMORY
 from tables.logs import KAFKA_LOGGER
 
 TABLE_PRODUCER: dict[str, Any] = {
@@ -33,6 +32,21 @@ TABLE_PRODUCER: dict[str, Any] = {
 
 TANSU_FETCH_WAIT_MS = 10
 TANSU_TABLE_FETCH = 16 << 20  # bytes a table feed's fetch may bring on the local broker (see the promise)
+
+# What each reader may hold fetched ahead of its handler. librdkafka checks its queue's limits only
+# before a fetch, and one fetch brings up to fetch.max.bytes of *compressed* batches (Tansu ignores
+# max.partition.fetch.bytes): with the defaults (50 MB per fetch, 100,000 messages per partition) a
+# worker starting behind a 1M-row raw topic (lz4) held ~190 MB of fetched changes (heaptrack: message
+# ops and decompressed batches; 15 MB of Python objects). A 1 MB fetch holds a reader draining
+# 1M messages at 164 MB of RSS instead of 403-426 MB, as fast (26 s); a full queue is looked at again
+# after 20 ms, not librdkafka's 1 s, so a fast handler never waits for a fetch.
+READER_MEMORY: dict[str, Any] = {
+    "queued.max.messages.kbytes": 8192,
+    "queued.min.messages": 20000,
+    "max.partition.fetch.bytes": 256 << 10,
+    "fetch.max.bytes": 1 << 20,
+    "fetch.queue.backoff.ms": 20,
+}
 
 
 def reader_settings(cfg: StreamsConfig, *, table_feed: bool = False) -> dict[str, Any]:

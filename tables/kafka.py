@@ -25,23 +25,7 @@ from tables.errors import RetryableError
 
 log = logging.getLogger("tables.kafka")
 READER_FETCH_WAIT_MS = 10
-READER_FETCH_BYTES = 8 << 20  # a ``reader``'s fetch (compressed): 1M lz4 raw changes in 0.77 s, 1.18 s by 1 MB fetches
-
-# What each reader may hold fetched ahead of its handler. librdkafka checks its queue's limits only
-# before a fetch, and one fetch brings up to fetch.max.bytes of *compressed* batches (Tansu ignores
-# max.partition.fetch.bytes): with the defaults (50 MB per fetch, 100,000 messages per partition) a
-# worker starting behind a 1M-row raw topic (lz4) held ~190 MB of fetched changes (heaptrack: message
-# ops and decompressed batches; 15 MB of Python objects). A 1 MB fetch holds a reader draining
-# 1M messages at 164 MB of RSS instead of 403-426 MB, as fast (26 s); a full queue is looked at again
-# after 20 ms, not librdkafka's 1 s (``fetch.queue.backoff.ms``): with its 1 s, a reader of lz4 batches
-# waited a second after nearly every fetch, and read 1M raw changes in 7-9 s instead of 0.5 s.
-READER_MEMORY: dict[str, Any] = {
-    "queued.max.messages.kbytes": 8192,
-    "queued.min.messages": 20000,
-    "max.partition.fetch.bytes": 256 << 10,
-    "fetch.max.bytes": 1 << 20,
-    "fetch.queue.backoff.ms": 20,
-}
+READER_QUEUE_BACKOFF_MS = 20
 CONSUME_BATCH = 500  # messages taken from librdkafka's queue at once by ``read_to_end``
 STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
 
@@ -76,11 +60,12 @@ def reader(settings: Mapping[str, Any]) -> Consumer:
     """A consumer that reports partition EOF and commits nothing (a group of its own). Fetches wait
     at most ``READER_FETCH_WAIT_MS`` unless ``settings`` say otherwise: the local broker holds a fetch
     for its whole wait and returns a few batches, so librdkafka's 500 ms read a busy raw topic at
-    ~550 messages/s — slower than capture wrote it, and the end was never reached. It holds what
-    ``READER_MEMORY`` lets it, fetching ``READER_FETCH_BYTES`` at a time."""
-    largest = int(settings.get("message.max.bytes", 1_000_000))  # librdkafka: fetch.max.bytes >= message.max.bytes
+    ~550 messages/s — slower than capture wrote it, and the end was never reached. A full queue is
+    looked at again after ``READER_QUEUE_BACKOFF_MS``, not librdkafka's 1 s (``fetch.queue.backoff.ms``):
+    a fetch of lz4 batches (capture's raw topic) fills the queue past ``queued.min.messages`` nearly
+    every time, and with 1 s a reader took 7-9 s for 1M raw changes on Tansu, 0.5 s with 20 ms."""
     return Consumer({
-        "fetch.wait.max.ms": READER_FETCH_WAIT_MS, **READER_MEMORY, "fetch.max.bytes": max(READER_FETCH_BYTES, largest),
+        "fetch.wait.max.ms": READER_FETCH_WAIT_MS, "fetch.queue.backoff.ms": READER_QUEUE_BACKOFF_MS,
         **settings, "group.id": f"headwater-reader-{time.monotonic_ns()}", "enable.auto.commit": False,
         "enable.partition.eof": True, "auto.offset.reset": "earliest",
     })  # fmt: skip

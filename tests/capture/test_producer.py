@@ -38,9 +38,10 @@ from capture.producer import (
     sized,
     statistics,
 )
+from streams.clients import READER_MEMORY
 from tables.config import Secret, Settings, StackConfig
 from tables.errors import FatalError
-from tables.kafka import READER_MEMORY, read_topic, read_topic_from
+from tables.kafka import read_topic, read_topic_from
 from tables.logs import KAFKA_LOGGER
 from tests.capture.test_transcoder import CHANGE_KEY, ROW, copier_for, copy_line, with_
 from tests.plugins.stack import free_port
