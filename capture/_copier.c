@@ -712,9 +712,78 @@ static PyObject *send_envelopes(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- reading a framed change's head (retractions) ------------------------------------------ */
+
+/* Avro's zig-zag varint at *p (before end) into *out; -1 if it runs past end or over 10 bytes */
+static int read_long(const unsigned char **p, const unsigned char *end, int64_t *out) {
+    uint64_t z = 0;
+    for (int shift = 0; shift < 70 && *p < end; shift += 7) {
+        unsigned char c = *(*p)++;
+        z |= (uint64_t)(c & 0x7F) << shift;
+        if (!(c & 0x80)) {
+            *out = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A string or bytes field at *p: its start and length; -1 if it runs past end */
+static int read_span(const unsigned char **p, const unsigned char *end, const unsigned char **at, int64_t *n) {
+    if (read_long(p, end, n) < 0 || *n < 0 || *n > end - *p)
+        return -1;
+    *at = *p;
+    *p += *n;
+    return 0;
+}
+
+/* An optional bytes field (union null, bytes) at *p: None, or a new bytes object; NULL with *bad set on bad data */
+static PyObject *read_optional(const unsigned char **p, const unsigned char *end, int *bad) {
+    int64_t branch, n;
+    const unsigned char *at;
+    if (read_long(p, end, &branch) < 0 || (branch != 0 && branch != 1) ||
+        (branch == 1 && read_span(p, end, &at, &n) < 0)) {
+        *bad = 1;
+        return NULL;
+    }
+    return branch == 0 ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)at, n);
+}
+
+/* change_head(value): (op index, schema, table, key, before) of a Confluent-framed change record whose writer schema
+ * begins as tables.change.CHANGE_VALUE_SCHEMA does (op, schema, table, topic, commit_lsn, xid, commit_time, position,
+ * tx_size, key, before: the caller checks the writer's fields); the rest of the record is not read. ValueError if the
+ * bytes do not hold those fields. */
+static PyObject *change_head(PyObject *Py_UNUSED(module), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf + 5, *end = (const unsigned char *)view.buf + view.len;
+    const unsigned char *names[3];
+    int64_t op = -1, lengths[3], skipped;
+    int bad = view.len < 5 || read_long(&p, end, &op) < 0;
+    for (int i = 0; !bad && i < 3; i++)
+        bad = read_span(&p, end, &names[i], &lengths[i]) < 0; /* schema, table, topic */
+    for (int i = 0; !bad && i < 5; i++)
+        bad = read_long(&p, end, &skipped) < 0; /* commit_lsn, xid, commit_time, position, tx_size */
+    PyObject *key = bad ? NULL : read_optional(&p, end, &bad);
+    PyObject *before = bad ? NULL : read_optional(&p, end, &bad);
+    PyObject *out = NULL;
+    if (bad && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "not a change record's head");
+    else if (key && before)
+        out = Py_BuildValue("(Ls#s#OO)", (long long)op, names[0], (Py_ssize_t)lengths[0], names[1],
+                            (Py_ssize_t)lengths[1], key, before);
+    Py_XDECREF(key);
+    Py_XDECREF(before);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"envelopes", envelopes, METH_VARARGS,
      "envelopes(head, size, rows, tail, nested=False): a backfill chunk's raw-topic changes"},
+    {"change_head", change_head, METH_O,
+     "change_head(value): (op index, schema, table, key, before) of a framed change record"},
     {"send_envelopes", send_envelopes, METH_VARARGS,
      "send_envelopes(sender, kafka_key, head, size, rows, tail, first, nested=False): a chunk's changes through a "
      "Sender"},

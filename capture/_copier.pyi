@@ -14,6 +14,8 @@ DOUBLE: int
 OTHER: int
 TOAST_MIN: int
 
+def change_head(value: bytes) -> tuple[int, str, str, bytes | None, bytes | None]: ...
+
 class Copier:
     position: int
     rows: int

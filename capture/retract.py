@@ -30,10 +30,11 @@ import fastavro
 from confluent_kafka import TopicPartition
 from psycopg2 import sql
 
+from capture._copier import change_head
 from capture.catalog import Connection
 from capture.config import CaptureConfig
 from tables.catalog import TableSchema
-from tables.change import ChangeReader
+from tables.change import CHANGE_VALUE_SCHEMA, OPS, ChangeReader
 from tables.kafka import bounds, read_to_end, reader
 from tables.logs import KAFKA_GATE, KAFKA_LOGGER
 from tables.registry import Registry
@@ -113,7 +114,7 @@ def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None,
     A change whose Kafka key names another table is skipped unread (``KeyFilter``)."""
     consumer = reader(_settings(cfg))
     json_format = cfg.format == "json" or registry is None
-    decode = _json_change if json_format else _avro_reader(ChangeReader(registry))  # type: ignore[arg-type]
+    decode = _json_change if json_format else HeadReader(registry)  # type: ignore[arg-type]
     wanted = KeyFilter(tables, json.loads if json_format else registry.decode)  # type: ignore[union-attr]
     try:
         for msg in read_to_end(consumer, [TopicPartition(cfg.changes_topic, 0, 0)], timeout=600):
@@ -153,12 +154,45 @@ class KeyFilter:
             return True
 
 
-def _avro_reader(read: ChangeReader) -> Callable[[bytes], Earlier]:
-    def decode(value: bytes) -> Earlier:
-        c = read(value)
+class HeadReader:
+    """(op, table, key, before) of raw changes: a record whose writer schema begins as ``CHANGE_VALUE_SCHEMA``
+    does (framed images, any later fields) has only its head read, in C (``capture._copier.change_head``);
+    any other (nested images, another layout), or one the head read refuses, is read whole by ``ChangeReader``.
+    Measured: a whole framed change reads in ~6 µs (fastavro), which made a re-snapshot of a 1M-row table
+    wait 16.6 s for its own keys under load."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry, self.whole = registry, ChangeReader(registry)
+        self.heads: dict[int, bool] = {}  # writer schema id -> its head is CHANGE_VALUE_SCHEMA's
+
+    def __call__(self, value: bytes) -> Earlier:
+        writer = schema_id(value)
+        known = self.heads.get(writer)
+        if known is None:
+            known = self.heads[writer] = _head_of(self.registry.schema(writer)) == _head_of(CHANGE_VALUE_SCHEMA)
+        if known:
+            try:
+                op, schema, table, key, before = change_head(value)
+                return OPS[op], (schema, table), key, before
+            except (ValueError, IndexError):  # bytes the head read refuses: the whole read says what is wrong
+                pass
+        c = self.whole(value)
         return c["op"], (c["schema"], c["table"]), c["key"], c["before"]
 
-    return decode
+
+def _head_of(schema: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The names and types of a change schema's fields up to ``before`` (types without docs or names)."""
+    fields = list(schema.get("fields", ()))
+    ends = [i for i, f in enumerate(fields) if f.get("name") == "before"]
+    return [(f.get("name"), _shape(f.get("type"))) for f in fields[: ends[0] + 1]] if ends else []
+
+
+def _shape(t: Any) -> Any:
+    if isinstance(t, list):
+        return tuple(_shape(b) for b in t)
+    if isinstance(t, dict):
+        return t.get("type"), tuple(t.get("symbols", ())), t.get("logicalType")
+    return t
 
 
 def _json_change(value: bytes) -> Earlier:

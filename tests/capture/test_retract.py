@@ -18,8 +18,8 @@ from capture import catalog, retract
 from capture.encoder import ChangeWriter, RowEncoder
 from capture.jsonformat import JsonChangeWriter
 from tables.catalog import TableSchema
-from tables.change import CHANGE_KEY_SCHEMA
-from tables.wire import body
+from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA
+from tables.wire import body, schema_id
 
 T = ("public", "t")
 OTHER = ("public", "other")
@@ -66,6 +66,59 @@ def test_key_filter_passes_changes_keyed_by_its_tables_and_decodes_each_key_once
     seen = [wanted(k) for k in (mine, other, mine, other, older, None, b"\x00\x00\x00\x00\x07\xff", b"")]
     assert seen == [True, False, True, False, True, True, True, True]  # no key, or no change key: the value decides
     assert calls.count(mine) == 1 and calls.count(other) == 1
+
+
+class InMemorySchemas:
+    """The two registry calls ``retract.HeadReader`` makes, over schemas kept in memory by id."""
+
+    def __init__(self, by_id: dict[int, dict[str, Any]]) -> None:
+        self.by_id = by_id
+
+    def schema(self, schema_id: int) -> dict[str, Any]:
+        return self.by_id[schema_id]
+
+    def decode(self, data: bytes | None) -> Any:
+        assert data is not None
+        parsed = fastavro.parse_schema(self.by_id[int.from_bytes(data[1:5], "big")])
+        return fastavro.schemaless_reader(io.BytesIO(body(data)), parsed, None)
+
+    def register(self, subject: str, schema: dict[str, Any], *, table: str | None = None) -> int:
+        raise AssertionError("not asked")
+
+
+OLDER = {**CHANGE_VALUE_SCHEMA, "fields": CHANGE_VALUE_SCHEMA["fields"][:-1]}  # before ``backfill`` was added
+OTHER_LAYOUT = {**CHANGE_VALUE_SCHEMA, "fields": [*CHANGE_VALUE_SCHEMA["fields"][:9], {"name": "extra", "type": "long"},
+                                                  *CHANGE_VALUE_SCHEMA["fields"][9:]]}  # fmt: skip
+
+
+def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
+
+
+@pytest.mark.unit
+def test_head_reader_reads_op_table_key_and_before_of_every_change_layout() -> None:
+    reader = retract.HeadReader(InMemorySchemas({2: CHANGE_VALUE_SCHEMA, 3: OLDER, 4: OTHER_LAYOUT}))  # type: ignore[arg-type]
+    writer, tx = ChangeWriter(1, 2), ChangeWriter.transaction(2**40, 7, 1_700_000_000_000_000)
+    full_row = b"\x00\x00\x00\x00\x07full-old-row"
+    cases = [("READ", key(1), None, key(9), 5), ("UPDATE", key(2), key(1), key(8), None),
+             ("DELETE", key(3), full_row, None, None), ("TRUNCATE", None, None, None, None)]  # fmt: skip
+    whole, read_whole = reader.whole, []
+    reader.whole = lambda value: read_whole.append(value) or whole(value)  # type: ignore[assignment,func-returns-value]
+    for op, k, before, after, backfill in cases:
+        value = writer.encode(op, "public", "ü", "p.ü", tx, 3, writer.size(4), k, before, after, backfill)
+        assert reader(value) == (op, ("public", "ü"), k, before)
+        record = {"op": op, "schema": "s", "table": "t", "topic": "p.t", "commit_lsn": 1, "xid": 2,
+                  "commit_time": datetime(2024, 1, 1, tzinfo=UTC), "position": 0, "tx_size": 1, "key": k,
+                  "before": before, "after": after, "extra": -5}  # fmt: skip
+        assert reader(framed(3, OLDER, record)) == (op, ("s", "t"), k, before)
+        assert reader(framed(4, OTHER_LAYOUT, record)) == (op, ("s", "t"), k, before)  # read whole
+    assert reader.heads == {2: True, 3: True, 4: False}
+    assert [schema_id(v) for v in read_whole] == [4] * len(cases)  # the others' heads were read in C
+    value = writer.encode("READ", "public", "t", "p.t", tx, 0, writer.size(1), key(1), None, key(2))
+    with pytest.raises(EOFError):  # the head read refuses it, the whole read says why
+        reader(value[:12])
 
 
 @pytest.mark.unit
