@@ -27,7 +27,6 @@ from datetime import date, datetime, time
 from typing import Any
 
 import fastavro
-from confluent_kafka import TopicPartition
 from psycopg2 import sql
 
 from capture._copier import change_head
@@ -35,7 +34,7 @@ from capture.catalog import Connection
 from capture.config import CaptureConfig
 from tables.catalog import TableSchema
 from tables.change import CHANGE_VALUE_SCHEMA, OPS, ChangeReader
-from tables.kafka import bounds, read_to_end, reader
+from tables.kafka import bounds, read_on, reader
 from tables.logs import KAFKA_GATE, KAFKA_LOGGER
 from tables.registry import Registry
 from tables.wire import body, schema_id
@@ -112,19 +111,15 @@ def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None,
     Avro records are read with their writer's schema from ``registry``, so records of every version of the
     change schema, with framed or nested images, are read (images framed: ``tables.change.ChangeReader``).
     A change whose Kafka key names another table is skipped unread (``KeyFilter``)."""
-    consumer = reader(_settings(cfg))
     json_format = cfg.format == "json" or registry is None
     decode = _json_change if json_format else HeadReader(registry)  # type: ignore[arg-type]
     wanted = KeyFilter(tables, json.loads if json_format else registry.decode)  # type: ignore[union-attr]
-    try:
-        for msg in read_to_end(consumer, [TopicPartition(cfg.changes_topic, 0, 0)], timeout=600):
-            if (msg.offset() or 0) >= end:
-                break
-            value = msg.value()
-            if value and wanted(msg.key()):
-                yield decode(value)
-    finally:
-        consumer.close()
+    for msg in read_on(_settings(cfg), {(cfg.changes_topic, 0): 0}, timeout=600):
+        if (msg.offset() or 0) >= end:
+            break
+        value = msg.value()
+        if value and wanted(msg.key()):
+            yield decode(value)
 
 
 class KeyFilter:

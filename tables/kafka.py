@@ -172,20 +172,29 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Rec
 def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float = 30.0,
                     partitions: Collection[int] | None = None) -> Iterator[Record]:  # fmt: skip
     """``read_topic`` with any librdkafka client settings (security, fetch waits), record by record,
-    of every partition or of ``partitions``; a reader that stalls is replaced by a new one from where
-    it stood."""
-    deadline = time.monotonic() + timeout
+    of every partition or of ``partitions`` (``read_on``)."""
     consumer = reader(settings)
     try:
         found = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        starts = {p: 0 for p in found if partitions is None or p in partitions}
+    finally:
+        consumer.close()
+    starts = {(topic, p): 0 for p in found if partitions is None or p in partitions}
+    yield from map(record, read_on(settings, starts, timeout=timeout))
+
+
+def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float) -> Iterator[Message]:
+    """``read_to_end`` of partitions from offsets (``starts``, kept up to date as messages are yielded); a
+    reader that stalls is replaced by a new one from where it stood."""
+    deadline = time.monotonic() + timeout
+    consumer = reader(settings)
+    try:
         while True:
             try:
                 left = max(deadline - time.monotonic(), 1.0)
-                assignments = [TopicPartition(topic, p, o) for p, o in starts.items()]
+                assignments = [TopicPartition(t, p, o) for (t, p), o in starts.items()]
                 for msg in read_to_end(consumer, assignments, timeout=left):
-                    starts[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
-                    yield record(msg)
+                    starts[(str(msg.topic()), int(msg.partition() or 0))] = int(msg.offset() or 0) + 1
+                    yield msg
                 return
             except Stalled as exc:
                 log.warning("%s: reading on from %s with a new consumer", exc, starts)

@@ -1,0 +1,52 @@
+"""Reading topics back: a reader that stalls (the broker paused) is replaced by a new one that reads on from
+where the first stood, every record once, in order."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import signal
+import threading
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from headwater.stack import Broker, StackConfig
+from tables.kafka import create_topics, read_on
+
+RECORDS = 30_000
+
+
+@pytest.mark.slow
+def test_a_reader_that_stalls_is_replaced_and_reads_on_from_where_it_stood(
+    local_stack: StackConfig, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    create_topics(AdminClient({"bootstrap.servers": local_stack.bootstrap}), [NewTopic(unique_name, 1, 1)])
+    producer = Producer({"bootstrap.servers": local_stack.bootstrap, "linger.ms": 20})
+    for i in range(RECORDS):
+        producer.produce(unique_name, str(i).encode(), partition=0)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    del producer  # its connection must not outlive the test
+    small = {"queued.max.messages.kbytes": 16, "fetch.max.bytes": 65536, "message.max.bytes": 65536,
+             "max.partition.fetch.bytes": 16384}  # fmt: skip
+    starts = {(unique_name, 0): 0}
+    reading = read_on({"bootstrap.servers": local_stack.bootstrap, **small}, starts, timeout=120)
+    offsets = [int(m.offset() or 0) for m in itertools.islice(reading, 1000)]
+    broker = Broker(local_stack).pid()
+    assert broker is not None
+    os.kill(broker, signal.SIGSTOP)  # nothing answers: the reader drains what it holds, then stalls
+    resume = threading.Timer(9.0, os.kill, (broker, signal.SIGCONT))
+    resume.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="tables.kafka"):
+            offsets += [int(m.offset() or 0) for m in reading]
+    finally:
+        resume.join()
+        os.kill(broker, signal.SIGCONT)
+    assert offsets == list(range(RECORDS))
+    assert starts == {(unique_name, 0): RECORDS}
+    assert any("reading on from" in r.getMessage() for r in caplog.records), "the reader never stalled"
