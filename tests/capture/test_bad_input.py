@@ -20,8 +20,8 @@ def capture(dsn: str, cfg: StackConfig, tmp_path: Path, *extra: str) -> subproce
     argv = [
         sys.executable, "-m", "headwater.cli", "capture", "--on-error", "exit", "--state-dir", str(tmp_path / "st"),
         "--bootstrap", cfg.bootstrap, "--registry-url", cfg.registry_url, "--slot", "bad_input",
-        "--publication", "bad_input", *extra,
-    ]  # fmt: skip
+        "--publication", "bad_input", "--metrics-port", str(free_port()), *extra,
+    ]  # fmt: skip (a free metrics port: the default, 9188, may be a running capture's)
     env = {**os.environ, "HEADWATER_CAPTURE_DSN": dsn}
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
 
