@@ -176,17 +176,20 @@ def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float =
     consumer = reader(settings)
     try:
         found = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    finally:
+    except BaseException:
         consumer.close()
+        raise
     starts = {(topic, p): 0 for p in found if partitions is None or p in partitions}
-    yield from map(record, read_on(settings, starts, timeout=timeout))
+    yield from map(record, read_on(settings, starts, timeout=timeout, consumer=consumer))
 
 
-def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float) -> Iterator[Message]:
-    """``read_to_end`` of partitions from offsets (``starts``, kept up to date as messages are yielded); a
-    reader that stalls is replaced by a new one from where it stood."""
+def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float,
+            consumer: Consumer | None = None) -> Iterator[Message]:  # fmt: skip
+    """``read_to_end`` of partitions from offsets (``starts``, kept up to date as messages are yielded), by
+    ``consumer`` (a ``reader`` of ``settings``; one is made if None) and closed at the end; a reader that stalls
+    is replaced by a new one from where it stood."""
     deadline = time.monotonic() + timeout
-    consumer = reader(settings)
+    consumer = reader(settings) if consumer is None else consumer
     try:
         while True:
             try:
