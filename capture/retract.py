@@ -209,8 +209,7 @@ def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry
         return None
     started = clock.monotonic()
     live = LiveKeys(tables)
-    tables = list(tables)
-    for op, table, key, before in earlier_changes(cfg, end, registry, tables):
+    for op, table, key, before in earlier_changes(cfg, end, registry, live.keys):
         if stop is not None and stop.is_set():
             return None
         live.apply(op, table, key, before)
