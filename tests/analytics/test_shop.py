@@ -131,6 +131,7 @@ def test_the_shop_with_nested_raw_images_and_a_schema_change_reconciles_everywhe
     writer = shop_writer(rate=200)
     wait_for(lambda: writer.work.committed >= 200, 60)
     with shop_db, shop_db.cursor() as cur:  # one transaction: rows of the old shape, the new column, rows of the new
+        cur.execute("LOCK TABLE customers IN ACCESS EXCLUSIVE MODE")  # ALTER's lock first: no deadlock
         cur.execute("UPDATE customers SET name = name || '.' WHERE id % 10 = 1")
         cur.execute("ALTER TABLE customers ADD COLUMN loyalty int")
         cur.execute("UPDATE customers SET loyalty = id % 7 WHERE id % 10 = 2")
