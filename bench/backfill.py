@@ -9,7 +9,7 @@ snapshot TABLE`` backfills the table while the load goes on. Printed, from one r
 - ``COPY (SELECT * FROM TABLE) TO STDOUT`` (psql to /dev/null), idle and under the same load
   (median of 3 each), and the backfill's rate (capture's own figure: from the backfill's start
   to its end, every chunk written; the last acknowledged) as a share of each;
-- capture's CPU seconds (every thread) while it ran;
+- capture's CPU seconds (every thread, and by thread) while it ran, and how busy every core was;
 - the lag of the load's changes before the backfill and during it — every 50 ms, how far the
   raw topic's newest change lies behind its commit (the load commits every few ms, and the
   topic is in commit order): the stream goes on while the table is chunked. Sampling reads
@@ -43,6 +43,7 @@ from tables.registry import Registry
 
 SLOT, PREFIX = "bench_backfill", "bf"
 SAMPLE_EVERY = 0.05  # seconds between looks at the raw topic's newest change
+USAGE_EVERY = 0.1  # seconds between looks at the machine's and capture's CPU
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def follow(cfg: stack.StackConfig, lags: Lags, stop: threading.Event) -> None:
             end = consumer.get_watermark_offsets(tp, timeout=5, cached=False)[1]
             consumer.assign([TopicPartition(tp.topic, 0, max(end - 1, 0))])
             found = [m for m in consumer.consume(1, timeout=2) if m.error() is None and m.value()]
+            consumer.unassign()  # else librdkafka goes on fetching at the end every fetch.wait.max.ms: CPU and broker
             if found:
                 now = time.time()
                 change = decoder.decode(found[0].value())
@@ -180,6 +182,83 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds so far of a process's threads by name (librdkafka's are ``rdk:...``; ``main`` is the first)."""
+    seconds: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            head, _, rest = (task / "stat").read_text().rpartition(")")
+        except OSError:  # the thread ended
+            continue
+        name = "main" if task.name == str(pid) else head.partition("(")[2]
+        fields = rest.split()
+        seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
+
+
+def process_seconds(capture_pid: int) -> dict[int, tuple[str, float]]:
+    """Every process on the machine: its name (``capture``, ``bench`` for this one, else the kernel's: ``postgres``,
+    ``tansu...``, a kernel worker's without its current work) and its CPU seconds so far."""
+    seconds: dict[int, tuple[str, float]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            head, _, rest = (proc / "stat").read_text().rpartition(")")
+        except OSError:  # the process ended
+            continue
+        pid, fields = int(proc.name), rest.split()
+        name = {capture_pid: "capture", os.getpid(): "bench"}.get(pid) or head.partition("(")[2].partition("-")[0]
+        seconds[pid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return seconds
+
+
+def machine_seconds() -> tuple[float, float]:
+    """(busy, all) CPU seconds of every core so far (``/proc/stat``): how full the machine was."""
+    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), sum(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Usage:
+    """Every ``USAGE_EVERY`` seconds: the wall time, the machine's (busy, all) CPU seconds and capture's CPU
+    seconds by thread (threads that end keep their last sample)."""
+
+    seen: list[tuple[float, tuple[float, float], dict[str, float], dict[int, tuple[str, float]]]] = field(
+        default_factory=list)  # fmt: skip
+
+    def sample(self, pid: int) -> None:
+        self.seen.append((time.time(), machine_seconds(), thread_seconds(pid), process_seconds(pid)))
+
+    def between(self, start: float, end: float) -> tuple[tuple[float, float], dict[str, float], dict[str, float]]:
+        """The machine's (busy, all) CPU seconds, capture's by thread and every process's by name, from the last
+        sample at or before ``start`` to the first at or after ``end``."""
+        first = max((s for s in self.seen if s[0] <= start), key=lambda s: s[0], default=self.seen[0])
+        last = min((s for s in self.seen if s[0] >= end), key=lambda s: s[0], default=self.seen[-1])
+        machine = (last[1][0] - first[1][0], last[1][1] - first[1][1])
+        return machine, spent(first[2], last[2]), by_name(first[3], last[3])
+
+
+def by_name(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """The CPU seconds each process spent from ``before`` to ``after``, summed by name, largest first."""
+    seconds: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        seconds[name] = seconds.get(name, 0.0) + cpu - before.get(pid, (name, 0.0))[1]
+    return spent({}, seconds)
+
+
+def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The CPU seconds of each name from ``before`` to ``after``, largest first (names that spent none left out)."""
+    grown = {name: cpu - before.get(name, 0.0) for name, cpu in after.items() if cpu - before.get(name, 0.0) > 0}
+    return dict(sorted(grown.items(), key=lambda item: -item[1]))
+
+
+def watch_usage(pid: int, usage: Usage, stop: threading.Event) -> None:
+    usage.sample(pid)
+    while not stop.wait(USAGE_EVERY):
+        usage.sample(pid)
+
+
 @dataclass
 class Run:
     """What one scenario measured."""
@@ -189,6 +268,7 @@ class Run:
     idle: float = 0.0
     loaded: float = 0.0
     cpu: float = 0.0
+    usage: Usage = field(default_factory=Usage)
     before: tuple[float, float] = (0.0, 0.0)
     lags: Lags = field(default_factory=Lags)
     done: Backfill | None = None
@@ -208,6 +288,7 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
                            stdout=(work / "capture-backfill.log").open("ab"), stderr=subprocess.STDOUT)  # fmt: skip
     stop = threading.Event()
     follower = threading.Thread(target=follow, args=(cfg, measured.lags, stop), daemon=True)
+    sampler = threading.Thread(target=watch_usage, args=(cap.pid, measured.usage, stop), daemon=True)
     load = None
     try:
         capture.wait_confirmed(dsn, SLOT, cap)
@@ -218,6 +299,7 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
         measured.before = (time.time() - 5.0, time.time())
         measured.loaded = copy_seconds(dsn, scenario.table)
         cpu = cpu_seconds(cap.pid)
+        sampler.start()
         ask(work, scenario.table)
         measured.done = backfilled(work)
         measured.cpu = cpu_seconds(cap.pid) - cpu
@@ -231,6 +313,8 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
             load.wait()
         stop.set()
         follower.join(timeout=30)
+        if sampler.is_alive():
+            sampler.join(timeout=30)
         cap.terminate()
         cap.wait(timeout=120)
     return measured
@@ -267,6 +351,11 @@ def report(measured: Run, log: Path) -> None:
           f" {idle / seconds * rows / measured.rows:.0%} of COPY idle (target >= 30%)")  # fmt: skip
     print(f"  capture's CPU while it ran (every thread): {measured.cpu:.1f} s"
           f" = {measured.cpu / rows * 1e6:.2f} CPU-s per million rows")  # fmt: skip
+    (busy, total), threads, processes = measured.usage.between(done.started_at, done.finished_at)
+    print(f"  from the backfill's start to its end (±{USAGE_EVERY * 1000:.0f} ms): the machine's cores {busy:.1f}"
+          f" of {total:.1f} CPU-s busy ({busy / total:.0%})")  # fmt: skip
+    print(f"    capture {sum(threads.values()):.2f} CPU-s: {named(threads)}")
+    print(f"    by process: {named(processes, 5)}")
     every = f"{SAMPLE_EVERY * 1000:.0f} ms"
     print(f"  lag: how far the raw topic's newest change lies behind its commit (sampled every {every}):")
     print(describe("before the backfill (5 s)", lags.between(*measured.before)))
@@ -277,6 +366,10 @@ def report(measured: Run, log: Path) -> None:
                        r" ([\d.]+) s\)", log.read_text())  # fmt: skip
     print(f"  then {measured.scenario.small} ({small[0]} rows), with {measured.raw} changes on the raw topic to read"
           f" for its retraction: {small[1]:.2f} s (the read: {reads[-1] if reads else '?'} s)")  # fmt: skip
+
+
+def named(seconds: dict[str, float], most: int = 8) -> str:
+    return ", ".join(f"{name} {cpu:.2f} s" for name, cpu in list(seconds.items())[:most])
 
 
 def describe(name: str, values: list[float]) -> str:
