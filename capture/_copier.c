@@ -500,8 +500,12 @@ static int envelope(Copier *self, PyObject *key, PyObject *after) {
 }
 
 /* The row itself, (key, value), into the batch (rows mode) */
+/* (key, value) into the batch. The pair holds bytes (or None) only, so it can be in no reference cycle: it is
+ * untracked at once, and the cyclic GC need not walk a backfill's rows (it took ~11% of the reader's CPU) */
 static int keep_row(Copier *self, PyObject *key, PyObject *value) {
     PyObject *item = PyTuple_Pack(2, key, value);
+    if (item)
+        PyObject_GC_UnTrack(item);
     int rc = item && PyList_Append(self->batch, item) == 0 ? 0 : -1;
     Py_XDECREF(item);
     return rc;
