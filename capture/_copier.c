@@ -499,9 +499,9 @@ static int envelope(Copier *self, PyObject *key, PyObject *after) {
     return changed(m, self->head, self->position, self->size, key, after, self->tail, self->nested);
 }
 
-/* The row itself, (key, value), into the batch (rows mode) */
-/* (key, value) into the batch. The pair holds bytes (or None) only, so it can be in no reference cycle: it is
- * untracked at once, and the cyclic GC need not walk a backfill's rows (it took ~11% of the reader's CPU) */
+/* The row itself, (key, value), into the batch (rows mode). The pair holds bytes (or None) only, so it can be in
+ * no reference cycle: it is untracked at once, and the cyclic GC need not walk a backfill's rows (it took ~11% of
+ * the reader's CPU) */
 static int keep_row(Copier *self, PyObject *key, PyObject *value) {
     PyObject *item = PyTuple_Pack(2, key, value);
     if (item)
