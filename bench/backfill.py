@@ -176,23 +176,33 @@ def ask(work: Path, table: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
 
+def stat_seconds(stat: Path) -> tuple[str, float] | None:
+    """The name and the user + system CPU seconds so far in a ``/proc/.../stat`` file (None: the process or
+    thread ended)."""
+    try:
+        head, _, rest = stat.read_text().rpartition(")")
+    except OSError:
+        return None
+    fields = rest.split()
+    return head.partition("(")[2], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of a process so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    found = stat_seconds(Path(f"/proc/{pid}/stat"))
+    if found is None:
+        raise RuntimeError(f"process {pid} ended")
+    return found[1]
 
 
 def thread_seconds(pid: int) -> dict[str, float]:
     """CPU seconds so far of a process's threads by name (librdkafka's are ``rdk:...``; ``main`` is the first)."""
     seconds: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            head, _, rest = (task / "stat").read_text().rpartition(")")
-        except OSError:  # the thread ended
-            continue
-        name = "main" if task.name == str(pid) else head.partition("(")[2]
-        fields = rest.split()
-        seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        found = stat_seconds(task / "stat")
+        if found is not None:
+            name = "main" if task.name == str(pid) else found[0]
+            seconds[name] = seconds.get(name, 0.0) + found[1]
     return seconds
 
 
@@ -201,15 +211,11 @@ def process_seconds(capture_pid: int) -> dict[int, tuple[str, float]]:
     ``tansu...``, a kernel worker's without its current work) and its CPU seconds so far."""
     seconds: dict[int, tuple[str, float]] = {}
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            head, _, rest = (proc / "stat").read_text().rpartition(")")
-        except OSError:  # the process ended
-            continue
-        pid, fields = int(proc.name), rest.split()
-        name = {capture_pid: "capture", os.getpid(): "bench"}.get(pid) or head.partition("(")[2].partition("-")[0]
-        seconds[pid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        found = stat_seconds(proc / "stat") if proc.name.isdigit() else None
+        if found is not None:
+            pid = int(proc.name)
+            name = {capture_pid: "capture", os.getpid(): "bench"}.get(pid) or found[0].partition("-")[0]
+            seconds[pid] = (name, found[1])
     return seconds
 
 
