@@ -6,6 +6,9 @@ multi-record batches while its fetch high watermark is right; ``read_to_end`` is
 loop for any partitions from any offsets.
 ``fetched_ends`` finds partitions' true ends the same way.
 ``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists.
+``topic_ids`` names each topic's incarnation (Kafka's topic id, KIP-516: a topic deleted and made
+again, or made again by a broker that lost its data, has a new one), which local state read from a
+topic keeps to tell that topic from a later one of the same name.
 ``Registry`` decodes Confluent-framed Avro with schemas fetched once per id from the registry;
 ``avro_body`` / ``read_framed`` encode and read with a schema the caller holds.
 """
@@ -18,7 +21,7 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tables.errors import RetryableError
@@ -54,6 +57,23 @@ def create_topics(admin: AdminClient, topics: list[NewTopic]) -> None:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+
+
+def topic_ids(admin: AdminClient, topics: Collection[str]) -> dict[str, str]:
+    """Kafka's id of each of ``topics`` that exists and has one (a broker before 2.8 gives none), as text."""
+    found: dict[str, str] = {}
+    if not topics:
+        return found
+    for name, future in admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=30).items():
+        try:
+            uuid = future.result(timeout=30).topic_id
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            raise
+        if uuid is not None and (uuid.get_most_significant_bits() or uuid.get_least_significant_bits()):
+            found[name] = str(uuid)
+    return found
 
 
 def reader(settings: Mapping[str, Any]) -> Consumer:

@@ -1,5 +1,5 @@
 """Reading topics back: a reader that stalls (the broker paused) is replaced by a new one that reads on from
-where the first stood, every record once, in order."""
+where the first stood, every record once, in order. A topic made again is told apart by its id."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.stack import Broker, StackConfig
-from tables.kafka import create_topics, read_on
+from tables.kafka import create_topics, read_on, topic_ids
 
 RECORDS = 30_000
 
@@ -50,3 +51,18 @@ def test_a_reader_that_stalls_is_replaced_and_reads_on_from_where_it_stood(
     assert offsets == list(range(RECORDS))
     assert starts == {(unique_name, 0): RECORDS}
     assert any("reading on from" in r.getMessage() for r in caplog.records), "the reader never stalled"
+
+
+def test_a_topic_made_again_has_another_id_and_a_missing_one_none(
+    local_stack: StackConfig, topic_factory: Callable[..., str]
+) -> None:  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": local_stack.bootstrap})
+    topic = topic_factory("ids")
+    first = topic_ids(admin, [topic, topic + ".absent"])
+    assert list(first) == [topic] and first == topic_ids(admin, [topic]), "an id that stays while the topic does"
+    admin.delete_topics([topic])[topic].result(timeout=10)
+    assert topic_ids(admin, [topic]) == {}
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=10)
+    again = topic_ids(admin, [topic])
+    assert list(again) == [topic] and again[topic] != first[topic]
+    assert topic_ids(admin, []) == {}
