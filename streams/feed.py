@@ -205,5 +205,5 @@ def gone(topic: str, detail: str) -> FatalError:
     return FatalError(
         f"the broker no longer has {topic}: it was restarted or emptied, and the changes on it are gone ({detail})",
         hint="rebuild from a fresh snapshot: drop capture's slot and state (capture says how), start capture, "
-        "then start the workers with a new app_id or with their data directories removed",
+        "then start the workers again: they see that the topics are new (Kafka's topic ids) and rebuild their state",
     )

@@ -3,7 +3,8 @@
 Promise: this module, ``streams.profile`` and ``streams.endpoint`` are the only Faust-specific
 code (``tests/test_layers.py`` keeps it so). ``build`` does all the start-up I/O — the app,
 the catalog (``streams.engine.open_catalog``: tables discovered, views checked, topics made),
-the stores — and nothing happens at import. Faust's consumer group assigns the partitions:
+the stores, once ``streams.sources`` dropped the local state read from topics made again since —
+and nothing happens at import. Faust's consumer group assigns the partitions:
 the ``raw`` agent subscribes to the raw topic, ``table_rows`` to the table topics and
 ``view_rows`` to the view topics so that they are assigned, but the app never delivers them
 (``App.direct``): the engine reads the raw and table topics itself, and keeps the views of the
@@ -24,7 +25,7 @@ from typing import Any
 import click
 import faust
 
-from streams import endpoint, profile
+from streams import clients, endpoint, profile, sources
 from streams.config import StreamsConfig, load_views
 from streams.engine import Catalog, Engine, open_catalog
 from streams.memory import Trimmer
@@ -95,8 +96,10 @@ def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.Ap
         asyncio.run_coroutine_threadsafe(app.crash(exc), loop[0])
 
     state = cfg.state_dir
-    engine = Engine(cfg, schemas, writer, catalog, TableStore(state / f"{cfg.app_id}-tables"),
-                    ViewStore(state / f"{cfg.app_id}-views"), fatal)  # fmt: skip
+    tables, views = TableStore(state / f"{cfg.app_id}-tables"), state / f"{cfg.app_id}-views"
+    ids = sources.read_ids(clients.kafka_client(cfg), [cfg.changes_topic, *catalog.topics])
+    sources.drop_stale(sources.Sources(state / f"{cfg.app_id}-sources.json"), ids, cfg.changes_topic, tables, views)
+    engine = Engine(cfg, schemas, writer, catalog, tables, ViewStore(views), fatal)
     subscribe(app, cfg, catalog)
     connect(app, engine, loop)
     endpoint.install(app, engine)

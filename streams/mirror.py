@@ -13,7 +13,9 @@ exactly at ``cut``. A write never replaces a row's newer LSN with an
 older one, offsets only move forward (no record is applied twice), a tombstone deletes the row.
 Redis away: the view topics keep flowing; the mirror retries every second and catches up from
 its offsets when Redis is back (a Redis that lost its data is filled again from the view
-topics).
+topics). The view's hash also holds ``topic_id``, the Kafka id of the view topic its offsets are
+in: a view topic deleted and made again (or by a broker that lost its data) has another, and the
+mirror then removes the view's rows and offsets from Redis and fills them again from the new topic.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 import redis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from streams import clients
 from streams.config import StreamsConfig
@@ -35,7 +38,7 @@ from streams.fanout import header_lsn
 from streams.metrics import StreamsMetrics, clock
 from streams.rows import to_json
 from streams.viewtopic import ViewTopic
-from tables.kafka import reader, record
+from tables.kafka import reader, record, topic_ids
 from tables.registry import Registry, shown
 from tables.topics import CUTS_PARTITION, view_key, view_staging_key
 from tables.views import LSN_FIELD, decode_cut, last_cuts_start
@@ -155,7 +158,9 @@ class RedisMirror(threading.Thread):
         """Read the cuts topic from its last records and each view topic from the offsets Redis holds."""
         low, high = consumer.get_watermark_offsets(TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION), timeout=10)
         todo = [TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, last_cuts_start(low, high, len(self.views)))]
+        ids = topic_ids(AdminClient(clients.kafka_client(self.cfg)), list(self.topics))
         for name, view in self.views.items():
+            self._same_topic(name, ids.get(view.topic))
             held = self.client.hget(view_key(self.prefix, name), "offsets")
             self.held[name] = held.decode() if isinstance(held, bytes) else "{}"
             offsets = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
@@ -164,6 +169,32 @@ class RedisMirror(threading.Thread):
             todo += [TopicPartition(view.topic, p, o) for p, o in self.read[name].items()]
         consumer.assign(todo)
         self.assigned = True
+
+    def _same_topic(self, name: str, now: str | None) -> None:
+        """Forget what Redis holds of view ``name`` if it came from another incarnation of its topic; record ``now``."""
+        meta = view_key(self.prefix, name)
+        held = self.client.hget(meta, "topic_id")
+        was = held.decode() if isinstance(held, bytes) else held
+        if now is None or was == now:
+            return
+        if was is not None:
+            log.warning("%s is not the view topic Redis's rows of view %s came from (topic id %s, now %s: deleted and "
+                        "made again, or a broker that lost its data): removing them and filling Redis again from it",
+                        self.views[name].topic, name, was, now)  # fmt: skip
+            self._remove(name)
+        self.client.hset(meta, "topic_id", now)
+
+    def _remove(self, name: str) -> None:
+        """Delete every row of view ``name`` from Redis, and its hash (offsets and cut)."""
+        meta = view_key(self.prefix, name)
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in meta) + ":*"
+        batch: list[bytes] = []
+        for key in self.client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                self.client.unlink(*batch)
+                batch.clear()
+        self.client.unlink(*batch, meta)
 
     def _consume(self, consumer: Consumer) -> None:
         read: dict[str, list[Record]] = {}

@@ -7,7 +7,8 @@ rows, tombstones (the key is deleted), the new count and offset — in one atomi
 any crash the rows and the offset agree, and a (re)started worker reads each partition on from
 its own offset: the compacted table topic is the table's changelog (Kafka Streams' source-topic
 changelog optimization), no second copy is written. ``forget`` drops a partition (its topic
-was compacted past the stored offset, or it must be read again from the start). Memory is
+was compacted past the stored offset, or it must be read again from the start), ``forget_topic`` every
+partition of a topic (one of that name made again: ``streams.sources``). Memory is
 RocksDB's block cache and write buffers — fixed sizes (``streams.rocks``) — whatever the number of rows.
 No I/O until ``open``.
 """
@@ -83,3 +84,9 @@ class TableStore(Database):
         db = self._db
         for kind in (b"r", b"n", b"o"):  # each key of partition p sorts before partition p + 1's prefix
             db.delete_range(_prefix(kind, topic, partition), _prefix(kind, topic, partition + 1))
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop every partition of ``topic`` (a topic of that name made again: read from the start)."""
+        db, name = self._db, topic.encode()
+        for kind in (b"r", b"n", b"o"):
+            db.delete_range(kind + name + b"\x00", kind + name + b"\x01")

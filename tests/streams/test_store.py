@@ -39,6 +39,19 @@ def test_forget_drops_one_partition_only(tmp_path: Path) -> None:
     store.close()
 
 
+def test_forget_topic_drops_every_partition_of_that_topic_only(tmp_path: Path) -> None:
+    store = TableStore(tmp_path / "tables").open()
+    for topic in ("p.orders", "p.orders_x", "p.order"):
+        for partition in (0, 3):
+            store.apply(topic, partition, [(0, b"k", b"v", 1, 0)], 1)
+    store.forget_topic("p.orders")
+    assert [store.count("p.orders", p) + store.offset("p.orders", p) for p in (0, 3)] == [0, 0]
+    assert list(store.keys("p.orders", 3)) == []
+    for topic in ("p.orders_x", "p.order"):  # a name the forgotten one starts with, and one it starts
+        assert [store.count(topic, p) for p in (0, 3)] == [1, 1] and store.offset(topic, 3) == 1
+    store.close()
+
+
 def test_the_store_is_readable_by_its_owner_only(tmp_path: Path) -> None:
     store = TableStore(tmp_path / "tables").open()
     store.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import subprocess
 import threading
@@ -15,10 +16,13 @@ from typing import Any
 import psycopg2
 import pytest
 import redis
+from confluent_kafka.admin import AdminClient
 
+from capture import slot
 from headwater import shop
 from headwater.reconcile import (
     compare_docs,
+    compare_endpoint,
     endpoint_view_docs,
     latest_view_docs,
     redis_view_docs,
@@ -357,6 +361,52 @@ def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_top
                             state_dir=state_dir).start()  # fmt: skip
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)  # items and products came from offset 0
     assert "whose rows were not kept: replaying" in worker.log.read_text()
+
+
+def forget_every_topic(capture: Capture) -> None:
+    """What a broker that lost its data leaves (the local stack's in-memory one after a restart): none of the
+    pipeline's topics, so capture starts over with a new slot and a new snapshot."""
+    admin = AdminClient({"bootstrap.servers": capture.cfg.bootstrap})
+    prefix = capture.cfg.topic_prefix + "."
+    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    for future in admin.delete_topics(topics).values():
+        future.result(timeout=30)
+    assert wait_for(lambda: not any(t.startswith(prefix) for t in admin.list_topics(timeout=10).topics), 30)
+    conn = psycopg2.connect(capture.cfg.dsn.reveal())
+    try:
+        slot.drop(conn, capture.cfg.slot)
+    finally:
+        conn.close()
+    shutil.rmtree(capture.cfg.state_dir)
+
+
+def test_a_worker_restarted_on_topics_made_again_rebuilds_its_state_from_them(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    app_id, state_dir = worker.env["HEADWATER_STREAMS_APP_ID"], worker.env["HEADWATER_STREAMS_STATE_DIR"]
+    worker.kill(signal.SIGTERM)
+    capture.stop()
+    forget_every_topic(capture)
+    with shop_db, shop_db.cursor() as cur:  # while nothing runs: some orders go, more come than there were
+        cur.execute("SELECT id FROM orders ORDER BY id LIMIT 20")
+        gone = [row[0] for row in cur.fetchall()]
+        cur.execute("DELETE FROM order_items WHERE order_id = ANY(%s)", (gone,))
+        cur.execute("DELETE FROM orders WHERE id = ANY(%s)", (gone,))
+        cur.execute("INSERT INTO orders (customer_id, note) SELECT (SELECT array_agg(id) FROM customers)[1 + n % 10], "
+                    "'after the broker forgot' FROM generate_series(1, 3000) n")  # fmt: skip
+        cur.execute("UPDATE customers SET name = name || ' again' WHERE id % 7 = 0")
+    capture = capture_factory(pg_database).start()  # the same slot name, prefix and topics: all new
+    capture.wait_caught_up(pg_database)
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    assert all(worker.get(f"/tables/orders/{order}").status_code == 404 for order in gone)
+    count, problems = compare_endpoint(shop_db, "orders", ["id"], worker.url, "orders")
+    assert count > 3000 and not problems, problems[:10]
+    text = worker.log.read_text()
+    assert "views are rebuilt from the new topic's start" in text and "Redis again" in text, worker.tail()
 
 
 def composite_workload(dsn: str, transactions: int, seed: int) -> None:
