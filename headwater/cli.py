@@ -139,11 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n== capture: snapshot, then every committed change into {capture.changes_topic}")
     stack_env = {f"HEADWATER_STACK_{k.upper()}": str(v) for k, v in flag_values(args, stack.StackConfig).items()}
     passthrough = (["--config", args.config] if args.config else []) + _as_flags(flag_values(args, CaptureConfig))
-    env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local), **stack_env}
-    from streams.config import load_streams_config
-
-    streams_cfg = load_streams_config({**os.environ, **env})
-    pid = demo.start_capture(local, capture, passthrough, stack_env, streams_cfg.state_dir)
+    pid = demo.start_capture(local, capture, passthrough, stack_env)
     print(f"\n== running the shop workload for {args.duration:g} s at {args.rate:g} tx/s")
     cmd_demo_load(args)
     demo.wait_caught_up(capture, pid)
@@ -154,6 +150,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("\n== capture's metrics (Prometheus), health and readiness")
         demo.show_metrics(capture_url, demo.CAPTURE_SHOWN, focus={"table": "public.orders"})
     print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
+    env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local), **stack_env}
+    from streams.config import load_streams_config
+
+    streams_cfg = load_streams_config({**os.environ, **env})
     url = f"http://{streams_cfg.web_host}:{streams_cfg.web_port}"
     worker = demo.start_worker(local, env, streams_cfg.web_port)
     demo.show_streams(capture, worker, url)

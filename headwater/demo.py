@@ -67,17 +67,15 @@ def worker_pidfile(cfg: StackConfig) -> Path:
     return cfg.data_dir.resolve() / "run" / "streams.pid"
 
 
-def start_capture(stack: StackConfig, capture: CaptureConfig, passthrough: list[str], env: dict[str, str],
-                  worker_state: Path) -> int:  # fmt: skip
+def start_capture(stack: StackConfig, capture: CaptureConfig, passthrough: list[str], env: dict[str, str]) -> int:
     """``headwater capture`` in the background with ``passthrough`` flags and ``env`` (the stack's settings
-    given as flags); reused when already running. ``worker_state``: the stream worker's state directory,
-    forgotten with capture's when the broker forgot the raw topic."""
+    given as flags); reused when already running."""
     pidfile = capture_pidfile(stack)
     pid = process.recorded_pid(pidfile)
     if pid is not None:
         print(f"capture already running (pid {pid})")
         return pid
-    reset_if_broker_forgot(stack, capture, worker_state)
+    reset_if_broker_forgot(capture)
     log = stack.data_dir.resolve() / "logs" / "capture.log"
     argv = [sys.executable, "-m", "headwater.cli", "capture", *passthrough, "--state-dir", str(capture.state_dir)]
     pid = process.spawn(argv, log=log, pidfile=pidfile, cwd=Path.cwd(), env={**os.environ, **env})
@@ -85,10 +83,10 @@ def start_capture(stack: StackConfig, capture: CaptureConfig, passthrough: list[
     return pid
 
 
-def reset_if_broker_forgot(stack: StackConfig, capture: CaptureConfig, worker_state: Path) -> None:
+def reset_if_broker_forgot(capture: CaptureConfig) -> None:
     """Tansu keeps topics in memory (the registry's schemas too): after a broker restart the slot's history
-    is gone from Kafka, and the stream worker's state (its views' progress in the raw topic, rows framed
-    with schema ids the registry no longer has) describes topics that are gone: both start over."""
+    is gone from Kafka, and capture starts over. (The stream worker drops its own state of the lost topics
+    when it starts: ``streams.sources``.)"""
     topics = AdminClient({"bootstrap.servers": capture.bootstrap}).list_topics(timeout=10).topics
     if capture.changes_topic in topics:
         return
@@ -100,10 +98,6 @@ def reset_if_broker_forgot(stack: StackConfig, capture: CaptureConfig, worker_st
     finally:
         conn.close()
     shutil.rmtree(capture.state_dir, ignore_errors=True)
-    worker = process.recorded_pid(worker_pidfile(stack))
-    if worker is None and worker_state.exists():
-        print(f"  and the stream worker over: its state in {worker_state} was of the topics the broker lost")
-        shutil.rmtree(worker_state, ignore_errors=True)
 
 
 def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -13,7 +12,6 @@ from capture.config import CaptureConfig
 from headwater import demo
 from headwater.demo import _shown_first
 from headwater.stack import StackConfig
-from tests.plugins.stack import make_stack_config
 
 
 def test_samples_of_the_focus_table_come_first_in_label_order_whatever_order_they_were_counted_in() -> None:
@@ -36,11 +34,10 @@ def _slot_exists(dsn: str, name: str) -> bool:
         conn.close()
 
 
-def _leave_state(capture: CaptureConfig, worker_state: Path, dsn: str) -> None:
-    """What a demo run leaves: capture's slot and state directory, the stream worker's state directory."""
-    for directory in (capture.state_dir, worker_state):
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "state").write_bytes(b"of the topics the broker had")
+def _leave_state(capture: CaptureConfig, dsn: str) -> None:
+    """What a demo run leaves: capture's slot and state directory."""
+    capture.state_dir.mkdir(parents=True, exist_ok=True)
+    (capture.state_dir / "state").write_bytes(b"of the topics the broker had")
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     try:
@@ -50,23 +47,20 @@ def _leave_state(capture: CaptureConfig, worker_state: Path, dsn: str) -> None:
         conn.close()
 
 
-def test_a_demo_after_the_broker_forgot_its_topics_starts_capture_and_the_stream_worker_over(
-    local_stack: StackConfig, pg_database: str, unique_name: str, tmp_path: Path,
+def test_a_demo_after_the_broker_forgot_its_topics_starts_capture_over(
+    local_stack: StackConfig, pg_database: str, unique_name: str,
     capture_factory: Callable[..., Any], topic_factory: Callable[..., str],
 ) -> None:  # fmt: skip
     """``headwater stack down`` empties the in-memory broker (and the registry's schemas with it): the next demo
-    drops the slot and capture's state, and the worker's state too (its views' progress and schema ids are of the
-    lost topics: kept, the worker stopped on the first row it read back). While the raw topic is there, nothing
-    is touched."""
+    drops the slot and capture's state (the stream worker drops its own: ``tests/streams/test_views.py``). While
+    the raw topic is there, nothing is touched."""
     capture = capture_factory(pg_database).cfg
-    worker_state, stack_cfg = tmp_path / "streams", make_stack_config(tmp_path / "stack")
-    _leave_state(capture, worker_state, pg_database)
+    _leave_state(capture, pg_database)
     topic_factory("changes")  # the raw topic, as capture names it for this prefix
-    demo.reset_if_broker_forgot(stack_cfg, capture, worker_state)
+    demo.reset_if_broker_forgot(capture)
     assert _slot_exists(pg_database, capture.slot) and (capture.state_dir / "state").exists()
-    assert (worker_state / "state").exists()
 
     forgetful = replace(capture, topic_prefix=f"{unique_name}_gone")  # a raw topic the broker does not have
-    demo.reset_if_broker_forgot(stack_cfg, forgetful, worker_state)
+    demo.reset_if_broker_forgot(forgetful)
     assert not _slot_exists(pg_database, capture.slot)
-    assert not capture.state_dir.exists() and not worker_state.exists()
+    assert not capture.state_dir.exists()
