@@ -296,7 +296,7 @@ class Engine:
     def fanned(self) -> int:
         """The raw offset the fan-out's checkpoint says it wrote everything below."""
         saved = self.writer.checkpoint()
-        return saved[0] if saved else 0
+        return saved.raw_offset if saved else 0
 
     # ---- what the metrics and the readiness probe read ------------------------------------
     def unready(self) -> str | None:

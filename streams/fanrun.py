@@ -4,7 +4,9 @@ Promise: ``FanOutRun.handle`` routes a batch of the raw topic (``streams.fanout`
 without waiting; the fan-out's own checkpoint (``<prefix>.changes.fanout``) moves only to where
 Kafka acknowledged every record, and a (re)started fan-out resumes from it — so a crash replays
 what was unacknowledged, which the fan-out recognises (partition tails, watermark) and does not
-write twice. A message that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset
+write twice. The checkpoint names the raw topic's Kafka id: a raw topic deleted and made again while the
+table topics stayed (their records' positions are offsets of the old one) stops the fan-out with a
+``FatalError`` saying what to delete. A message that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset
 and the reason, is counted and logged, and the stream goes on. With ``[streams] debezium`` each
 change is also written in Debezium's format (``streams.dbzrun``) in the same batch. Its
 collaborators (settings, registry, writer) are passed in: it runs without a host.
@@ -22,8 +24,9 @@ from streams.cursor import Cursor, Raw
 from streams.dbzrun import DebeziumRun
 from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
 from streams.metrics import StreamsMetrics, clock
-from streams.writer import Pending, TableWriter
+from streams.writer import Checkpoint, Pending, TableWriter
 from tables.change import ChangeReader
+from tables.errors import FatalError
 from tables.logs import facts
 from tables.registry import Registry
 from tables.wire import (
@@ -55,6 +58,7 @@ class FanOutRun:
         self.fanout: FanOut | None = None
         self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
+        self.raw_id = ""  # Kafka's id of the raw topic read (the checkpoints name it)
         self.warned: set[str] = set()
         self.batches = 0
         self.busy = 0.0  # seconds spent handling batches since the last report
@@ -70,8 +74,10 @@ class FanOutRun:
         return (self.fanout or self.load()).old_key(change)
 
     def load(self) -> FanOut:
-        saved = self.writer.checkpoint()
-        start, watermark = saved if saved else (0, (-1, -1))
+        saved, self.raw_id = self.writer.checkpoint(), self.writer.raw_topic_id()
+        if saved is not None and saved.raw_topic_id and saved.raw_topic_id != self.raw_id:
+            raise other_raw_topic(self.cfg, saved.raw_topic_id, self.raw_id)
+        start, watermark = (saved.raw_offset, saved.watermark) if saved else (0, (-1, -1))
         self.cursor.reset(start)
         self.saved = start
         topics = [*sorted(self.served), self.cfg.dlq_topic]
@@ -105,7 +111,7 @@ class FanOutRun:
     def checkpoint(self) -> None:
         done = self.writer.settle()
         if done is not None and done.end > self.saved:
-            self.writer.save_checkpoint(done.end, done.watermark)
+            self.writer.save_checkpoint(Checkpoint(done.end, done.watermark, self.raw_id))
             self.saved = done.end
 
     def report(self, offset: int, every: float = 10.0) -> None:
@@ -195,3 +201,15 @@ def decode(read: Callable[[bytes], dict[str, Any]], value: bytes | None) -> Chan
     if change.op not in OPS:
         raise UndecodableMessage(f"unknown operation {change.op!r}")
     return change
+
+
+def other_raw_topic(cfg: StreamsConfig, was: str, now: str) -> FatalError:
+    """The checkpoint and the table topics were written from another incarnation of the raw topic."""
+    return FatalError(
+        f"{cfg.changes_topic} is not the raw topic the fan-out's checkpoint and the table topics were written from "
+        f"(topic id {was}, now {now or 'none'}): it was deleted and made again while they stayed, so their records "
+        "cannot be told apart from the new topic's",
+        hint=f"capture started over on a new raw topic: delete the other topics under {cfg.topic_prefix}. too "
+        f"(table topics, {cfg.progress_topic}, the views' topics), then start the workers again; they rebuild "
+        "everything from the new raw topic",
+    )

@@ -7,7 +7,8 @@ outage stalls, it does not lose), in the order given per partition, without wait
 each record belongs to a ``Pending`` batch, and ``settle`` says up to which raw offset
 every batch before it was acknowledged — the only progress a checkpoint may claim.
 ``flush`` returns once Kafka acknowledged everything sent. ``tails`` reads the position of each
-partition's last record and ``checkpoint`` the fan-out's last saved progress — both by
+partition's last record and ``checkpoint`` the fan-out's last saved progress (with the id of the
+raw topic it is in; decoded by the schema that wrote it, so older checkpoints read too) — both by
 fetching to partition EOF, which is right on Tansu and on real Kafka.
 """
 
@@ -17,7 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -28,9 +29,9 @@ from streams.config import StreamsConfig
 from streams.errors import TopicLayoutError
 from streams.fanout import Output, Position, header_position
 from tables.errors import FatalError, RetryableError
-from tables.kafka import Record, create_topics, partition_counts, read_to_end, reader, record
+from tables.kafka import Record, create_topics, partition_counts, read_to_end, reader, record, topic_ids
 from tables.registry import Registry
-from tables.wire import avro_body, frame, read_framed
+from tables.wire import avro_body, frame
 
 log = logging.getLogger("headwater.streams")
 
@@ -43,9 +44,19 @@ CHECKPOINT_SCHEMA: dict[str, Any] = {
         {"name": "raw_offset", "type": "long"},
         {"name": "commit_lsn", "type": "long", "doc": "watermark: highest streamed change seen below raw_offset"},
         {"name": "position", "type": "int"},
+        {"name": "raw_topic_id", "type": "string", "default": "",
+         "doc": "Kafka's id of the raw topic raw_offset is in ('': not known, not checked)"},
     ],
 }
 CHECKPOINT_PARSED = fastavro.parse_schema(CHECKPOINT_SCHEMA)
+
+
+class Checkpoint(NamedTuple):
+    """The fan-out's saved progress: raw offsets below ``raw_offset`` are written, in ``raw_topic_id``'s topic."""
+
+    raw_offset: int
+    watermark: tuple[int, int]
+    raw_topic_id: str
 Scanned = tuple[bytes | None, bytes | None, Position | None]
 
 
@@ -87,6 +98,7 @@ class TableWriter:
         self.admin = AdminClient(clients.kafka_client(cfg))
         self.known: dict[str, int] = {}  # topic -> partitions, checked or created
         self.checkpoint_frame: bytes | None = None
+        self.registry: Registry | None = None
 
     # ---- topics ---------------------------------------------------------------------
     def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True,
@@ -153,12 +165,12 @@ class TableWriter:
             log.warning("waiting %.0f s for Kafka to acknowledge %d records", time.monotonic() - started,
                         len(self.producer))  # fmt: skip
 
-    def save_checkpoint(self, raw_offset: int, watermark: tuple[int, int]) -> None:
+    def save_checkpoint(self, saved: Checkpoint) -> None:
         if self.checkpoint_frame is None:
-            registrar = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
-            self.checkpoint_frame = frame(registrar.register(f"{self.cfg.progress_topic}-value", CHECKPOINT_SCHEMA))
-        body = avro_body(CHECKPOINT_PARSED,
-                         {"raw_offset": raw_offset, "commit_lsn": watermark[0], "position": watermark[1]})  # fmt: skip
+            self.checkpoint_frame = frame(self._registry().register(f"{self.cfg.progress_topic}-value",
+                                                                    CHECKPOINT_SCHEMA))  # fmt: skip
+        body = avro_body(CHECKPOINT_PARSED, {"raw_offset": saved.raw_offset, "commit_lsn": saved.watermark[0],
+                                             "position": saved.watermark[1], "raw_topic_id": saved.raw_topic_id})
         self.produce(self.cfg.progress_topic, 0, self.cfg.changes_topic.encode(), self.checkpoint_frame + body, [])
 
     # ---- reading back ---------------------------------------------------------------
@@ -203,16 +215,26 @@ class TableWriter:
                 found[(msg.topic, msg.partition)] = at
         return found
 
-    def checkpoint(self) -> tuple[int, tuple[int, int]] | None:
-        """(raw offset, watermark) of the last checkpoint, or None before the first."""
+    def checkpoint(self) -> Checkpoint | None:
+        """The last checkpoint (one written before it named the raw topic's id: ''), or None before the first."""
         self.ensure_topics([self.cfg.progress_topic], partitions=1)
         last = None
         for msg in self._read(self._ends([self.cfg.progress_topic])):
             last = msg.value
         if last is None:
             return None
-        saved: Any = read_framed(last, CHECKPOINT_PARSED)
-        return int(saved["raw_offset"]), (int(saved["commit_lsn"]), int(saved["position"]))
+        saved: Any = self._registry().decode(last)  # by the schema that wrote it
+        return Checkpoint(int(saved["raw_offset"]), (int(saved["commit_lsn"]), int(saved["position"])),
+                          str(saved.get("raw_topic_id", "")))  # fmt: skip
+
+    def raw_topic_id(self) -> str:
+        """Kafka's id of the raw topic ('' if it has none or does not exist yet)."""
+        return topic_ids(self.admin, [self.cfg.changes_topic]).get(self.cfg.changes_topic, "")
+
+    def _registry(self) -> Registry:
+        if self.registry is None:
+            self.registry = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
+        return self.registry
 
     def scan(self, topic: str) -> list[Scanned]:
         """Every record of a table topic: key, value and the position it was written for."""

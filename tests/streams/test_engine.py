@@ -37,7 +37,7 @@ from tests.streams.test_workers import wait_for
 ENGINE = ["streams", "streams.engine", "streams.fanrun", "streams.fanout", "streams.joins", "streams.materializer",
           "streams.cuts", "streams.cursor", "streams.feed", "streams.tablefeed", "streams.writer", "streams.mirror",
           "streams.store", "streams.viewstore", "streams.catalog", "streams.clients", "streams.frontier",
-          "streams.leader", "streams.placement", "streams.docbytes"]  # fmt: skip
+          "streams.leader", "streams.placement", "streams.docbytes", "streams.sources"]  # fmt: skip
 NO_IO = """
 import socket, sys
 def refuse(*args, **kwargs):

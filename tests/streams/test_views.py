@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -363,33 +364,37 @@ def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_top
     assert "whose rows were not kept: replaying" in worker.log.read_text()
 
 
-def forget_every_topic(capture: Capture) -> None:
-    """What a broker that lost its data leaves (the local stack's in-memory one after a restart): none of the
-    pipeline's topics, so capture starts over with a new slot and a new snapshot."""
+def forget_topics(capture: Capture, which: str) -> None:
+    """Every topic of the pipeline gone (what a broker that lost its data leaves, such as the local stack's
+    in-memory one after a restart), the raw topic only (deleted by hand: capture then starts over with a new
+    slot and a new snapshot), or the others ("tables": what the fan-out asks for then)."""
     admin = AdminClient({"bootstrap.servers": capture.cfg.bootstrap})
     prefix = capture.cfg.topic_prefix + "."
     topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    if which != "every":  # the raw topic only, or every other one (after it)
+        topics = [t for t in topics if (t == capture.cfg.changes_topic) == (which == "raw")]
     for future in admin.delete_topics(topics).values():
         future.result(timeout=30)
-    assert wait_for(lambda: not any(t.startswith(prefix) for t in admin.list_topics(timeout=10).topics), 30)
-    conn = psycopg2.connect(capture.cfg.dsn.reveal())
-    try:
-        slot.drop(conn, capture.cfg.slot)
-    finally:
-        conn.close()
-    shutil.rmtree(capture.cfg.state_dir)
+    assert wait_for(lambda: not set(topics) & set(admin.list_topics(timeout=10).topics), 30)
 
 
+@pytest.mark.parametrize("which", ["every", "raw"])
 def test_a_worker_restarted_on_topics_made_again_rebuilds_its_state_from_them(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
-    local_stack: StackConfig,
+    local_stack: StackConfig, which: str,
 ) -> None:  # fmt: skip
     capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
     app_id, state_dir = worker.env["HEADWATER_STREAMS_APP_ID"], worker.env["HEADWATER_STREAMS_STATE_DIR"]
     worker.kill(signal.SIGTERM)
     capture.stop()
-    forget_every_topic(capture)
+    forget_topics(capture, which)
+    conn = psycopg2.connect(capture.cfg.dsn.reveal())
+    try:
+        slot.drop(conn, capture.cfg.slot)
+    finally:
+        conn.close()
+    shutil.rmtree(capture.cfg.state_dir)
     with shop_db, shop_db.cursor() as cur:  # while nothing runs: some orders go, more come than there were
         cur.execute("SELECT id FROM orders ORDER BY id LIMIT 20")
         gone = [row[0] for row in cur.fetchall()]
@@ -398,14 +403,25 @@ def test_a_worker_restarted_on_topics_made_again_rebuilds_its_state_from_them(
         cur.execute("INSERT INTO orders (customer_id, note) SELECT (SELECT array_agg(id) FROM customers)[1 + n % 10], "
                     "'after the broker forgot' FROM generate_series(1, 3000) n")  # fmt: skip
         cur.execute("UPDATE customers SET name = name || ' again' WHERE id % 7 = 0")
-    capture = capture_factory(pg_database).start()  # the same slot name, prefix and topics: all new
+    capture = capture_factory(pg_database).start()  # the same slot name, prefix and raw topic: new
     capture.wait_caught_up(pg_database)
-    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir)
+    logs = [worker.log]
+    if which == "raw":  # table topics written from the old raw topic: the fan-out stops, saying what to delete
+        with contextlib.suppress(AssertionError):  # it stops before it is ready, or just after
+            worker.start()
+        assert worker.process is not None and worker.process.wait(timeout=60) != 0, worker.tail()
+        assert "is not the raw topic the fan-out's checkpoint and the table topics were written from" in \
+            worker.log.read_text(), worker.tail()  # fmt: skip
+        forget_topics(capture, "tables")
+        worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir)
+        logs.append(worker.log)
+    worker.start()
     views_reconciled(shop_db, capture, worker, local_stack.redis_url)
     assert all(worker.get(f"/tables/orders/{order}").status_code == 404 for order in gone)
     count, problems = compare_endpoint(shop_db, "orders", ["id"], worker.url, "orders")
     assert count > 3000 and not problems, problems[:10]
-    text = worker.log.read_text()
+    text = "".join(log.read_text() for log in logs)
     assert "views are rebuilt from the new topic's start" in text and "Redis again" in text, worker.tail()
 
 

@@ -1,0 +1,31 @@
+"""The fan-out's Kafka side on the real stack: its checkpoint, read back by the schema that wrote it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fastavro
+
+from streams.writer import CHECKPOINT_SCHEMA, Checkpoint, TableWriter
+from tables.config import StackConfig
+from tables.registry import Registry
+from tables.wire import avro_body, frame
+from tests.streams.test_engine import engine_config
+
+
+def test_a_checkpoint_from_before_it_named_the_raw_topic_reads_and_the_next_one_names_it(
+    local_stack: StackConfig, unique_name: str, tmp_path: Path
+) -> None:  # fmt: skip
+    cfg = engine_config(local_stack, unique_name, tmp_path)
+    writer = TableWriter(cfg)
+    writer.ensure_topics([cfg.progress_topic], partitions=1)
+    old = {**CHECKPOINT_SCHEMA, "fields": CHECKPOINT_SCHEMA["fields"][:3]}  # the schema before raw_topic_id
+    framed = frame(Registry(cfg.registry_url).register(f"{cfg.progress_topic}-value", old))
+    value = framed + avro_body(fastavro.parse_schema(old), {"raw_offset": 7, "commit_lsn": 5, "position": 1})
+    writer.produce(cfg.progress_topic, 0, cfg.changes_topic.encode(), value, [])
+    writer.flush()
+    assert writer.checkpoint() == Checkpoint(7, (5, 1), ""), "an old checkpoint: offsets kept, the topic not checked"
+    writer.save_checkpoint(Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw"))
+    writer.flush()
+    assert writer.checkpoint() == Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw")
+    assert writer.raw_topic_id() == "", "no raw topic yet: no id"
