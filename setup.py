@@ -1,5 +1,5 @@
-"""The one compiled part: capture._copier, the snapshot's COPY text to raw-topic messages
-(and the Sender that hands them to librdkafka).
+"""The compiled parts: capture._copier, the snapshot's COPY text to raw-topic messages
+(and the Sender that hands them to librdkafka); tables._avro, flat Avro records read in C.
 
 Everything else about the build is in pyproject.toml.
 """
@@ -14,5 +14,6 @@ setup(
             depends=["capture/_sender.h"],
             extra_compile_args=["-O2", "-Wall"],
         ),
+        Extension("tables._avro", ["tables/_avro.c"], extra_compile_args=["-O2", "-Wall"]),
     ]
 )

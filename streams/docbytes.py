@@ -8,7 +8,8 @@ base row's own columns, then per join in the schema's order: a lookup as ``0`` (
 followed by the looked-up row's content, a collect as its count, its items' contents and ``0``.
 ``Encoders(schema)`` holds, for each path of a view (``''`` for the base row, ``customer``,
 ``items[]``, ``items[].product``), the record of that path's own columns as the view schema
-writes them, and ``own`` encodes a row's own columns with it. The joiner caches each row's own
+writes them, and ``own`` encodes a row's own columns with it (in C, ``tables.flatavro``, when the
+record is flat). The joiner caches each row's own
 encoding while the row stays the same, so a document is encoded in the parts that changed — a
 price change re-encodes one product, not the 5,000 orders that show it. The result is byte for
 byte what fastavro writes for the whole document (``tests/streams/test_docbytes.py``).
@@ -21,6 +22,7 @@ from typing import Any
 
 import fastavro
 
+from tables.flatavro import writer
 from tables.views import LSN_FIELD
 from tables.wire import avro_body
 
@@ -60,10 +62,13 @@ class Encoders:
             own = [{**f, "type": _named(f["type"], namespace)} for f in fields]
             record = {"type": "record", "name": f"own{n}", "namespace": "headwater.docbytes", "fields": own}
             self.paths[path] = fastavro.parse_schema(record, named_schemas=dict(named))
+        self.compiled = {path: writer(parsed) for path, parsed in self.paths.items()}  # None: fastavro writes
 
     def own(self, path: str, row: Mapping[str, Any]) -> bytes:
         """A row's own columns at ``path``, encoded as they stand at the start of its record."""
-        return avro_body(self.paths[path], row)
+        compiled = self.compiled[path]
+        out = None if compiled is None or not isinstance(row, dict) else compiled.write(row)
+        return avro_body(self.paths[path], row) if out is None else out
 
 
 def _records(record: dict[str, Any], path: str) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
