@@ -1,15 +1,15 @@
 /* tables._avro: a flat Avro record read and written in C, exactly as fastavro reads and writes it.
  *
  * Promise: a Reader or a Writer is made from a plan (``tables.flatavro``: one tuple per field of a
- * record whose fields are all primitives, enums, or unions of one of those with null). ``Reader.read(data,
+ * record whose fields are all primitives, enums, or unions of those). ``Reader.read(data,
  * start)`` returns the record as the dict fastavro's ``schemaless_reader`` gives with the writer schema:
  * the same keys in the same order, the same values; logical types are converted by fastavro's own
  * functions, passed in the plan (``conv(value, schema, None)``), so their results cannot differ. Data that
  * ends early or holds a branch, enum index or length out of range raises ``ValueError`` (or
  * ``UnicodeDecodeError``); nothing past the record is looked at. ``Writer.write(record)`` returns the bytes
- * fastavro's ``schemaless_writer`` writes, or None whenever a value is not exactly of its field's Python
- * type (a missing key, a float for a long, a conversion that raised...): fastavro then writes it, with its
- * own leniency and errors. Why C: fastavro's generic reader spent ~1 us a call plus ~0.3 us a field (a
+ * fastavro's ``schemaless_writer`` writes (a union's value in the first branch whose type it has), or None
+ * whenever a value is not exactly of its field's Python type (a missing key, a float for a long, a
+ * conversion that raised...): fastavro then writes it, with its own leniency and errors. Why C: fastavro's generic reader spent ~1 us a call plus ~0.3 us a field (a
  * 6-column row 5.8 us, a raw change's envelope 5.8 us), the fan-out's and the views' largest cost per
  * change (py-spy, ``bench/RESULTS.md`` "Avro in C").
  */
@@ -23,13 +23,18 @@
 enum { K_NULL, K_BOOLEAN, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_ENUM };
 
 typedef struct {
-    PyObject *name;    /* str */
     int kind;          /* K_* */
-    int null_branch;   /* -1: no union; 0: ["null", X]; 1: [X, "null"] */
-    PyObject *conv;    /* None, or fastavro's logical reader: conv(value, schema, None) */
+    PyObject *conv;    /* None, or fastavro's logical conversion */
     PyObject *schema;  /* the schema passed to conv */
     PyObject *symbols; /* a tuple for K_ENUM, else None */
     PyObject *index;   /* a Writer's K_ENUM: symbol -> its index (a dict), else NULL */
+} Branch;
+
+typedef struct {
+    PyObject *name;  /* str */
+    int is_union;    /* branches are a union's (an index first), else one plain type */
+    Py_ssize_t n;    /* branches */
+    Branch *branches;
 } Field;
 
 typedef struct {
@@ -81,10 +86,10 @@ static int read_length(Cursor *c, Py_ssize_t *out) {
     return 0;
 }
 
-static PyObject *read_value(Cursor *c, const Field *f) {
+static PyObject *read_value(Cursor *c, const Branch *b) {
     int64_t n;
     Py_ssize_t len;
-    switch (f->kind) {
+    switch (b->kind) {
     case K_NULL:
         Py_RETURN_NONE;
     case K_BOOLEAN:
@@ -116,37 +121,37 @@ static PyObject *read_value(Cursor *c, const Field *f) {
             return NULL;
         const char *at = (const char *)c->p;
         c->p += len;
-        return f->kind == K_BYTES ? PyBytes_FromStringAndSize(at, len) : PyUnicode_DecodeUTF8(at, len, "strict");
+        return b->kind == K_BYTES ? PyBytes_FromStringAndSize(at, len) : PyUnicode_DecodeUTF8(at, len, "strict");
     }
     case K_ENUM:
         if (read_long(c, &n) < 0)
             return NULL;
-        if (n < 0 || n >= PyTuple_GET_SIZE(f->symbols)) {
+        if (n < 0 || n >= PyTuple_GET_SIZE(b->symbols)) {
             PyErr_Format(PyExc_ValueError, "enum index %lld out of range", (long long)n);
             return NULL;
         }
-        return Py_NewRef(PyTuple_GET_ITEM(f->symbols, n));
+        return Py_NewRef(PyTuple_GET_ITEM(b->symbols, n));
     }
     PyErr_SetString(PyExc_ValueError, "unknown field kind");
     return NULL;
 }
 
 static PyObject *read_field(Cursor *c, const Field *f) {
-    if (f->null_branch >= 0) {
-        int64_t branch;
-        if (read_long(c, &branch) < 0)
+    const Branch *b = &f->branches[0];
+    if (f->is_union) {
+        int64_t i;
+        if (read_long(c, &i) < 0)
             return NULL;
-        if (branch != 0 && branch != 1) {
-            PyErr_Format(PyExc_ValueError, "union branch %lld out of range", (long long)branch);
+        if (i < 0 || i >= f->n) {
+            PyErr_Format(PyExc_ValueError, "union branch %lld out of range", (long long)i);
             return NULL;
         }
-        if (branch == f->null_branch)
-            Py_RETURN_NONE;
+        b = &f->branches[i];
     }
-    PyObject *value = read_value(c, f);
-    if (value == NULL || f->conv == Py_None)
+    PyObject *value = read_value(c, b);
+    if (value == NULL || b->conv == Py_None)
         return value;
-    PyObject *converted = PyObject_CallFunctionObjArgs(f->conv, value, f->schema, Py_None, NULL);
+    PyObject *converted = PyObject_CallFunctionObjArgs(b->conv, value, b->schema, Py_None, NULL);
     Py_DECREF(value);
     return converted;
 }
@@ -186,30 +191,53 @@ done:
 
 static void clear_fields(Reader *self) {
     for (Py_ssize_t i = 0; i < self->n; i++) {
-        Py_CLEAR(self->fields[i].name);
-        Py_CLEAR(self->fields[i].conv);
-        Py_CLEAR(self->fields[i].schema);
-        Py_CLEAR(self->fields[i].symbols);
-        Py_CLEAR(self->fields[i].index);
+        Field *f = &self->fields[i];
+        for (Py_ssize_t j = 0; f->branches && j < f->n; j++) {
+            Py_CLEAR(f->branches[j].conv);
+            Py_CLEAR(f->branches[j].schema);
+            Py_CLEAR(f->branches[j].symbols);
+            Py_CLEAR(f->branches[j].index);
+        }
+        PyMem_Free(f->branches);
+        Py_CLEAR(f->name);
     }
     PyMem_Free(self->fields);
     self->fields = NULL;
     self->n = 0;
 }
 
-static int take_field(Field *f, PyObject *spec) {
-    PyObject *name, *conv, *schema, *symbols;
-    if (!PyArg_ParseTuple(spec, "UiiOOO", &name, &f->kind, &f->null_branch, &conv, &schema, &symbols))
+static int take_branch(Branch *b, PyObject *spec) {
+    PyObject *conv, *schema, *symbols;
+    if (!PyArg_ParseTuple(spec, "iOOO", &b->kind, &conv, &schema, &symbols))
         return -1;
-    if (f->kind < K_NULL || f->kind > K_ENUM || f->null_branch < -1 || f->null_branch > 1 ||
-        (f->kind == K_ENUM && !PyTuple_Check(symbols))) {
-        PyErr_SetString(PyExc_ValueError, "a field spec is (name, kind, null branch, conv, schema, symbols)");
+    if (b->kind < K_NULL || b->kind > K_ENUM || (b->kind == K_ENUM && !PyTuple_Check(symbols))) {
+        PyErr_SetString(PyExc_ValueError, "a branch spec is (kind, conv, schema, symbols)");
+        return -1;
+    }
+    b->conv = Py_NewRef(conv);
+    b->schema = Py_NewRef(schema);
+    b->symbols = Py_NewRef(symbols);
+    return 0;
+}
+
+static int take_field(Field *f, PyObject *spec) {
+    PyObject *name, *branches;
+    if (!PyArg_ParseTuple(spec, "UpO!", &name, &f->is_union, &PyTuple_Type, &branches))
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(branches);
+    if (n < 1 || (!f->is_union && n != 1)) {
+        PyErr_SetString(PyExc_ValueError, "a field spec is (name, is union, branches): one branch unless a union");
         return -1;
     }
     f->name = Py_NewRef(name);
-    f->conv = Py_NewRef(conv);
-    f->schema = Py_NewRef(schema);
-    f->symbols = Py_NewRef(symbols);
+    if ((f->branches = PyMem_Calloc(n, sizeof(Branch))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    f->n = n; /* zeroed: what is taken before an error is released with the Reader */
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (take_branch(&f->branches[j], PyTuple_GET_ITEM(branches, j)) < 0)
+            return -1;
     return 0;
 }
 
@@ -223,13 +251,10 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds) {
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (take_field(&self->fields[i], PyTuple_GET_ITEM(specs, i)) < 0) {
-            self->n = i; /* the fields taken so far are released with the Reader */
+    self->n = n; /* zeroed: what is taken before an error is released with the Reader */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (take_field(&self->fields[i], PyTuple_GET_ITEM(specs, i)) < 0)
             return -1;
-        }
-    }
-    self->n = n;
     return 0;
 }
 
@@ -298,8 +323,8 @@ static int put_raw(Out *o, const void *data, Py_ssize_t n) {
 
 enum { WROTE = 0, FAILED = -1, NOT_MINE = 1 }; /* NOT_MINE: fastavro writes this record */
 
-static int put_value(Out *o, const Field *f, PyObject *v) {
-    switch (f->kind) {
+static int put_value(Out *o, const Branch *b, PyObject *v) {
+    switch (b->kind) {
     case K_NULL:
         return v == Py_None ? WROTE : NOT_MINE;
     case K_BOOLEAN:
@@ -308,11 +333,11 @@ static int put_value(Out *o, const Field *f, PyObject *v) {
         return put_raw(o, v == Py_True ? "\x01" : "\x00", 1);
     case K_INT:
     case K_LONG: {
-        if (!PyLong_Check(v))
+        if (!PyLong_Check(v) || PyBool_Check(v)) /* fastavro: a bool in a union is a boolean */
             return NOT_MINE;
         int overflow;
         long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow || (f->kind == K_INT && (n < INT32_MIN || n > INT32_MAX)))
+        if (overflow || (b->kind == K_INT && (n < INT32_MIN || n > INT32_MAX)))
             return NOT_MINE;
         return put_long(o, n);
     }
@@ -321,7 +346,7 @@ static int put_value(Out *o, const Field *f, PyObject *v) {
         if (!PyFloat_CheckExact(v))
             return NOT_MINE;
         double d = PyFloat_AS_DOUBLE(v);
-        if (f->kind == K_DOUBLE)
+        if (b->kind == K_DOUBLE)
             return put_raw(o, &d, 8);
         if (isfinite(d) && fabs(d) > FLT_MAX)
             return NOT_MINE; /* fastavro's own way with a float too large */
@@ -348,7 +373,7 @@ static int put_value(Out *o, const Field *f, PyObject *v) {
         return put_raw(o, text, n);
     }
     case K_ENUM: {
-        PyObject *at = PyUnicode_CheckExact(v) ? PyDict_GetItemWithError(f->index, v) : NULL;
+        PyObject *at = PyUnicode_CheckExact(v) ? PyDict_GetItemWithError(b->index, v) : NULL;
         if (at == NULL)
             return PyErr_Occurred() ? FAILED : NOT_MINE;
         return put_long(o, PyLong_AsLongLong(at));
@@ -357,24 +382,36 @@ static int put_value(Out *o, const Field *f, PyObject *v) {
     return NOT_MINE;
 }
 
-static int put_field(Out *o, const Field *f, PyObject *v) {
-    if (f->null_branch >= 0) {
-        int is_null = v == Py_None;
-        if (put_long(o, is_null ? f->null_branch : 1 - f->null_branch) < 0)
-            return FAILED;
-        if (is_null)
-            return WROTE;
-    }
-    if (f->conv == Py_None)
-        return put_value(o, f, v);
-    PyObject *prepared = PyObject_CallFunctionObjArgs(f->conv, v, f->schema, NULL);
+static int put_branch(Out *o, const Branch *b, PyObject *v) {
+    if (b->conv == Py_None || v == Py_None)
+        return put_value(o, b, v);
+    PyObject *prepared = PyObject_CallFunctionObjArgs(b->conv, v, b->schema, NULL);
     if (prepared == NULL) {
         PyErr_Clear(); /* fastavro raises it again, its way */
         return NOT_MINE;
     }
-    int done = put_value(o, f, prepared);
+    int done = put_value(o, b, prepared);
     Py_DECREF(prepared);
     return done;
+}
+
+/* A union's value goes to the first branch whose type it has (fastavro's choice for these types). */
+static int put_field(Out *o, const Field *f, PyObject *v) {
+    if (!f->is_union)
+        return put_branch(o, &f->branches[0], v);
+    for (Py_ssize_t i = 0; i < f->n; i++) {
+        int kind = f->branches[i].kind;
+        if ((kind == K_FLOAT || kind == K_DOUBLE) && PyLong_Check(v) && !PyBool_Check(v))
+            return NOT_MINE; /* fastavro would take an int as a float here: it writes this record */
+        Py_ssize_t mark = o->len;
+        if (put_long(o, i) < 0)
+            return FAILED;
+        int done = put_branch(o, &f->branches[i], v);
+        if (done != NOT_MINE)
+            return done;
+        o->len = mark;
+    }
+    return NOT_MINE;
 }
 
 static PyObject *Writer_write(Reader *self, PyObject *record) {
@@ -388,29 +425,34 @@ static PyObject *Writer_write(Reader *self, PyObject *record) {
         PyObject *v = PyDict_GetItemWithError(record, self->fields[i].name);
         done = v == NULL ? (PyErr_Occurred() ? FAILED : NOT_MINE) : put_field(&o, &self->fields[i], v);
     }
-    PyObject *out = done == WROTE ? PyBytes_FromStringAndSize(o.p, o.len) : done == NOT_MINE ? Py_NewRef(Py_None) : NULL;
+    PyObject *out = done == WROTE      ? PyBytes_FromStringAndSize(o.p, o.len)
+                    : done == NOT_MINE ? Py_NewRef(Py_None)
+                                       : NULL;
     PyMem_Free(o.p);
     return out;
+}
+
+static int index_symbols(Branch *b) {
+    if ((b->index = PyDict_New()) == NULL)
+        return -1;
+    for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(b->symbols); s++) {
+        PyObject *n = PyLong_FromSsize_t(s);
+        if (n == NULL || PyDict_SetItem(b->index, PyTuple_GET_ITEM(b->symbols, s), n) < 0) {
+            Py_XDECREF(n);
+            return -1;
+        }
+        Py_DECREF(n);
+    }
+    return 0;
 }
 
 static int Writer_init(Reader *self, PyObject *args, PyObject *kwds) {
     if (Reader_init(self, args, kwds) < 0)
         return -1;
-    for (Py_ssize_t i = 0; i < self->n; i++) {
-        Field *f = &self->fields[i];
-        if (f->kind != K_ENUM)
-            continue;
-        if ((f->index = PyDict_New()) == NULL)
-            return -1;
-        for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(f->symbols); s++) {
-            PyObject *n = PyLong_FromSsize_t(s);
-            if (n == NULL || PyDict_SetItem(f->index, PyTuple_GET_ITEM(f->symbols, s), n) < 0) {
-                Py_XDECREF(n);
+    for (Py_ssize_t i = 0; i < self->n; i++)
+        for (Py_ssize_t j = 0; j < self->fields[i].n; j++)
+            if (self->fields[i].branches[j].kind == K_ENUM && index_symbols(&self->fields[i].branches[j]) < 0)
                 return -1;
-            }
-            Py_DECREF(n);
-        }
-    }
     return 0;
 }
 

@@ -1,6 +1,6 @@
 from typing import Any
 
-Spec = tuple[str, int, int, Any, Any, Any]
+Spec = tuple[str, bool, tuple[tuple[int, Any, Any, Any], ...]]
 
 class Reader:
     def __init__(self, fields: tuple[Spec, ...]) -> None: ...

@@ -1,12 +1,13 @@
 """Flat Avro records read and written in C, the rest by fastavro, with the same result.
 
-Promise: for a parsed record schema whose fields are all primitives, enums or unions of one of those
-with null, ``reader(parsed)`` gives a ``tables._avro.Reader`` whose ``read(data, start)`` returns exactly
-what ``fastavro.schemaless_reader`` returns with that writer schema, and ``writer(parsed)`` a
+Promise: for a parsed record schema whose fields are all primitives, enums or unions of those,
+``reader(parsed)`` gives a ``tables._avro.Reader`` whose ``read(data, start)`` returns exactly what
+``fastavro.schemaless_reader`` returns with that writer schema, and ``writer(parsed)`` a
 ``tables._avro.Writer`` whose ``write(record)`` returns the bytes ``fastavro.schemaless_writer`` writes
-(or None for a record it leaves to fastavro: a value not exactly of its field's type); logical types go
-through fastavro's own conversions. For any other schema (nested records, arrays, maps, fixed, named
-references, other unions) both give None and the caller uses fastavro. Why: fastavro's generic code cost
+(a union's value in the first branch whose type it has; None for a record it leaves to fastavro: a value
+not exactly of its field's type); logical types go through fastavro's own conversions. For any other
+schema (nested records, arrays, maps, fixed) both give None and the caller uses
+fastavro. Why: fastavro's generic code cost
 ~1 us a call and ~0.3 us a field — a 6-column row 5.8 us to read, the compiled reader 1.2-1.7 us — and
 the fan-out and the views read every change's envelope and row image (``bench/RESULTS.md``, "Avro in C").
 """
@@ -22,36 +23,42 @@ from tables._avro import Reader, Writer
 
 KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6, "string": 7}
 ENUM = 8
-Spec = tuple[str, int, int, Any, Any, Any]  # name, kind, null branch (-1: no union), conv, its schema, symbols
+Branch = tuple[int, Any, Any, Any]  # kind, conversion (or None), its schema, enum symbols
+Spec = tuple[str, bool, tuple[Branch, ...]]  # name, a union?, its branches (one unless a union)
 
 
-def field_spec(name: str, kind: Any, conversions: dict[str, Any]) -> Spec | None:
-    """How ``tables._avro`` handles one field of type ``kind`` (a parsed schema), or None if it cannot."""
-    null_branch = -1
-    if isinstance(kind, list):
-        if len(kind) != 2 or kind.count("null") != 1:
-            return None
-        null_branch = kind.index("null")
-        kind = kind[1 - null_branch]
+def branch(kind: Any, conversions: dict[str, Any], named: dict[str, Any]) -> Branch | None:
+    """How ``tables._avro`` handles a value of type ``kind`` (a parsed schema, not a union), or None."""
+    if isinstance(kind, str) and kind not in KINDS:
+        kind = named.get(kind)  # a named type defined earlier in the schema: an enum is read here too
     if isinstance(kind, str):
-        return (name, KINDS[kind], null_branch, None, None, None) if kind in KINDS else None
+        return (KINDS[kind], None, None, None) if kind in KINDS else None
     if not isinstance(kind, dict):
         return None
     if kind.get("type") == "enum":
-        return name, ENUM, null_branch, None, None, tuple(kind["symbols"])
+        return ENUM, None, None, tuple(kind["symbols"])
     base = kind.get("type")
     if base not in KINDS:
         return None
     conv = conversions.get(f"{base}-{kind['logicalType']}") if "logicalType" in kind else None
-    return name, KINDS[base], null_branch, conv, kind if conv else None, None
+    return KINDS[base], conv, kind if conv else None, None
+
+
+def field_spec(name: str, kind: Any, conversions: dict[str, Any], named: dict[str, Any]) -> Spec | None:
+    """How ``tables._avro`` handles one field of type ``kind``, or None if it cannot."""
+    kinds = kind if isinstance(kind, list) else [kind]
+    branches = [branch(k, conversions, named) for k in kinds]
+    if not branches or any(b is None for b in branches):
+        return None
+    return name, isinstance(kind, list), tuple(b for b in branches if b is not None)
 
 
 def _specs(parsed: Any, conversions: dict[str, Any]) -> tuple[Spec, ...] | None:
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
         return None
-    specs = []
+    specs, named = [], parsed.get("__named_schemas", {})  # fastavro keeps the named types it parsed there
     for field in parsed.get("fields", ()):
-        spec = field_spec(field["name"], field["type"], conversions)
+        spec = field_spec(field["name"], field["type"], conversions, named)
         if spec is None:
             return None
         specs.append(spec)

@@ -71,8 +71,9 @@ def test_a_content_is_the_documents_avro_without_its_lsn_after_every_change(text
     (spec,) = specs(text)
     schema = view_schema(spec, VALUES, {q: s.key for q, s in SHOP.items()})
     parsed = fastavro.parse_schema(schema)
-    joiner = Joiner([spec], SHOP, MemoryViewStore(), pickle.loads, cached=5,
-                    encoders={spec.name: Encoders(schema)})  # fmt: skip
+    encoders = Encoders(schema)
+    assert all(compiled is not None for compiled in encoders.compiled.values()), "own rows encoded in C"
+    joiner = Joiner([spec], SHOP, MemoryViewStore(), pickle.loads, cached=5, encoders={spec.name: encoders})
     rng = random.Random(3)
     for n in range(300):
         joiner.apply(random_change(rng, n))

@@ -105,8 +105,8 @@ def test_the_raw_change_record_reads_as_fastavro_reads_it() -> None:
 
 
 @pytest.mark.parametrize("kind", [
-    {"type": "array", "items": "long"}, {"type": "map", "values": "long"}, ["null", "long", "string"],
-    {"type": "fixed", "name": "f", "size": 4}, {"type": "record", "name": "inner", "fields": []}, ["null", "null"],
+    {"type": "array", "items": "long"}, {"type": "map", "values": "long"}, ["null", {"type": "array", "items": "int"}],
+    {"type": "fixed", "name": "f", "size": 4}, {"type": "record", "name": "inner", "fields": []},
 ])  # fmt: skip
 def test_other_field_types_are_left_to_fastavro(kind: Any) -> None:
     parsed = fastavro.parse_schema({"type": "record", "name": "r", "fields": [{"name": "x", "type": kind}]})
@@ -142,7 +142,7 @@ def test_every_column_type_writes_the_bytes_fastavro_writes() -> None:
 
 @pytest.mark.parametrize("odd", [
     {"a": 1.5}, {"a": "1"}, {"a": 2**63}, {"b": b"x"}, {"b": "\ud800"}, {"c": 1}, {"d": "angry"}, {"e": "tomorrow"},
-    {"f": 1e39},
+    {"f": 1e39}, {"a": True},
 ])  # fmt: skip
 def test_a_value_not_of_its_fields_type_is_left_to_fastavro(odd: dict[str, Any]) -> None:
     parsed = fastavro.parse_schema({"type": "record", "name": "r", "fields": [
@@ -156,3 +156,41 @@ def test_a_value_not_of_its_fields_type_is_left_to_fastavro(odd: dict[str, Any])
     assert compiled.write(good) == written(parsed, good)
     assert compiled.write({**good, **odd}) is None
     assert compiled.write({k: v for k, v in good.items() if k != "c"}) is None, "a missing field"
+
+
+def test_unions_of_several_types_read_and_write_as_fastavro_does() -> None:
+    """A numeric column is [decimal, string] (NaN and infinities as text), nullable it is three branches."""
+    decimal = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
+    parsed = fastavro.parse_schema({"type": "record", "name": "r", "fields": [
+        {"name": "price", "type": [decimal, "string"]}, {"name": "total", "type": ["null", decimal, "string"]},
+        {"name": "any", "type": ["null", "long", "double", "string", "boolean"]},
+    ]})  # fmt: skip
+    read, write = reader(parsed), writer(parsed)
+    assert read is not None and write is not None
+    for record in [
+        {"price": Decimal("12.50"), "total": None, "any": 5},
+        {"price": "NaN", "total": "Infinity", "any": 2.5},
+        {"price": Decimal("-0.01"), "total": Decimal("99999.99"), "any": "x"},
+        {"price": "-Infinity", "total": Decimal("0.00"), "any": True},
+        {"price": Decimal("1.00"), "total": None, "any": None},
+    ]:
+        data = written(parsed, record)
+        assert write.write(record) == data, record
+        assert read.read(data) == fastavro_reads(parsed, data)
+    assert write.write({"price": 1.5, "total": None, "any": None}) is None, "a float fits no branch here"
+    flipped = writer(fastavro.parse_schema({"type": "record", "name": "f", "fields": [
+        {"name": "x", "type": ["double", "long"]}]}))  # fmt: skip
+    assert flipped is not None and flipped.write({"x": 5}) is None, "fastavro writes an int as the double listed first"
+
+
+def test_an_enum_named_again_by_reference_reads_and_writes_as_fastavro_does() -> None:
+    """Two columns of one PostgreSQL enum: the schema defines it once and names it the second time."""
+    mood = {"type": "enum", "name": "mood", "namespace": "headwater.pg.public", "symbols": ["sad", "ok", "happy"]}
+    parsed = fastavro.parse_schema({"type": "record", "name": "r", "fields": [
+        {"name": "now", "type": mood}, {"name": "before", "type": ["null", "headwater.pg.public.mood"]},
+    ]})  # fmt: skip
+    read, write = reader(parsed), writer(parsed)
+    assert read is not None and write is not None
+    for record in [{"now": "ok", "before": None}, {"now": "sad", "before": "happy"}]:
+        data = written(parsed, record)
+        assert write.write(record) == data and read.read(data) == fastavro_reads(parsed, data) == record
