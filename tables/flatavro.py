@@ -10,6 +10,8 @@ schema (nested records, arrays, maps, fixed) both give None and the caller uses
 fastavro. Why: fastavro's generic code cost
 ~1 us a call and ~0.3 us a field — a 6-column row 5.8 us to read, the compiled reader 1.2-1.7 us — and
 the fan-out and the views read every change's envelope and row image (``bench/RESULTS.md``, "Avro in C").
+``tables.avro``'s compiled encoder is capture's: it takes logical values as the ints and bytes capture
+converts them to, while the readers here hold rows as fastavro gives them (datetimes, Decimals).
 """
 
 from __future__ import annotations
