@@ -1,7 +1,8 @@
 /* tables._avro: a flat Avro record read and written in C, exactly as fastavro reads and writes it.
  *
  * Promise: a Reader or a Writer is made from a plan (``tables.flatavro``: one tuple per field of a
- * record whose fields are all primitives, enums, or unions of those). ``Reader.read(data,
+ * record whose fields are all primitives, enums, or unions of those; a Reader's also records and
+ * arrays, each read by a Reader of its own). ``Reader.read(data,
  * start)`` returns the record as the dict fastavro's ``schemaless_reader`` gives with the writer schema:
  * the same keys in the same order, the same values; logical types are converted by fastavro's own
  * functions, passed in the plan (``conv(value, schema, None)``), so their results cannot differ. Data that
@@ -20,13 +21,13 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { K_NULL, K_BOOLEAN, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_ENUM };
+enum { K_NULL, K_BOOLEAN, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_BYTES, K_STRING, K_ENUM, K_RECORD, K_ARRAY };
 
 typedef struct {
     int kind;          /* K_* */
     PyObject *conv;    /* None, or fastavro's logical conversion */
     PyObject *schema;  /* the schema passed to conv */
-    PyObject *symbols; /* a tuple for K_ENUM, else None */
+    PyObject *symbols; /* a tuple for K_ENUM; the Reader of a K_RECORD's fields, of a K_ARRAY's item (one field) */
     PyObject *index;   /* a Writer's K_ENUM: symbol -> its index (a dict), else NULL */
 } Branch;
 
@@ -46,6 +47,10 @@ typedef struct {
 typedef struct {
     const unsigned char *p, *end;
 } Cursor;
+
+static PyTypeObject ReaderType;
+static PyObject *read_record(Cursor *c, const Reader *r);
+static PyObject *read_array(Cursor *c, const Reader *r);
 
 static int too_short(void) {
     PyErr_SetString(PyExc_ValueError, "the Avro record ends before its last field");
@@ -131,6 +136,10 @@ static PyObject *read_value(Cursor *c, const Branch *b) {
             return NULL;
         }
         return Py_NewRef(PyTuple_GET_ITEM(b->symbols, n));
+    case K_RECORD:
+        return read_record(c, (const Reader *)b->symbols);
+    case K_ARRAY:
+        return read_array(c, (const Reader *)b->symbols);
     }
     PyErr_SetString(PyExc_ValueError, "unknown field kind");
     return NULL;
@@ -156,6 +165,46 @@ static PyObject *read_field(Cursor *c, const Field *f) {
     return converted;
 }
 
+static PyObject *read_record(Cursor *c, const Reader *r) {
+    PyObject *record = PyDict_New();
+    for (Py_ssize_t i = 0; record != NULL && i < r->n; i++) {
+        PyObject *value = read_field(c, &r->fields[i]);
+        if (value == NULL || PyDict_SetItem(record, r->fields[i].name, value) < 0)
+            Py_CLEAR(record);
+        Py_XDECREF(value);
+    }
+    return record;
+}
+
+/* Blocks of items until an empty one; a block with a negative count gives its size in bytes first. */
+static PyObject *read_array(Cursor *c, const Reader *r) {
+    PyObject *items = PyList_New(0);
+    int64_t count, size;
+    while (items != NULL) {
+        if (read_long(c, &count) < 0 || (count < 0 && read_long(c, &size) < 0))
+            goto failed;
+        if (count == 0)
+            break;
+        count = count < 0 ? -count : count;
+        if (count > c->end - c->p) { /* every item takes a byte at least (the plan holds no empty item) */
+            too_short();
+            goto failed;
+        }
+        for (int64_t i = 0; i < count; i++) {
+            PyObject *item = read_field(c, &r->fields[0]);
+            if (item == NULL || PyList_Append(items, item) < 0) {
+                Py_XDECREF(item);
+                goto failed;
+            }
+            Py_DECREF(item);
+        }
+    }
+    return items;
+failed:
+    Py_XDECREF(items);
+    return NULL;
+}
+
 static PyObject *Reader_read(Reader *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer view;
     Py_ssize_t start = 0;
@@ -173,17 +222,7 @@ static PyObject *Reader_read(Reader *self, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     Cursor c = {(const unsigned char *)view.buf + start, (const unsigned char *)view.buf + view.len};
-    if ((record = PyDict_New()) == NULL)
-        goto done;
-    for (Py_ssize_t i = 0; i < self->n; i++) {
-        PyObject *value = read_field(&c, &self->fields[i]);
-        if (value == NULL || PyDict_SetItem(record, self->fields[i].name, value) < 0) {
-            Py_XDECREF(value);
-            Py_CLEAR(record);
-            goto done;
-        }
-        Py_DECREF(value);
-    }
+    record = read_record(&c, self);
 done:
     PyBuffer_Release(&view);
     return record;
@@ -210,8 +249,11 @@ static int take_branch(Branch *b, PyObject *spec) {
     PyObject *conv, *schema, *symbols;
     if (!PyArg_ParseTuple(spec, "iOOO", &b->kind, &conv, &schema, &symbols))
         return -1;
-    if (b->kind < K_NULL || b->kind > K_ENUM || (b->kind == K_ENUM && !PyTuple_Check(symbols))) {
-        PyErr_SetString(PyExc_ValueError, "a branch spec is (kind, conv, schema, symbols)");
+    int nested = b->kind == K_RECORD || b->kind == K_ARRAY;
+    if (b->kind < K_NULL || b->kind > K_ARRAY || (b->kind == K_ENUM && !PyTuple_Check(symbols)) ||
+        (nested && !PyObject_TypeCheck(symbols, &ReaderType)) ||
+        (b->kind == K_ARRAY && ((Reader *)symbols)->n != 1)) {
+        PyErr_SetString(PyExc_ValueError, "a branch spec is (kind, conv, schema, symbols or the nested Reader)");
         return -1;
     }
     b->conv = Py_NewRef(conv);

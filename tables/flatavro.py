@@ -2,14 +2,15 @@
 
 Promise: for a parsed record schema whose fields are all primitives, enums or unions of those,
 ``reader(parsed)`` gives a ``tables._avro.Reader`` whose ``read(data, start)`` returns exactly what
-``fastavro.schemaless_reader`` returns with that writer schema, and ``writer(parsed)`` a
-``tables._avro.Writer`` whose ``write(record)`` returns the bytes ``fastavro.schemaless_writer`` writes
-(a union's value in the first branch whose type it has; None for a record it leaves to fastavro: a value
-not exactly of its field's type); logical types go through fastavro's own conversions. For any other
-schema (nested records, arrays, maps, fixed) both give None and the caller uses
-fastavro. Why: fastavro's generic code cost
-~1 us a call and ~0.3 us a field — a 6-column row 5.8 us to read, the compiled reader 1.2-1.7 us — and
-the fan-out and the views read every change's envelope and row image (``bench/RESULTS.md``, "Avro in C").
+``fastavro.schemaless_reader`` returns with that writer schema — nested records and arrays of those
+read too (a view's document) — and ``writer(parsed)`` a ``tables._avro.Writer`` whose
+``write(record)`` returns the bytes ``fastavro.schemaless_writer`` writes for a flat record (a union's
+value in the first branch whose type it has; None for a record it leaves to fastavro: a value not
+exactly of its field's type); logical types go through fastavro's own conversions. For any other
+schema (maps, fixed, a writer's nested records) both give None and the caller uses fastavro.
+Why: fastavro's generic code cost ~1 us a call and ~0.3 us a field — a 6-column row 5.8 us to
+read, the compiled reader 1.2-1.7 us — and the fan-out and the views read every change's envelope
+and row image, the Redis mirror every view row it writes (``bench/RESULTS.md``, "Avro in C").
 ``tables.avro``'s compiled encoder is capture's: it takes logical values as the ints and bytes capture
 converts them to, while the readers here hold rows as fastavro gives them (datetimes, Decimals).
 """
@@ -24,21 +25,24 @@ from fastavro._logical_writers import LOGICAL_WRITERS
 from tables._avro import Reader, Writer
 
 KINDS = {"null": 0, "boolean": 1, "int": 2, "long": 3, "float": 4, "double": 5, "bytes": 6, "string": 7}
-ENUM = 8
+ENUM, RECORD, ARRAY = 8, 9, 10
 Branch = tuple[int, Any, Any, Any]  # kind, conversion (or None), its schema, enum symbols
 Spec = tuple[str, bool, tuple[Branch, ...]]  # name, a union?, its branches (one unless a union)
 
 
-def branch(kind: Any, conversions: dict[str, Any], named: dict[str, Any]) -> Branch | None:
-    """How ``tables._avro`` handles a value of type ``kind`` (a parsed schema, not a union), or None."""
+def branch(kind: Any, conversions: dict[str, Any], named: dict[str, Any], nested: bool) -> Branch | None:
+    """How ``tables._avro`` handles a value of type ``kind`` (a parsed schema, not a union), or None; records
+    and arrays only when ``nested`` (a reader)."""
     if isinstance(kind, str) and kind not in KINDS:
-        kind = named.get(kind)  # a named type defined earlier in the schema: an enum is read here too
+        kind = named.get(kind)  # a named type defined earlier in the schema
     if isinstance(kind, str):
         return (KINDS[kind], None, None, None) if kind in KINDS else None
     if not isinstance(kind, dict):
         return None
     if kind.get("type") == "enum":
         return ENUM, None, None, tuple(kind["symbols"])
+    if kind.get("type") in ("record", "array") and nested:
+        return _nested(kind, conversions, named)
     base = kind.get("type")
     if base not in KINDS:
         return None
@@ -46,21 +50,35 @@ def branch(kind: Any, conversions: dict[str, Any], named: dict[str, Any]) -> Bra
     return KINDS[base], conv, kind if conv else None, None
 
 
-def field_spec(name: str, kind: Any, conversions: dict[str, Any], named: dict[str, Any]) -> Spec | None:
+def _nested(kind: dict[str, Any], conversions: dict[str, Any], named: dict[str, Any]) -> Branch | None:
+    """A record (the Reader of its fields) or an array (the Reader of its item, one field named '')."""
+    if kind["type"] == "record":
+        fields = [field_spec(f["name"], f["type"], conversions, named, True) for f in kind.get("fields", ())]
+        solid = any(not (len(f[2]) == 1 and f[2][0][0] == 0) for f in fields if f is not None)  # takes a byte
+        if not solid or any(f is None for f in fields):
+            return None  # (an empty record would let an array's count run past its data)
+        return RECORD, None, None, Reader(tuple(f for f in fields if f is not None))
+    item = field_spec("", kind["items"], conversions, named, True)
+    if item is None or (len(item[2]) == 1 and item[2][0][0] == 0):
+        return None
+    return ARRAY, None, None, Reader((item,))
+
+
+def field_spec(name: str, kind: Any, conversions: dict[str, Any], named: dict[str, Any], nested: bool) -> Spec | None:
     """How ``tables._avro`` handles one field of type ``kind``, or None if it cannot."""
     kinds = kind if isinstance(kind, list) else [kind]
-    branches = [branch(k, conversions, named) for k in kinds]
+    branches = [branch(k, conversions, named, nested) for k in kinds]
     if not branches or any(b is None for b in branches):
         return None
     return name, isinstance(kind, list), tuple(b for b in branches if b is not None)
 
 
-def _specs(parsed: Any, conversions: dict[str, Any]) -> tuple[Spec, ...] | None:
+def _specs(parsed: Any, conversions: dict[str, Any], nested: bool) -> tuple[Spec, ...] | None:
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
         return None
     specs, named = [], parsed.get("__named_schemas", {})  # fastavro keeps the named types it parsed there
     for field in parsed.get("fields", ()):
-        spec = field_spec(field["name"], field["type"], conversions, named)
+        spec = field_spec(field["name"], field["type"], conversions, named, nested)
         if spec is None:
             return None
         specs.append(spec)
@@ -69,11 +87,14 @@ def _specs(parsed: Any, conversions: dict[str, Any]) -> tuple[Spec, ...] | None:
 
 def reader(parsed: Any) -> Reader | None:
     """The compiled reader of a parsed record schema, or None when fastavro must read it."""
-    specs = _specs(parsed, LOGICAL_READERS)
+    try:
+        specs = _specs(parsed, LOGICAL_READERS, nested=True)
+    except RecursionError:  # a record that holds itself: fastavro reads it
+        return None
     return None if specs is None else Reader(specs)
 
 
 def writer(parsed: Any) -> Writer | None:
     """The compiled writer of a parsed record schema, or None when fastavro must write it."""
-    specs = _specs(parsed, LOGICAL_WRITERS)
+    specs = _specs(parsed, LOGICAL_WRITERS, nested=False)
     return None if specs is None else Writer(specs)
