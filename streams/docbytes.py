@@ -66,8 +66,8 @@ class Encoders:
 
     def own(self, path: str, row: Mapping[str, Any]) -> bytes:
         """A row's own columns at ``path``, encoded as they stand at the start of its record."""
-        compiled = self.compiled[path]
-        out = None if compiled is None or not isinstance(row, dict) else compiled.write(row)
+        compiled = self.compiled[path]  # its write gives None for what fastavro must write (not a dict, say)
+        out = None if compiled is None else compiled.write(row)
         return avro_body(self.paths[path], row) if out is None else out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import click
 import faust
 
-from streams import clients, endpoint, profile, sources
+from streams import endpoint, profile, sources
 from streams.config import StreamsConfig, load_views
 from streams.engine import Catalog, Engine, open_catalog
 from streams.memory import Trimmer
@@ -97,7 +97,7 @@ def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.Ap
 
     state = cfg.state_dir
     tables, views = TableStore(state / f"{cfg.app_id}-tables"), state / f"{cfg.app_id}-views"
-    ids = sources.read_ids(clients.kafka_client(cfg), [cfg.changes_topic, *catalog.topics])
+    ids = sources.read_ids(writer.admin, [cfg.changes_topic, *catalog.topics])
     sources.drop_stale(sources.Sources(state / f"{cfg.app_id}-sources.json"), ids, cfg.changes_topic, tables, views)
     engine = Engine(cfg, schemas, writer, catalog, tables, ViewStore(views), fatal)
     subscribe(app, cfg, catalog)

@@ -20,7 +20,6 @@ import os
 import shutil
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -42,10 +41,10 @@ def stale(recorded: Mapping[str, str], current: Mapping[str, str]) -> dict[str, 
     return found
 
 
-def read_ids(settings: Mapping[str, Any], topics: Collection[str]) -> dict[str, str]:
+def read_ids(admin: AdminClient, topics: Collection[str]) -> dict[str, str]:
     """The current ids of ``topics`` (those that exist and have one)."""
     try:
-        return topic_ids(AdminClient(dict(settings)), topics)
+        return topic_ids(admin, topics)
     except KafkaException as exc:
         raise RetryableError(f"asking Kafka for the ids of the topics the worker reads: {exc}",
                              hint="is the broker up? the worker starts once it answers") from exc  # fmt: skip

@@ -50,16 +50,22 @@ def branch(kind: Any, conversions: dict[str, Any], named: dict[str, Any], nested
     return KINDS[base], conv, kind if conv else None, None
 
 
+def _null_only(spec: Spec) -> bool:
+    """Whether a field is always null: it takes no byte."""
+    return spec[2] == ((KINDS["null"], None, None, None),)
+
+
 def _nested(kind: dict[str, Any], conversions: dict[str, Any], named: dict[str, Any]) -> Branch | None:
-    """A record (the Reader of its fields) or an array (the Reader of its item, one field named '')."""
+    """A record (the Reader of its fields) or an array (the Reader of its item, one field named ''); neither
+    when it may take no byte (an array's count could then run past its data)."""
     if kind["type"] == "record":
-        fields = [field_spec(f["name"], f["type"], conversions, named, True) for f in kind.get("fields", ())]
-        solid = any(not (len(f[2]) == 1 and f[2][0][0] == 0) for f in fields if f is not None)  # takes a byte
-        if not solid or any(f is None for f in fields):
-            return None  # (an empty record would let an array's count run past its data)
-        return RECORD, None, None, Reader(tuple(f for f in fields if f is not None))
+        found = [field_spec(f["name"], f["type"], conversions, named, True) for f in kind.get("fields", ())]
+        fields = tuple(f for f in found if f is not None)
+        if len(fields) < len(found) or all(_null_only(f) for f in fields):
+            return None
+        return RECORD, None, None, Reader(fields)
     item = field_spec("", kind["items"], conversions, named, True)
-    if item is None or (len(item[2]) == 1 and item[2][0][0] == 0):
+    if item is None or _null_only(item):
         return None
     return ARRAY, None, None, Reader((item,))
 
