@@ -2,7 +2,8 @@
 
 Promise: ``discover`` lists the table topics capture registered under the topic prefix
 (``<topic>-value`` subjects whose schema names its ``pg.table``), or the tables named in
-``[streams] tables``; ``KeyCodec``
+``[streams] tables``; ``registered`` those not among topics already known (a running worker's look for
+tables captured since it started); ``KeyCodec``
 turns key columns given as text (a URL) into the exact key bytes capture wrote, and
 key bytes back into columns. Registry failures raise ``RetryableError``.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal, InvalidOperation
@@ -97,17 +99,7 @@ class TableTopic:
 
 def discover(cfg: StreamsConfig, schemas: Registry) -> list[TableTopic]:
     """The table topics capture registered (keyed ones only), in name order."""
-    found: dict[str, TableTopic] = {}
-    for subject in sorted(schemas.subjects()):
-        topic = table_topic_of_subject(cfg.topic_prefix, subject)
-        if topic is None:
-            continue
-        value = schemas.latest(subject)
-        key = schemas.latest(key_subject(topic))
-        qualified = value[1].get("pg.table") if value and isinstance(value[1], dict) else None
-        if qualified is None or key is None or SCHEMA_VIEW in value[1]:  # type: ignore[index]
-            continue  # not a captured table, or one without key (not served)
-        found[qualified] = TableTopic(qualified, topic, KeyCodec(key[0], key[1]))
+    found = registered(cfg, schemas)
     wanted = cfg.table_names
     missing = [t for t in wanted if t not in found]
     if missing:
@@ -117,3 +109,19 @@ def discover(cfg: StreamsConfig, schemas: Registry) -> list[TableTopic]:
             hint="run headwater capture for these tables first (it registers their schemas), or fix the names",
         )
     return [found[q] for q in sorted(found) if not wanted or q in wanted]
+
+
+def registered(cfg: StreamsConfig, schemas: Registry, skip: Collection[str] = ()) -> dict[str, TableTopic]:
+    """schema.table -> its topic, for the keyed tables capture registered whose topics are not in ``skip``."""
+    found: dict[str, TableTopic] = {}
+    for subject in sorted(schemas.subjects()):
+        topic = table_topic_of_subject(cfg.topic_prefix, subject)
+        if topic is None or topic in skip:
+            continue
+        value = schemas.latest(subject)
+        key = schemas.latest(key_subject(topic))
+        qualified = value[1].get("pg.table") if value and isinstance(value[1], dict) else None
+        if qualified is None or key is None or SCHEMA_VIEW in value[1]:  # type: ignore[index]
+            continue  # not a captured table, or one without key (not served)
+        found[qualified] = TableTopic(qualified, topic, KeyCodec(key[0], key[1]))
+    return found

@@ -54,6 +54,8 @@ class StreamsConfig:
     registry_url: str = setting("", "schema registry URL (default: [pipeline] registry_url, else the local stack's)")
     topic_prefix: str = setting("headwater", "the capture's topic prefix (default: [pipeline]'s, else headwater)")
     tables: str = setting("", "comma-separated schema.table to serve (default: every table capture registered)")
+    discover_every: float = setting(5.0, "seconds between two looks at the registry for tables capture started "
+                                         "capturing since the worker started (0: only at start)")  # fmt: skip
     partitions: int = setting(4, "partitions of the per-table topics and of the tables' changelogs")
     replication_factor: int = setting(1, "replication factor of the topics the workers create")
     topic_config: Settings = setting(Settings(), "extra settings for the per-table topics (e.g. min.insync.replicas)")
@@ -107,6 +109,8 @@ class StreamsConfig:
             raise InvalidSetting("table_standby_replicas", "must be 0 or more")
         if self.cut_warn_after < 0:
             raise InvalidSetting("cut_warn_after", "must be 0 (never) or a number of seconds")
+        if self.discover_every < 0:
+            raise InvalidSetting("discover_every", "must be 0 (only at start) or a number of seconds")
         if self.view_point_interval < 0:
             raise InvalidSetting("view_point_interval", "must be 0 or a number of seconds")
         if self.batch_wait <= 0:

@@ -189,17 +189,18 @@ def install(app: Any, engine: Engine) -> None:
 
 
 def install_tables(app: Any, engine: Engine, router: Router) -> None:
-    """``/tables/``, ``/tables/<table>/<key>`` and ``/fanout/``."""
-    catalog = engine.catalog
+    """``/tables/``, ``/tables/<table>/<key>`` and ``/fanout/`` (the tables as the engine's catalog has them now:
+    it grows when capture starts capturing a table, ``streams.engine.Engine.adopt``)."""
 
     @app.page("/tables/")
     @counted(engine, "/tables/")
     async def list_tables(web: Any, request: Any) -> Any:
-        return web.json({"tables": [describe(engine, t) for t in catalog.tables]})
+        return web.json({"tables": [describe(engine, t) for t in engine.catalog.tables]})
 
     @app.page("/tables/{name}/{key}")
     @counted(engine, "/tables/{name}/{key}")
     async def get_row(web: Any, request: Any, name: str, key: str) -> Any:
+        catalog = engine.catalog
         table = catalog.find(unquote(name))
         if table is None:
             return web.json({"error": f"unknown table {name!r}", "tables": [t.short for t in catalog.tables]},

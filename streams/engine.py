@@ -6,7 +6,9 @@ schemas) and makes every topic — compacted, with ``[streams] partitions`` part
 anything reads one. ``Engine`` is given its settings, registry, writer, catalog and stores; the
 host (``streams.host``, a Faust app) tells it which partitions this worker is assigned
 (``assigned``), when they are taken away (``revoked``) and when to stop (``close``, which stops
-every thread the engine started). The owner of the raw partition runs the fan-out
+every thread the engine started); ``discover`` finds the tables capture registered since the catalog
+was made (their topics made) and ``adopt`` serves them from then on (the host adds their topics to the
+group's subscription). The owner of the raw partition runs the fan-out
 (``streams.fanrun`` on a ``streams.feed.Feed``) and, with views, the points' announcer and the
 cuts' assembler (``streams.leader``) and the Redis mirror (``streams.mirror``). Every worker that
 holds partitions of the view topics keeps those partitions' views (``streams.materializer`` on a
@@ -25,11 +27,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from streams import clients
-from streams.catalog import TableTopic, discover
+from streams.catalog import TableTopic, discover, registered
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
 from streams.cursor import Raw
@@ -40,6 +42,7 @@ from streams.leader import Announcer, Assembler, coordination_producer
 from streams.materializer import Materializer
 from streams.metrics import StreamsMetrics, Watcher
 from streams.mirror import RedisMirror
+from streams.sources import Sources, adopt, read_ids
 from streams.store import TableStore
 from streams.tablefeed import Backlog, Part, Progress, TableFeed
 from streams.viewstore import ViewStore
@@ -47,6 +50,7 @@ from streams.viewtopic import ViewTopic, setup_views
 from streams.writer import TableWriter
 from tables.errors import FatalError
 from tables.kafka import bounds, reader
+from tables.logs import facts
 from tables.registry import Registry
 from tables.views import TableShape, ViewSpec
 
@@ -70,6 +74,14 @@ class Catalog:
     def find(self, name: str) -> TableTopic | None:
         """A table by URL name: ``customers`` (public), ``schema.table`` or its topic."""
         return next((t for t in self.tables if name in (t.short, t.qualified, t.topic)), None)
+
+
+@dataclass(frozen=True)
+class Found:
+    """Tables capture registered since the catalog was made, with the ids of their topics (made by now)."""
+
+    tables: list[TableTopic]
+    ids: dict[str, str]
 
 
 def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry, writer: TableWriter) -> Catalog:
@@ -214,9 +226,10 @@ class Engine:
     """Everything a worker runs, given its collaborators; the host drives it by assignment."""
 
     def __init__(self, cfg: StreamsConfig, schemas: Registry, writer: TableWriter, catalog: Catalog,
-                 store: TableStore, view_store: ViewStore, on_fatal: Fatal) -> None:  # fmt: skip
+                 store: TableStore, view_store: ViewStore, on_fatal: Fatal,
+                 sources: Sources | None = None) -> None:  # fmt: skip
         self.cfg, self.schemas, self.writer, self.catalog = cfg, schemas, writer, catalog
-        self.store, self.view_store = store, view_store
+        self.store, self.view_store, self.sources = store, view_store, sources
         self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after, cfg.bootstrap)
         self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics, metrics)
         views = catalog.views
@@ -262,6 +275,34 @@ class Engine:
             self.owner.start()
         if self.viewing is not None:
             self.viewing.start({p for topic, p in parts if topic in self.view_topics})
+
+    def discover(self) -> Found:
+        """The tables capture registered since the catalog was made, their topics made (registry and broker I/O:
+        the host runs it off its loop; ``adopt`` then serves them)."""
+        wanted = self.cfg.table_names
+        found = registered(self.cfg, self.schemas, skip=self.catalog.topics)
+        new = [found[q] for q in sorted(found) if not wanted or q in wanted]
+        if not new:
+            return Found([], {})
+        topics = [t.topic for t in new]
+        self.writer.ensure_topics(topics)
+        return Found(new, read_ids(self.writer.admin, topics))
+
+    def adopt(self, found: Found) -> list[str]:
+        """Serve ``found``'s tables from now on (the endpoint, the table feed at the next assignment, the fan-out):
+        the topics the host adds to the group's subscription. Call it where ``assigned`` is called (it may open
+        the table store)."""
+        if self.sources is not None and found.ids:
+            adopt(self.sources, found.ids, self.store)
+        tables = sorted([*self.catalog.tables, *found.tables], key=lambda t: t.qualified)
+        self.catalog = replace(self.catalog, tables=tables)
+        topics = [t.topic for t in found.tables]
+        self.tables.topics = self.tables.topics | set(topics)
+        self.fanout.served = self.fanout.served | set(topics)
+        for table in found.tables:
+            log.info("now serving table %s (topic %s): its partitions are read once the group assigns them",
+                     table.qualified, table.topic, extra=facts(table=table.qualified, topic=table.topic))  # fmt: skip
+        return topics
 
     def revoked(self) -> None:
         """Another worker may hold the partitions next: stop reading (blocks until the feeds stopped and

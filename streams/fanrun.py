@@ -154,8 +154,12 @@ class FanOutRun:
     def ensure(self, topic: str) -> None:
         if topic not in self.writer.known:
             self.writer.ensure_topics([topic])
-            if topic not in self.served:
-                log.warning("new table topic %s: restart the workers to serve it over the endpoint", topic)
+            if topic not in self.served and self.cfg.discover_every:
+                log.info("new table topic %s: the workers serve it once they find its table in the registry "
+                         "(they look every %g s)", topic, self.cfg.discover_every)  # fmt: skip
+            elif topic not in self.served:
+                log.warning("new table topic %s: restart the workers to serve it over the endpoint "
+                            "([streams] discover_every is 0)", topic)  # fmt: skip
 
     def truncate(self, fan: FanOut, truncate: Truncate, pending: Pending) -> None:
         self.ensure(truncate.topic)

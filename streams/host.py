@@ -4,7 +4,9 @@ Promise: this module, ``streams.profile`` and ``streams.endpoint`` are the only 
 code (``tests/test_layers.py`` keeps it so). ``build`` does all the start-up I/O — the app,
 the catalog (``streams.engine.open_catalog``: tables discovered, views checked, topics made),
 the stores, once ``streams.sources`` dropped the local state read from topics made again since —
-and nothing happens at import. Faust's consumer group assigns the partitions:
+and nothing happens at import. Every ``discover_every`` seconds it looks for tables capture started
+capturing since (``Engine.discover``) and adds their topics to the subscription (Faust's conductor waits
+``RESUBSCRIBE_AFTER`` before it resubscribes, not its 45 s). Faust's consumer group assigns the partitions:
 the ``raw`` agent subscribes to the raw topic, ``table_rows`` to the table topics and
 ``view_rows`` to the view topics so that they are assigned, but the app never delivers them
 (``App.direct``): the engine reads the raw and table topics itself, and keeps the views of the
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import click
 import faust
@@ -33,11 +35,12 @@ from streams.store import TableStore
 from streams.viewstore import ViewStore
 from streams.writer import TableWriter
 from tables import logs
-from tables.errors import FatalError
+from tables.errors import FatalError, HeadwaterError
 from tables.registry import Registry, shown
 from tables.views import ViewSpec
 
 log = logging.getLogger("headwater.streams")
+RESUBSCRIBE_AFTER = 1.0  # seconds Faust's conductor waits before a changed subscription is sent (its default: 45)
 
 
 class TableTopics(faust.Topic):
@@ -98,10 +101,13 @@ def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.Ap
     state = cfg.state_dir
     tables, views = TableStore(state / f"{cfg.app_id}-tables"), state / f"{cfg.app_id}-views"
     ids = sources.read_ids(writer.admin, [cfg.changes_topic, *catalog.topics])
-    sources.drop_stale(sources.Sources(state / f"{cfg.app_id}-sources.json"), ids, cfg.changes_topic, tables, views)
-    engine = Engine(cfg, schemas, writer, catalog, tables, ViewStore(views), fatal)
+    recorded = sources.Sources(state / f"{cfg.app_id}-sources.json")
+    sources.drop_stale(recorded, ids, cfg.changes_topic, tables, views)
+    engine = Engine(cfg, schemas, writer, catalog, tables, ViewStore(views), fatal, recorded)
     subscribe(app, cfg, catalog)
     connect(app, engine, loop)
+    if cfg.discover_every and not cfg.table_names:  # named tables are all found at start
+        watch_tables(app, cfg, engine)
     endpoint.install(app, engine)
     return app
 
@@ -141,6 +147,42 @@ def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
                       event.message.topic, event.message.offset)  # fmt: skip
 
     app.agent(view_topics, name="view_rows")(view_rows)
+
+
+def watch_tables(app: profile.App, cfg: StreamsConfig, engine: Engine) -> None:
+    """Every ``discover_every`` seconds, the tables capture started capturing since (a table added to its
+    publication, one newly matched by its ``include``) are served from then on: their topics join the app's
+    subscription, Faust's group rebalances and gives their partitions out like the other table topics' (the
+    same partition count and subscribers: partition p of every table topic to one worker)."""
+    conductor = cast(Any, app.topics)  # Faust's conductor: the subscription (the private parts used are named)
+    conductor._resubscribe_sleep_lock_seconds = RESUBSCRIBE_AFTER
+    waiting: set[str] = set()  # topics added to the subscription, not in Faust's index yet
+    failing: list[str] = []  # the last look's error, said once until a look succeeds
+
+    async def look() -> None:
+        try:
+            found = await asyncio.to_thread(engine.discover)
+        except HeadwaterError as exc:
+            said = f"{exc}{f' ({exc.hint})' if exc.hint else ''}"
+            level = logging.DEBUG if failing else logging.WARNING
+            log.log(level, "looking for tables capture started capturing: %s (looking again every %g s)", said,
+                    cfg.discover_every)  # fmt: skip
+            failing[:] = [said]
+            return
+        if failing:
+            log.info("looking for tables capture started capturing works again")
+            failing.clear()
+        topics = engine.adopt(found)
+        if topics:
+            app.direct = app.direct | set(topics)
+            conductor.add(TableTopics(app, topics=topics, key_type=bytes, value_type=bytes, key_serializer="raw",
+                                          value_serializer="raw", partitions=cfg.partitions))  # fmt: skip
+            waiting.update(topics)
+        waiting.difference_update(conductor._topic_name_index)
+        if waiting:  # Faust drops a subscription change flagged while it rebalances: flag it again
+            conductor._flag_changes()
+
+    app.timer(cfg.discover_every, name="headwater-discover-tables")(look)
 
 
 def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLoop]) -> None:

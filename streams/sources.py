@@ -8,7 +8,8 @@ and keep rows the new one no longer has. ``Sources`` records, in ``<state_dir>/<
 worker starts; ``stale`` names the recorded topics whose id changed since, or that are gone. ``drop_stale``
 drops their state before the stores open: the views' whole state when the raw topic changed (the views are
 rebuilt by replaying the new one), a table topic's partitions in the table store (read again from its start),
-each with a WARNING saying why; then the new ids are recorded. A topic without an id (a broker before Kafka
+each with a WARNING saying why; then the new ids are recorded. ``adopt`` does the same for the table topics a
+running worker starts to serve (``streams.engine.Engine.adopt``). A topic without an id (a broker before Kafka
 2.8) is not checked, and state from before the file existed is taken as it is.
 """
 
@@ -98,3 +99,23 @@ def drop_stale(sources: Sources, ids: Mapping[str, str], raw_topic: str, tables:
         finally:
             tables.close()
     sources.record(ids)
+
+
+def adopt(sources: Sources, ids: Mapping[str, str], tables: TableStore) -> None:
+    """Table topics a running worker starts to serve: what its store read from an earlier topic of the same name
+    is dropped (as at start), and their ids join the record. Call it where nothing opens or closes the store."""
+    recorded = sources.recorded()
+    gone = stale({t: recorded[t] for t in ids if t in recorded}, ids)
+    if gone:
+        closed = tables.db is None
+        if closed:
+            tables.open()
+        try:
+            for topic in sorted(gone):
+                log.warning("%s is not the table topic the table store read (%s): its partitions are read again "
+                            "from the start", topic, gone[topic])  # fmt: skip
+                tables.forget_topic(topic)
+        finally:
+            if closed:
+                tables.close()
+    sources.record({**recorded, **ids})

@@ -276,15 +276,18 @@ def _chunking(capture: Capture, table: str, rows: int) -> Backfill | None:
 
 
 # ---- tables that join the captured set --------------------------------------------------------
-@pytest.mark.parametrize("images", ["framed", "nested"])
+@pytest.mark.parametrize(("images", "workers"), [("framed", 2), ("nested", 1)])
 def test_tables_added_to_the_publication_while_capture_runs_are_backfilled(
-    pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker], images: str
+    pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker], images: str,
+    workers: int,
 ) -> None:
     """Two tables added to the publication of a running capture: one written to meanwhile (capture sees it in
-    the stream), one left quiet (capture finds it in the publication): both end equal on every topic."""
+    the stream), one left quiet (capture finds it in the publication): both end equal on every topic, and the
+    workers, running all along, serve them over the endpoint without a restart."""
     run(pg_database, "CREATE TABLE zoo (id int PRIMARY KEY, name text)", "INSERT INTO zoo VALUES (1, 'a'), (2, 'b')")
     capture = capture_factory(pg_database, backfill_chunk_rows=500, raw_images=images).start()
     capture.wait_caught_up(pg_database)
+    running = [worker_factory(capture.cfg.topic_prefix, discover_every=1).start() for _ in range(workers)]  # one group
     run(pg_database,
         "CREATE TABLE busy (a int, b text, v numeric(10, 2), PRIMARY KEY (a, b))",
         "INSERT INTO busy SELECT g % 100, 'b' || g, g / 3.0 FROM generate_series(1, 3000) g",
@@ -305,8 +308,16 @@ def test_tables_added_to_the_publication_while_capture_runs_are_backfilled(
                                                              "public.quiet": ("new table", "done")}  # fmt: skip
     keys = {"zoo": ["id"], "busy": ["a", "b"], "quiet": ["id"]}
     raw_reconciles(conn, capture, keys)
-    worker = worker_factory(capture.cfg.topic_prefix).start()
-    topics_reconcile(conn, capture, worker, keys, endpoint=True)
+    for worker in running:  # each answers every key: its own partitions, the others' routed to their holder
+        topics_reconcile(conn, capture, worker, keys, endpoint=True)
+        assert worker.process is not None and worker.process.poll() is None, worker.tail()
+        assert {t["table"] for t in worker.get("/tables/").json()["tables"]} >= {"public.busy", "public.quiet"}
+        assert "now serving table public.busy" in worker.log.read_text(), worker.tail()
+    listed = [w.get("/tables/").json()["tables"] for w in running]
+    held = [{t["table"]: t["partitions_here"] for t in tables} for tables in listed]
+    for table in ("public.busy", "public.quiet"):  # partition p of every table topic on one worker, as zoo's
+        assert [h[table] for h in held] == [h["public.zoo"] for h in held]
+        assert sorted(p for h in held for p in h[table]) == list(range(listed[0][0]["partitions"])), held
     conn.close()
 
 

@@ -92,6 +92,7 @@ def test_sasl_settings_pass_through_and_stay_masked() -> None:
         ("web_port = 70000", "web_port"),
         ('tables = "customers"', "tables"),
         ("table_standby_replicas = -1", "table_standby_replicas"),
+        ("discover_every = -1", "discover_every"),
     ],
 )
 def test_bad_settings_name_file_line_and_key(tmp_path: Path, text: str, key: str) -> None:

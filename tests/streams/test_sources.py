@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.sources import Sources, drop_stale, stale
+from streams.sources import Sources, adopt, drop_stale, stale
 from streams.store import TableStore
 
 pytestmark = pytest.mark.unit
@@ -60,3 +60,26 @@ def test_drop_stale_rebuilds_views_of_a_new_raw_topic_and_rereads_new_table_topi
     assert sources.recorded() == {"p.raw": "R2", "p.orders": "O2", "p.customers": "C1"}
     assert "views are rebuilt from the new topic's start" in caplog.text and "topic id R1, now R2" in caplog.text
     assert "p.orders is not the table topic the table store read (topic id O1, now O2)" in caplog.text
+
+
+@pytest.mark.parametrize("store_open", [True, False])
+def test_tables_served_while_running_join_the_record_and_drop_state_of_an_older_topic(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, store_open: bool,
+) -> None:  # fmt: skip
+    sources = Sources(tmp_path / "app-sources.json")
+    tables = TableStore(tmp_path / "app-tables").open()
+    for topic in ("p.late", "p.orders"):
+        tables.apply(topic, 0, [(0, b"k", b"v", 1, 0)], 1)
+    sources.record({"p.raw": "R1", "p.orders": "O1", "p.late": "L1"})  # served in an earlier run
+    if not store_open:
+        tables.close()
+    adopt(sources, {"p.late": "L2", "p.fresh": "F1"}, tables)
+    assert (tables.db is not None) == store_open, "the store is left open or closed as it was"
+    if not store_open:
+        tables.open()
+    assert tables.offset("p.late", 0) == 0, "made again since: read from its start"
+    assert tables.offset("p.orders", 0) == 1, "the topics not adopted keep their rows"
+    tables.close()
+    assert sources.recorded() == {"p.raw": "R1", "p.orders": "O1", "p.late": "L2", "p.fresh": "F1"}
+    assert "p.late is not the table topic the table store read (topic id L1, now L2)" in caplog.text
+    assert "p.fresh" not in caplog.text, "a topic never read before drops nothing"
