@@ -37,6 +37,7 @@ overwritten before it was published is counted as superseded, not as a latency.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import subprocess
@@ -128,18 +129,18 @@ def commit(cur: Any, order: int, token: str) -> float:
 
 
 def connection_load(dsn: str, orders: list[int], numbers: list[int], rate: float | None, tag: str,
-                    start_at: float) -> dict[str, float]:  # fmt: skip
+                    start_at: float) -> dict[str, tuple[float, int]]:  # fmt: skip
     """One connection's share of a load (run in a process of its own) on its own ``orders``, round-robin:
-    token -> commit time."""
+    token -> (commit time, order)."""
     conn = psycopg2.connect(dsn)
-    committed: dict[str, float] = {}
+    committed: dict[str, tuple[float, int]] = {}
     time.sleep(max(start_at - time.monotonic(), 0))  # CLOCK_MONOTONIC: the same clock in every process
     with conn.cursor() as cur:
         if rate is None:  # a burst: PostgreSQL's WAL flush per commit would bound it, not the pipeline
             cur.execute("SET synchronous_commit TO off")
         for done, n in enumerate(numbers):
-            token = f"bench-{tag}-{n}"
-            committed[token] = commit(cur, orders[done % len(orders)], token)
+            token, order = f"bench-{tag}-{n}", orders[done % len(orders)]
+            committed[token] = (commit(cur, order, token), order)
             if rate:
                 delay = start_at + (done + 1) / rate - time.monotonic()
                 if delay > 0:
@@ -149,9 +150,9 @@ def connection_load(dsn: str, orders: list[int], numbers: list[int], rate: float
 
 
 def run_load(dsn: str, orders: list[int], count: int, rate: float | None, tag: str,
-             connections: int) -> tuple[dict[str, float], list[str]]:  # fmt: skip
+             connections: int) -> tuple[dict[str, tuple[float, int]], list[str]]:  # fmt: skip
     """``count`` transactions from ``connections`` processes (in all ``rate`` per second, or as fast as they
-    can): token -> commit time, and each connection's last token. Connection i commits transactions
+    can): token -> (commit time, order), and each connection's last token. Connection i commits transactions
     i, i + C, ... on orders i, i + C, ... (its own: no token is overwritten by another connection's)."""
     shares = [list(range(i, count, connections)) for i in range(connections)]
     each = None if rate is None else rate / connections
@@ -174,18 +175,37 @@ def wait_seen(seen: Seen, token: str, timeout: float = 300) -> float:
     raise RuntimeError(f"{token} did not reach the view within {timeout:.0f} s")
 
 
-def latencies(committed: dict[str, float], seen: Seen) -> tuple[list[float], int]:
-    found = sorted((seen.at[t] - c) * 1000 for t, c in committed.items() if t in seen.at)
+def latencies(committed: dict[str, tuple[float, int]], seen: Seen) -> tuple[list[float], int]:
+    """ms from each commit until its own token was seen (those overwritten before: counted, not timed)."""
+    found = sorted((seen.at[t] - c) * 1000 for t, (c, _) in committed.items() if t in seen.at)
     return found, len(committed) - len(found)
+
+
+def until_shown(committed: dict[str, tuple[float, int]], seen: Seen) -> tuple[list[float], int]:
+    """ms from each commit until its token or a later one of the same order was seen: when a reader first
+    sees a state that includes the transaction (a cut is a prefix in commit order, so a later token of
+    the order implies this one). Tokens overwritten before they were published count too, with the time
+    their successor took; leaving them out (``latencies``) keeps only those that got through quickly."""
+    by_order: dict[int, list[tuple[float, str]]] = {}
+    for token, (at, order) in committed.items():
+        by_order.setdefault(order, []).append((at, token))
+    found = []
+    for commits in by_order.values():
+        first = math.inf
+        for at, token in sorted(commits, reverse=True):
+            first = min(first, seen.at.get(token, math.inf))
+            if first < math.inf:
+                found.append((first - at) * 1000)
+    return sorted(found), 0
 
 
 def describe(name: str, values: list[float], superseded: int) -> str:
     if not values:
         return f"  {name}: nothing seen"
     pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    counted = f"{len(values)} rows, {superseded} superseded" if superseded else f"{len(values)} commits"
     return (f"  {name}: p50 {pick(0.5):6.1f} ms   p90 {pick(0.9):6.1f} ms   p99 {pick(0.99):6.1f} ms   "
-            f"max {values[-1]:6.1f} ms   "
-            f"({len(values)} rows, {superseded} superseded)")  # fmt: skip
+            f"max {values[-1]:6.1f} ms   ({counted})")  # fmt: skip
 
 
 def wait_published(cfg: stack.StackConfig, timeout: float = 300) -> None:
@@ -310,7 +330,7 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int) -> Iter
 class Phase:
     """One load: what was committed, and the samples around it."""
 
-    committed: dict[str, float]
+    committed: dict[str, tuple[float, int]]  # token -> (commit time, order)
     before: Sample
     after: Sample
 
@@ -321,10 +341,11 @@ def burst_phase(cfg: stack.StackConfig, dsn: str, orders: list[int], procs: Proc
     print(f"burst: {burst} transactions as fast as {connections} connections commit ...", flush=True)
     before = sample(procs, workers)
     fast, lasts = run_load(dsn, orders, burst, None, "burst", connections)
-    first = min(fast.values())
+    times = [at for at, _ in fast.values()]
+    first = min(times)
     done = max(wait_seen(topic_seen, token) for token in lasts)
     phase = Phase(fast, before, sample(procs, workers))
-    return phase, burst / (done - first), burst / (max(fast.values()) - first)
+    return phase, burst / (done - first), burst / (max(times) - first)
 
 
 def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: float, seconds: float,
@@ -387,6 +408,9 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     print(describe("raw topic (capture only)", *latencies(committed, raw_seen)))
     print(describe("view topic              ", *latencies(committed, topic_seen)))
     print(describe("Redis                   ", *latencies(committed, redis_seen)))
+    print("  until it or a later state of its order showed (every commit, overwritten ones too):")
+    print(describe("view topic              ", *until_shown(committed, topic_seen)))
+    print(describe("Redis                   ", *until_shown(committed, redis_seen)))
     print("  stages:")
     print("\n".join(stage_lines(slow.before, slow.after)))
     print("  CPU:")

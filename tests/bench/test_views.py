@@ -1,0 +1,28 @@
+"""The views benchmark's latency arithmetic, as a pure function."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.views import Seen, latencies, until_shown
+
+pytestmark = pytest.mark.unit
+
+
+def seen_at(times: dict[str, float]) -> Seen:
+    seen = Seen()
+    seen.at.update(times)
+    return seen
+
+
+def test_an_overwritten_commit_counts_until_its_successor_shows() -> None:
+    committed = {"a1": (0.0, 1), "a2": (0.1, 1), "a3": (0.2, 1), "b1": (0.05, 2)}
+    seen = seen_at({"a2": 0.5, "a3": 0.4, "b1": 0.15})  # a1 never shown: a2 showed a state past it
+    assert latencies(committed, seen) == (pytest.approx([100.0, 200.0, 400.0]), 1)
+    shown, _ = until_shown(committed, seen)
+    # a1: first of a2/a3 shown at 0.4 -> 400 ms; a2: 0.4 (a3 came first) -> 300 ms; a3: 200 ms; b1: 100 ms
+    assert shown == pytest.approx([100.0, 200.0, 300.0, 400.0])
+
+
+def test_a_commit_nothing_after_showed_is_not_timed() -> None:
+    assert until_shown({"a1": (0.0, 1), "a2": (0.1, 1)}, seen_at({"a1": 0.3})) == (pytest.approx([300.0]), 0)
