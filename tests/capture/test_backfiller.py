@@ -321,6 +321,26 @@ def test_tables_added_to_the_publication_while_capture_runs_are_backfilled(
     conn.close()
 
 
+def test_a_worker_started_before_capture_serves_its_tables_once_capture_registers_them(
+    pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker], unique_name: str,
+) -> None:  # fmt: skip
+    """Workers may start first: with nothing captured under their prefix (not even the raw topic) they serve
+    no table, then each one capture registers, without a restart; the rebalance that brings the table's
+    topic also brings the raw topic capture made meanwhile, so the fan-out starts (without it, Faust's
+    consumer notices the raw topic only at its next metadata refresh, minutes later: the topic stays empty)."""
+    run(pg_database, "CREATE TABLE early (id int PRIMARY KEY, v text)",
+        "INSERT INTO early SELECT g, 'v' || g FROM generate_series(1, 500) g")  # fmt: skip
+    worker = worker_factory(unique_name, discover_every=1).start()  # the tests' captures use it as their prefix
+    assert worker.get("/tables/").json()["tables"] == []
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    run(pg_database, "UPDATE early SET v = 'changed' WHERE id % 7 = 0", "DELETE FROM early WHERE id % 11 = 0")
+    conn = psycopg2.connect(pg_database)
+    topics_reconcile(conn, capture, worker, {"early": ["id"]}, endpoint=True)
+    conn.close()
+    assert worker.process is not None and worker.process.poll() is None, worker.tail()
+
+
 def test_a_table_newly_matched_by_include_at_start_is_backfilled(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     caplog: pytest.LogCaptureFixture,
