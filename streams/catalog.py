@@ -108,6 +108,12 @@ def discover(cfg: StreamsConfig, schemas: Registry) -> list[TableTopic]:
             f"in {schemas.url}",
             hint="run headwater capture for these tables first (it registers their schemas), or fix the names",
         )
+    return served(cfg, found)
+
+
+def served(cfg: StreamsConfig, found: dict[str, TableTopic]) -> list[TableTopic]:
+    """The tables of ``found`` the workers serve (``[streams] tables``, else all), in name order."""
+    wanted = cfg.table_names
     return [found[q] for q in sorted(found) if not wanted or q in wanted]
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from streams import clients
-from streams.catalog import TableTopic, discover, registered
+from streams.catalog import TableTopic, discover, registered, served
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
 from streams.cursor import Raw
@@ -279,9 +279,7 @@ class Engine:
     def discover(self) -> Found:
         """The tables capture registered since the catalog was made, their topics made (registry and broker I/O:
         the host runs it off its loop; ``adopt`` then serves them)."""
-        wanted = self.cfg.table_names
-        found = registered(self.cfg, self.schemas, skip=self.catalog.topics)
-        new = [found[q] for q in sorted(found) if not wanted or q in wanted]
+        new = served(self.cfg, registered(self.cfg, self.schemas, skip=self.catalog.topics))
         if not new:
             return Found([], {})
         topics = [t.topic for t in new]

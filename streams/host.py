@@ -126,8 +126,7 @@ def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
     app.agent(changes, name="raw")(raw)
     if not catalog.tables:
         return
-    table_topics = TableTopics(app, topics=sorted(catalog.topics), key_type=bytes, value_type=bytes,
-                               key_serializer="raw", value_serializer="raw", partitions=cfg.partitions)  # fmt: skip
+    table_topics = channel(app, cfg, sorted(catalog.topics))
 
     async def table_rows(stream: Any) -> None:
         async for event in stream.events():
@@ -137,9 +136,7 @@ def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
     app.agent(table_topics, name="table_rows")(table_rows)
     if not catalog.views:
         return
-    view_topics = TableTopics(app, topics=sorted(v.topic for v in catalog.views.values()), key_type=bytes,
-                              value_type=bytes, key_serializer="raw", value_serializer="raw",
-                              partitions=cfg.partitions)  # fmt: skip
+    view_topics = channel(app, cfg, sorted(v.topic for v in catalog.views.values()))
 
     async def view_rows(stream: Any) -> None:
         async for event in stream.events():
@@ -147,6 +144,12 @@ def subscribe(app: profile.App, cfg: StreamsConfig, catalog: Catalog) -> None:
                       event.message.topic, event.message.offset)  # fmt: skip
 
     app.agent(view_topics, name="view_rows")(view_rows)
+
+
+def channel(app: profile.App, cfg: StreamsConfig, topics: list[str]) -> TableTopics:
+    """One subscription to table or view topics: assigned like the others (same partitions), never delivered."""
+    return TableTopics(app, topics=topics, key_type=bytes, value_type=bytes, key_serializer="raw",
+                       value_serializer="raw", partitions=cfg.partitions)  # fmt: skip
 
 
 def watch_tables(app: profile.App, cfg: StreamsConfig, engine: Engine) -> None:
@@ -175,8 +178,7 @@ def watch_tables(app: profile.App, cfg: StreamsConfig, engine: Engine) -> None:
         topics = engine.adopt(found)
         if topics:
             app.direct = app.direct | set(topics)
-            conductor.add(TableTopics(app, topics=topics, key_type=bytes, value_type=bytes, key_serializer="raw",
-                                          value_serializer="raw", partitions=cfg.partitions))  # fmt: skip
+            conductor.add(channel(app, cfg, topics))
             waiting.update(topics)
         waiting.difference_update(conductor._topic_name_index)
         if waiting:  # Faust drops a subscription change flagged while it rebalances: flag it again

@@ -88,34 +88,31 @@ def drop_stale(sources: Sources, ids: Mapping[str, str], raw_topic: str, tables:
                     "a broker that lost its data): the views are rebuilt from the new topic's start",
                     raw_topic, views, gone[raw_topic])  # fmt: skip
         shutil.rmtree(views)
-    tables_gone = sorted(t for t in gone if t != raw_topic)
-    if tables_gone and tables.path.exists():
-        tables.open()
-        try:
-            for topic in tables_gone:
-                log.warning("%s is not the table topic the table store read (%s): its partitions are read again "
-                            "from the start", topic, gone[topic])  # fmt: skip
-                tables.forget_topic(topic)
-        finally:
-            tables.close()
+    forget(tables, {t: why for t, why in gone.items() if t != raw_topic})
     sources.record(ids)
+
+
+def forget(tables: TableStore, gone: Mapping[str, str]) -> None:
+    """Drop the table store's partitions of the table topics in ``gone`` (topic -> what happened), each with a
+    WARNING; the store is left open or closed as it was (a store not made yet holds nothing to drop)."""
+    if not gone or not tables.path.exists():
+        return
+    closed = tables.db is None
+    if closed:
+        tables.open()
+    try:
+        for topic in sorted(gone):
+            log.warning("%s is not the table topic the table store read (%s): its partitions are read again "
+                        "from the start", topic, gone[topic])  # fmt: skip
+            tables.forget_topic(topic)
+    finally:
+        if closed:
+            tables.close()
 
 
 def adopt(sources: Sources, ids: Mapping[str, str], tables: TableStore) -> None:
     """Table topics a running worker starts to serve: what its store read from an earlier topic of the same name
     is dropped (as at start), and their ids join the record. Call it where nothing opens or closes the store."""
     recorded = sources.recorded()
-    gone = stale({t: recorded[t] for t in ids if t in recorded}, ids)
-    if gone:
-        closed = tables.db is None
-        if closed:
-            tables.open()
-        try:
-            for topic in sorted(gone):
-                log.warning("%s is not the table topic the table store read (%s): its partitions are read again "
-                            "from the start", topic, gone[topic])  # fmt: skip
-                tables.forget_topic(topic)
-        finally:
-            if closed:
-                tables.close()
+    forget(tables, stale({t: recorded[t] for t in ids if t in recorded}, ids))
     sources.record({**recorded, **ids})

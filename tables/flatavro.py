@@ -59,9 +59,8 @@ def _nested(kind: dict[str, Any], conversions: dict[str, Any], named: dict[str, 
     """A record (the Reader of its fields) or an array (the Reader of its item, one field named ''); neither
     when it may take no byte (an array's count could then run past its data)."""
     if kind["type"] == "record":
-        found = [field_spec(f["name"], f["type"], conversions, named, True) for f in kind.get("fields", ())]
-        fields = tuple(f for f in found if f is not None)
-        if len(fields) < len(found) or all(_null_only(f) for f in fields):
+        fields = _fields(kind, conversions, named, True)
+        if fields is None or all(_null_only(f) for f in fields):
             return None
         return RECORD, None, None, Reader(fields)
     item = field_spec("", kind["items"], conversions, named, True)
@@ -79,16 +78,17 @@ def field_spec(name: str, kind: Any, conversions: dict[str, Any], named: dict[st
     return name, isinstance(kind, list), tuple(b for b in branches if b is not None)
 
 
+def _fields(record: dict[str, Any], conversions: dict[str, Any], named: dict[str, Any],
+            nested: bool) -> tuple[Spec, ...] | None:  # fmt: skip
+    """How ``tables._avro`` handles each field of a record, or None if it cannot handle one."""
+    specs = [field_spec(f["name"], f["type"], conversions, named, nested) for f in record.get("fields", ())]
+    return None if any(spec is None for spec in specs) else tuple(spec for spec in specs if spec is not None)
+
+
 def _specs(parsed: Any, conversions: dict[str, Any], nested: bool) -> tuple[Spec, ...] | None:
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
         return None
-    specs, named = [], parsed.get("__named_schemas", {})  # fastavro keeps the named types it parsed there
-    for field in parsed.get("fields", ()):
-        spec = field_spec(field["name"], field["type"], conversions, named, nested)
-        if spec is None:
-            return None
-        specs.append(spec)
-    return tuple(specs)
+    return _fields(parsed, conversions, parsed.get("__named_schemas", {}), nested)  # fastavro's named types
 
 
 def reader(parsed: Any) -> Reader | None:
