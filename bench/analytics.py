@@ -44,7 +44,7 @@ from tables.wire import avro_body, body, frame
 PARTITIONS = 4
 TOPIC = "bench.orders"
 STATUSES = ("pending", "paid", "shipped", "delivered", "cancelled")
-ORDER = {
+ORDER: dict[str, Any] = {
     "type": "record", "name": "orders", "namespace": "headwater.public",
     "fields": [
         {"name": "id", "type": "long"},
@@ -104,7 +104,7 @@ def plain_consumer(cfg: stack.StackConfig) -> tuple[float, int]:
                 if error.code() == KafkaError._PARTITION_EOF:
                     done.add(int(msg.partition() or 0))
                 continue
-            fastavro.schemaless_reader(io.BytesIO(body(msg.value())), schema, None)  # type: ignore[index]
+            fastavro.schemaless_reader(io.BytesIO(body(msg.value() or b"")), schema, None)
             count += 1
     seconds = time.monotonic() - start
     consumer.close()

@@ -20,7 +20,7 @@ import random
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 
@@ -62,7 +62,7 @@ class MemorySchemas:
         return 1
 
     def from_key(self, key: bytes, value_id: int) -> bytes:
-        columns = fastavro.schemaless_reader(io.BytesIO(body(key)), self.parsed[2], None)
+        columns = cast(dict[str, Any], fastavro.schemaless_reader(io.BytesIO(body(key)), self.parsed[2], None))
         return avro_body(self.parsed[1],
                          {f["name"]: columns.get(f["name"], fallback(f["type"])) for f in ORDER["fields"]})  # fmt: skip
 
@@ -95,7 +95,7 @@ def fan_out(records: list[bytes], debezium: Debezium | None) -> float:
     started = time.perf_counter()
     for offset, data in enumerate(records):
         schema_id(data)
-        change = Change.from_record(fastavro.schemaless_reader(io.BytesIO(body(data)), RAW, None))
+        change = Change.from_record(cast(dict[str, Any], fastavro.schemaless_reader(io.BytesIO(body(data)), RAW, None)))
         fresh = debezium is not None and not fan.duplicate(change)
         fan.route(change, offset)
         if fresh:

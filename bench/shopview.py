@@ -126,7 +126,8 @@ def main(customers: int, orders: int, seconds: float, rate: float) -> None:
         shapes = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()}
         sql = parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML)[0].sql(shapes)
         client = redis.Redis.from_url(cfg.redis_url)
-        with views.pipeline(cfg, dsn, work) as worker:
+        with views.pipeline(cfg, dsn, work, workers=1) as procs:
+            worker = procs["worker 0"]
             peak = Peak(worker.pid)
             built = wait_rows(client, order_rows)
             build_peak = peak.take()
