@@ -1,7 +1,8 @@
 """The streams engine: the fan-out, the table feed and the views, wired from collaborators, with no host.
 
 Promise: ``open_catalog`` is the engine's only I/O before it starts: it discovers the captured
-tables through the registry, validates the view specs against them (registering the views'
+tables through the registry (with discovery on, a worker started before capture registered the
+views' tables waits for them: ``view_tables``), validates the view specs against them (registering the views'
 schemas) and makes every topic — compacted, with ``[streams] partitions`` partitions — before
 anything reads one. ``Engine`` is given its settings, registry, writer, catalog and stores; the
 host (``streams.host``, a Faust app) tells it which partitions this worker is assigned
@@ -26,6 +27,7 @@ topic ended at start, views replaying), None once it does. Nothing here imports 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -56,6 +58,7 @@ from tables.views import TableShape, ViewSpec
 
 log = logging.getLogger("headwater.streams")
 Fatal = Callable[[str, FatalError], None]  # (which part stopped, why): called from the part's thread
+WAIT_WARN_EVERY = 60.0  # seconds between two WARNINGs while a worker waits at start for its views' tables
 Settings = Callable[[str], dict[str, Any]]  # a reader's librdkafka settings, by the reader's name
 
 
@@ -84,13 +87,39 @@ class Found:
     ids: dict[str, str]
 
 
-def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry, writer: TableWriter) -> Catalog:
+def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry, writer: TableWriter,
+                 sleep: Callable[[float], None] = time.sleep) -> Catalog:  # fmt: skip
     """Discover the tables, check and register the views, make every topic (see the module promise)."""
-    tables = discover(cfg, schemas)
+    tables = view_tables(cfg, specs, schemas, sleep)
     writer.ensure_topics([t.topic for t in tables])
     writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
     views, shapes = setup_views(cfg, specs, tables, schemas, writer)
     return Catalog(tables, views, shapes)
+
+
+def view_tables(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry,
+                sleep: Callable[[float], None]) -> list[TableTopic]:  # fmt: skip
+    """The captured tables, once they hold every table the views join: a worker started before capture registered
+    them waits, looking every ``discover_every`` seconds (a WARNING at once and every ``WAIT_WARN_EVERY`` seconds
+    names what it waits for), as it serves tables captured later. Without discovery (``discover_every = 0``, or
+    ``[streams] tables``) it does not wait: the views' check then says what is missing."""
+    wanted = {table for spec in specs for table in spec.tables}
+    warned: float | None = None
+    while True:
+        tables = discover(cfg, schemas)
+        missing = sorted(wanted - {t.qualified for t in tables})
+        if not missing or not cfg.discover_every or cfg.table_names:
+            if warned is not None:
+                log.info("the views' tables are captured now: the worker starts")
+            return tables
+        if warned is None or time.monotonic() - warned >= WAIT_WARN_EVERY:
+            warned = time.monotonic()
+            log.warning("views %s wait for %s to be captured with a key (captured so far: %s); looking again every "
+                        "%g s. Capture registers a table once it captures it: is it in the publication and matched "
+                        "by [capture] include, with a primary key or a replica identity index?",
+                        ", ".join(sorted(s.name for s in specs if s.tables & set(missing))), ", ".join(missing),
+                        ", ".join(t.qualified for t in tables) or "none", cfg.discover_every)  # fmt: skip
+        sleep(cfg.discover_every)
 
 
 class Owner:

@@ -85,7 +85,16 @@ class Worker(faust.Worker):
 
 def build(cfg: StreamsConfig, specs: list[ViewSpec] | None = None) -> profile.App:
     """The worker's app, its engine started by assignment (view specs: the config file's by default)."""
-    logs.log_options()  # a bad HEADWATER_LOG_* is a ConfigError now, said cleanly, not inside Faust's logging set-up
+    # a bad HEADWATER_LOG_* is a ConfigError now, said cleanly, not inside Faust's logging set-up; until Faust sets
+    # up its own, the build's lines (a wait for the views' tables among them) go out in Headwater's format
+    early = logs.setup("streams", logs.log_options())
+    try:
+        return _build(cfg, specs)
+    finally:
+        logging.getLogger().removeHandler(early)
+
+
+def _build(cfg: StreamsConfig, specs: list[ViewSpec] | None) -> profile.App:
     app = profile.app_class(cfg)(cfg.app_id, Worker=Worker, **profile.faust_settings(cfg))
     log.info("streams app %s: broker %s (%s profile), registry %s", cfg.app_id, cfg.bootstrap, cfg.broker_profile,
              shown(cfg.registry_url))  # fmt: skip

@@ -49,6 +49,10 @@ JOIN = re.compile(
 BASE = re.compile(r"^\s*(?P<table>[A-Za-z0-9_.]+)\s*(?:\((?P<columns>[^()]*)\))?\s*$")
 LSN_FIELD = "hw_commit_lsn"  # every view row carries the commit LSN it reflects
 SPEC_KEYS = ("base", "joins", "doc")
+JOIN_HINT = "see the views section of the README for the join syntax"
+UNCAPTURED = ("capture registers a table once it captures it: is the table in the publication and matched by "
+              "[capture] include, with a primary key or a replica identity index? With [streams] discover_every "
+              "above 0 (and no [streams] tables) a worker waits for its views' tables instead")  # fmt: skip
 # A cut on <prefix>.views.cuts (key: the view's name): the view topic read up to `ends` is the view at commit_lsn.
 CUT_SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -176,9 +180,8 @@ class ViewSpec:
         wanted = set(listed) | needed
         return tuple(c for c in shape.columns if c in wanted)
 
-    def fail(self, message: str, line: int | None) -> None:
-        raise ConfigError(f"view {self.name}: {message}", path=self.path, line=line or self.line,
-                          hint="see the views section of the README for the join syntax")  # fmt: skip
+    def fail(self, message: str, line: int | None, hint: str = JOIN_HINT) -> None:
+        raise ConfigError(f"view {self.name}: {message}", path=self.path, line=line or self.line, hint=hint)
 
     def table_of(self, path: str) -> str:
         return self.base if path == "" else next(j.table for j in self.joins if j.path == path)
@@ -194,11 +197,12 @@ class ViewSpec:
         """Validate against the captured (keyed) tables; a ``ConfigError`` with the line if wrong."""
         known = ", ".join(sorted(shapes)) or "none"
         if self.base not in shapes:
-            self.fail(f"base table {self.base} is not captured with a key (captured: {known})", self.line)
+            self.fail(f"base table {self.base} is not captured with a key (captured: {known})", self.line, UNCAPTURED)
         self._check_columns("the base", self.base, self.columns, shapes, self.line)
         for join in self.joins:
             if join.table not in shapes:
-                self.fail(f"{join.path}: table {join.table} is not captured with a key (captured: {known})", join.line)
+                self.fail(f"{join.path}: table {join.table} is not captured with a key (captured: {known})", join.line,
+                          UNCAPTURED)  # fmt: skip
             self._check_join(join, shapes)
             self._check_columns(join.path, join.table, join.columns, shapes, join.line)
 

@@ -40,13 +40,17 @@ class Worker:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> Worker:
+        self.launch().wait_ready(timeout)
+        return self
+
+    def launch(self) -> Worker:
+        """Start the process without waiting for it to be ready."""
         level = ["-l", self.loglevel] if self.loglevel else []
         argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", *level, "--web-port", str(self.port)]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.log.parent
             )
-        self.wait_ready(timeout)
         return self
 
     def wait_ready(self, timeout: float) -> None:

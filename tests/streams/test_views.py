@@ -344,6 +344,36 @@ def test_an_invalid_view_spec_stops_the_worker_at_start_naming_the_line(
     assert "Traceback" not in worker.log.read_text()
 
 
+def test_a_worker_started_before_capture_waits_for_its_views_tables_then_keeps_the_views(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig, unique_name: str,
+) -> None:  # fmt: skip
+    """Workers may start first with views too: one whose views join tables nothing captured yet waits (saying
+    which) instead of stopping, and keeps the views once capture has registered the tables."""
+    worker = worker_factory(unique_name, views=VIEWS, discover_every=1).launch()  # the tests' captures' prefix
+    waiting = "views orders_enriched wait for public.customers, public.order_items, public.orders, public.products"
+    assert wait_for(lambda: waiting in worker.log.read_text(errors="replace"), 60), worker.tail()
+    time.sleep(3)
+    assert worker.process is not None and worker.process.poll() is None, worker.tail()
+    capture = capture_factory(pg_database).start()
+    worker.wait_ready(120)
+    capture.wait_caught_up(pg_database)
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("UPDATE customers SET name = name || ' (late)' WHERE id % 3 = 0")
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    assert "the views' tables are captured now" in worker.log.read_text(errors="replace")
+
+
+def test_without_discovery_a_view_over_a_table_not_captured_stops_the_worker_saying_what_to_check(
+    shop_db: Any, pg_database: str, worker_factory: Callable[..., Worker], unique_name: str,
+) -> None:  # fmt: skip
+    worker = worker_factory(unique_name, views=VIEWS, discover_every=0)
+    with pytest.raises(AssertionError, match="worker exited with 2") as failed:
+        worker.start()
+    assert "base table public.orders is not captured with a key (captured: none)" in str(failed.value)
+    assert "matched by [capture] include" in worker.log.read_text()
+
+
 def test_a_view_on_tables_not_kept_before_is_built_from_the_start_of_the_raw_topic(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     local_stack: StackConfig, shop_writer: Callable[..., ShopWriter],
