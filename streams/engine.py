@@ -131,7 +131,8 @@ class Owner:
         self.cfg, self.run, self.views, self.make_mirror, self.on_fatal = cfg, run, views, mirror, on_fatal
         self.settings = settings
         self.feeds: list[Follower] = []
-        self.pace = Pace(cfg.view_point_interval)
+        parts = [(name, p) for name in views.views for p in range(cfg.partitions)] if views is not None else []
+        self.pace = Pace(cfg.view_point_interval, parts)
         self.producer = coordination_producer(clients.producer_settings(cfg)) if views is not None else None
         self.assembler: Assembler | None = None
         self.mirror: RedisMirror | None = None

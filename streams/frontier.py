@@ -19,9 +19,14 @@ X is a true end of the raw topic (the writer received every offset below it).
   at commit LSN L and end at the given offsets. A view's cut at L exists once every partition has a
   fragment at L; cuts only move forward.
 - ``Pace`` says when the next point is due: no sooner than the slowest worker's last publication
-  took (publishing takes at most about half the time, so a change that dirties most of a view —
-  a product's price — is rewritten once per publication, not per change), and no sooner than a
-  floor.
+  took, and no sooner than a floor; and not while the last point is still to be published by some
+  partition of a view (at most one point in flight, as a stream processor runs one checkpoint at a
+  time). A worker behind — catching up after a restart, or one whose publications rewrite most of
+  a view, as a product's price change does — thus finds one point ahead of it, at the raw topic's
+  end when the last one was done, not one for every gap it was behind: it applies the changes in
+  between and publishes once, so a change that dirties most of a view is rewritten once per
+  publication, not per change. A point that some part never publishes (its worker gone or
+  replaying) holds the next back ``PATIENCE`` gaps (at least ``PATIENCE_FLOOR`` seconds) only.
 
 Agreement is for liveness only: a fragment is a true statement about its partitions whatever
 other workers did, so a worker that publishes at a point the others skipped (one that started
@@ -58,6 +63,7 @@ FRAGMENT_SCHEMA: dict[str, Any] = {
                        {"name": "offset", "type": "long"}]}}},
     ],
 }  # fmt: skip
+PATIENCE, PATIENCE_FLOOR = 4.0, 5.0  # a point not published everywhere holds the next back this long at most
 POINT_PARSED = fastavro.parse_schema(POINT_SCHEMA)
 FRAGMENT_PARSED = fastavro.parse_schema(FRAGMENT_SCHEMA)
 
@@ -138,15 +144,25 @@ class Assembly:
 
 
 class Pace:
-    """When the next point is due (see the module promise); times are monotonic seconds."""
+    """When the next point is due (see the module promise); times are monotonic seconds. ``parts`` are
+    the (view, partition) pairs a point is published for; none: points never wait for a publication."""
 
-    def __init__(self, floor: float, forget: float = 60.0) -> None:
-        self.floor, self.forget = floor, forget
+    def __init__(self, floor: float, parts: Iterable[tuple[str, int]] = (), forget: float = 60.0) -> None:
+        self.floor, self.forget, self.parts = floor, forget, frozenset(parts)
         self.took: dict[str, tuple[float, float]] = {}  # writer -> (seconds its last publication took, when told)
         self.announced = float("-inf")  # when the last point was announced
+        self.pending: int | None = None  # raw_end of the last point, until every part was published at or past it
+        self.reached: dict[tuple[str, int], int] = {}  # part -> the raw offset it was last published at
 
     def report(self, writer: str, seconds: float, now: float) -> None:
         self.took[writer] = (seconds, now)
+
+    def published(self, offset: int, parts: Iterable[tuple[str, int]]) -> None:
+        """A fragment: ``parts`` were published at raw ``offset``."""
+        for part in parts:
+            self.reached[part] = max(self.reached.get(part, -1), offset)
+        if self.pending is not None and all(self.reached.get(part, -1) >= self.pending - 1 for part in self.parts):
+            self.pending = None
 
     def gap(self, now: float) -> float:
         """Seconds between two points now: the slowest recent publication, at least the floor."""
@@ -154,11 +170,17 @@ class Pace:
         return max([self.floor, *recent])
 
     def due(self, now: float) -> bool:
-        return now - self.announced >= self.gap(now)
+        """The gap passed, and every part was published at the last point (or it waited ``PATIENCE`` gaps,
+        at least ``PATIENCE_FLOOR`` seconds: a part nobody publishes, one replaying, must not stop the points)."""
+        since = now - self.announced
+        if since < self.gap(now):
+            return False
+        return self.pending is None or since >= max(PATIENCE_FLOOR, PATIENCE * self.gap(now))
 
-    def point(self, now: float) -> None:
-        """A point was announced at ``now``."""
+    def point(self, now: float, raw_end: int) -> None:
+        """A point was announced at ``now`` for ``raw_end``."""
         self.announced = now
+        self.pending = raw_end if self.parts else None
 
 
 def point_value(frame: bytes, raw_end: int, point: bool, writer: str) -> bytes:

@@ -104,7 +104,7 @@ class Announcer:
         produce(self.producer, self.cfg.points_topic, 0, None, point_value(self.subjects.point(), end, point,
                                                                             self.writer), [])  # fmt: skip
         if point:
-            self.pace.point(now)
+            self.pace.point(now, end)
         self.asked = point
 
 
@@ -118,10 +118,11 @@ class Assembler(Follower):
         self.assembly = Assembly(views, cfg.partitions)
         self.lock = threading.Lock()  # the feed thread of this worker's views adds fragments too
 
-    def add(self, writer: str, lsn: int, seconds: float, ends: list[tuple[str, int, int]]) -> None:
-        """A fragment: ``ends`` (view, partition, end offset) were published at ``lsn`` by ``writer``."""
+    def add(self, writer: str, lsn: int, offset: int, seconds: float, ends: list[tuple[str, int, int]]) -> None:
+        """A fragment: ``ends`` (view, partition, end offset) published by ``writer`` at ``lsn``, raw ``offset``."""
         with self.lock:
             self.pace.report(writer, seconds, time.monotonic())
+            self.pace.published(offset, [(view, partition) for view, partition, _ in ends])
             for view, partition, end in ends:
                 self.assembly.add(view, lsn, partition, end)
             for cut in self.assembly.cuts():
@@ -145,7 +146,8 @@ class Assembler(Follower):
                     if value is not None:
                         found = read_fragment(value)
                         ends = [(p["view"], p["partition"], p["offset"]) for p in found["parts"]]
-                        self.add(found["writer"], found["commit_lsn"], found["publish_seconds"], ends)
+                        self.add(found["writer"], found["commit_lsn"], found["raw_offset"], found["publish_seconds"],
+                                 ends)  # fmt: skip
                 self.producer.poll(0)
         finally:
             consumer.close()

@@ -76,7 +76,7 @@ PROGRESS_FORMAT = struct.Struct(">qqi")
 COMMIT_EVERY = 10_000  # view rows written between commits of the endpoint's copies
 TABLES_KEY = b"@tables"  # the tables whose rows the state keeps (a view on a new table replays from the start)
 BACKLOG = 20_000  # raw changes read ahead of the barrier before the feed stops reading the raw topic
-Fragment = Callable[[str, int, float, Ends], None]  # (writer, commit LSN, seconds, ends): a fragment in memory
+Fragment = Callable[[str, int, int, float, Ends], None]  # (writer, commit LSN, raw offset, seconds, ends): in memory
 
 
 def progress_key(space: Space) -> bytes:
@@ -327,7 +327,7 @@ class Materializer:
         produce(self.fragments, self.cfg.fragments_topic, 0, None, value, [])
         self.fragments.poll(0)
         if self.on_fragment is not None:
-            self.on_fragment(self.writer_id, point.lsn, point.seconds, ends)
+            self.on_fragment(self.writer_id, point.lsn, point.offset, point.seconds, ends)
 
     # ---- reading ------------------------------------------------------------------------
     def report(self, offset: int, every: float = 10.0) -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streams.frontier import Assembly, Cut, Pace, Points
+from streams.frontier import PATIENCE, PATIENCE_FLOOR, Assembly, Cut, Pace, Points
 
 pytestmark = pytest.mark.unit
 
@@ -92,9 +92,42 @@ def test_a_cut_read_back_at_start_is_not_made_again() -> None:
 def test_points_come_no_sooner_than_the_slowest_publication_took_nor_the_floor() -> None:
     pace = Pace(floor=0.05)
     assert pace.due(0.0)
-    pace.point(0.0)
+    pace.point(0.0, 10)
     assert not pace.due(0.04) and pace.due(0.05)
     pace.report("a", 0.01, 0.05)
     pace.report("b", 2.0, 0.06)  # one worker's publication took 2 s
     assert not pace.due(1.0) and pace.due(2.0)
     assert pace.gap(200.0) == 0.05  # a worker not heard from for a minute no longer counts
+
+
+def test_one_point_in_flight_a_worker_behind_finds_one_point_ahead_not_one_per_gap() -> None:
+    """The next point waits until every part was published at or past the last one; a worker far behind
+    thus publishes once when it catches up, at the raw end the point was announced at."""
+    parts = [("v", 0), ("v", 1)]
+    pace = Pace(floor=0.05, parts=parts)
+    pace.point(0.0, 100)
+    assert not pace.due(1.0), "partition 1 has not published at 99 yet"
+    pace.published(99, [("v", 0)])
+    pace.published(98, [("v", 1)])  # an older point
+    assert not pace.due(2.0)
+    pace.published(140, [("v", 1)])  # a transaction's end past 99: the first consistent point at or after it
+    assert pace.due(2.0)
+    pace.point(2.0, 500)
+    assert not pace.due(4.0)
+
+
+def test_a_point_some_part_never_publishes_holds_the_next_back_only_a_while() -> None:
+    """A part whose worker is gone or replays publishes nothing: after PATIENCE gaps (at least
+    PATIENCE_FLOOR seconds) the next point is announced anyway."""
+    pace = Pace(floor=0.05, parts=[("v", 0), ("v", 1)])
+    pace.point(0.0, 100)
+    pace.published(100, [("v", 0)])
+    assert not pace.due(PATIENCE_FLOOR - 0.01) and pace.due(PATIENCE_FLOOR)
+    pace.report("slow", 3.0, PATIENCE_FLOOR)  # publications take 3 s: wait 4 of them
+    assert not pace.due(PATIENCE * 3.0 - 0.01) and pace.due(PATIENCE * 3.0)
+
+
+def test_without_parts_points_never_wait_for_a_publication() -> None:
+    pace = Pace(floor=0.05)
+    pace.point(0.0, 100)
+    assert pace.due(0.05)
