@@ -8,6 +8,11 @@ at most ``WRITE_BUFFERS`` memtables of ``WRITE_BUFFER`` bytes. So a worker's Roc
 bounded by those sizes whatever the number of rows. Bloom filters (10 bits a key) let a lookup
 of a key a file does not hold skip reading it: the table store asks for every key it writes.
 ``Database`` is what both stores share: open on demand, close once, scan by key prefix.
+
+A database opened again gets these options too: rocksdict, given options but no column families,
+takes the default column family's from the OPTIONS file RocksDB wrote — with a block cache of its
+own (8 MB, rocksdict's default) instead of the shared one, and any option changed since ignored —
+so the default column family is named with the options here.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def open_db(path: Path) -> Rdict:
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(WRITE_BUFFER)
     options.set_max_write_buffer_number(WRITE_BUFFERS)
-    return Rdict(str(path / "rocksdb"), options)
+    return Rdict(str(path / "rocksdb"), options, column_families={"default": options})
 
 
 class Database:
