@@ -1,4 +1,4 @@
-"""``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics] [--changes N] [--rows N]
+"""``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics|lookups] [--changes N] [--rows N]
 [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--messages N] [--customers N]
 [--orders N]`` (or ``./dev bench``); ``capture`` runs the backfill benchmark after its own."""
 
@@ -7,16 +7,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import analytics, backfill, capture, debezium, fanout, shopview, tables, views
+from bench import analytics, backfill, capture, debezium, fanout, lookups, shopview, tables, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("which", nargs="?", default="all",
                         choices=["all", "capture", "backfill", "fanout", "debezium", "tables", "views", "shopview",
-                                 "analytics"])  # fmt: skip
+                                 "analytics", "lookups"])  # fmt: skip
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows to snapshot, and orders to backfill")
+    parser.add_argument("--rows", type=int, default=1_000_000,
+                        help="rows to snapshot, orders to backfill, keys of the lookups benchmark")  # fmt: skip
     parser.add_argument("--scale", type=int, default=10,
                         help="pgbench scale of the tables and backfill benchmarks (x 100,000 rows)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=20.0, help="steady load of the views latency benchmark")
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                       rate=args.rate or 150.0)  # fmt: skip
     if args.which in ("all", "analytics"):
         analytics.main(messages=args.messages)
+    if args.which in ("all", "lookups"):
+        lookups.main(rows=args.rows)
     return 0
 
 

@@ -7,6 +7,13 @@ RocksDB keeps those outside it, for every open file: memory that grows with the 
 at most ``WRITE_BUFFERS`` memtables of ``WRITE_BUFFER`` bytes. So a worker's RocksDB memory is
 bounded by those sizes whatever the number of rows. Bloom filters (10 bits a key) let a lookup
 of a key a file does not hold skip reading it: the table store asks for every key it writes.
+Index and filter blocks are partitioned (two-level index, partitioned filters, ``METADATA_BLOCK``
+bytes a partition) and their top level pinned in the cache: whole, a big file's filter (10 bits a
+key: ~1 MB for 700k keys) was evicted by data blocks once a database outgrew the cache, and every
+lookup read and checksummed it again. Measured on 1.5M keys (200 MB) with the 32 MB cache: a
+lookup 87-107 µs whole, 17-27 µs partitioned (of a key no file holds: 60-77 µs, 6 µs); py-spy had
+put half a view publication's time under load in that read (``bench/RESULTS.md``, 2026-11-26).
+
 ``Database`` is what both stores share: open on demand, close once, scan by key prefix.
 
 A database opened again gets these options too: rocksdict, given options but no column families,
@@ -20,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict
+from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, Rdict
 
 BLOCK_CACHE = 32 << 20  # bytes of decompressed blocks kept for reads, shared by a worker's databases
 WRITE_BUFFER = 16 << 20  # per memtable
 WRITE_BUFFERS = 2  # memtables per database: one filling, one being flushed
+METADATA_BLOCK = 4096  # bytes of an index or filter partition
 _cache: Cache | None = None
 
 
@@ -35,9 +43,9 @@ def shared_cache() -> Cache:
     return _cache
 
 
-def open_db(path: Path) -> Rdict:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.chmod(0o700)
+def db_options(partitioned: bool = True) -> Options:
+    """A worker database's options (see the module promise); ``partitioned`` False: whole index and
+    filter blocks, as before 2026-11-26 (``bench/lookups.py``'s baseline)."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     table = BlockBasedOptions()
@@ -45,9 +53,21 @@ def open_db(path: Path) -> Rdict:
     table.set_cache_index_and_filter_blocks(True)
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     table.set_bloom_filter(10, False)
+    if partitioned:
+        table.set_index_type(BlockBasedIndexType.two_level_index_search())
+        table.set_partition_filters(True)
+        table.set_metadata_block_size(METADATA_BLOCK)
+        table.set_pin_top_level_index_and_filter(True)
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(WRITE_BUFFER)
     options.set_max_write_buffer_number(WRITE_BUFFERS)
+    return options
+
+
+def open_db(path: Path, options: Options | None = None) -> Rdict:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    options = options or db_options()
     return Rdict(str(path / "rocksdb"), options, column_families={"default": options})
 
 
