@@ -64,6 +64,8 @@ FRAGMENT_SCHEMA: dict[str, Any] = {
     ],
 }  # fmt: skip
 PATIENCE, PATIENCE_FLOOR = 4.0, 5.0  # a point not published everywhere holds the next back this long at most
+REMEMBER = 3.0  # a publication's time counts for at least this many times as long (the next report comes after
+# the next publication: forgetting a 65 s one after a minute made the points come every PATIENCE_FLOOR)
 POINT_PARSED = fastavro.parse_schema(POINT_SCHEMA)
 FRAGMENT_PARSED = fastavro.parse_schema(FRAGMENT_SCHEMA)
 
@@ -166,7 +168,7 @@ class Pace:
 
     def gap(self, now: float) -> float:
         """Seconds between two points now: the slowest recent publication, at least the floor."""
-        recent = [seconds for seconds, at in self.took.values() if now - at <= self.forget]
+        recent = [seconds for seconds, at in self.took.values() if now - at <= max(self.forget, REMEMBER * seconds)]
         return max([self.floor, *recent])
 
     def due(self, now: float) -> bool:

@@ -100,6 +100,19 @@ def test_points_come_no_sooner_than_the_slowest_publication_took_nor_the_floor()
     assert pace.gap(200.0) == 0.05  # a worker not heard from for a minute no longer counts
 
 
+def test_a_publication_longer_than_a_minute_still_sets_the_gap_until_the_next_report() -> None:
+    """The 720k-row shop's publications took ~65 s: forgetting them after 60 s made the gap the floor,
+    and a point in flight then waited PATIENCE_FLOOR only, so workers published every few seconds' changes."""
+    pace = Pace(floor=0.05, parts=[("v", 0)])
+    pace.report("a", 65.0, 100.0)
+    pace.point(100.0, 5_000)
+    assert pace.gap(170.0) == 65.0 and not pace.due(170.0), "the point is still being published"
+    pace.published(5_000, [("v", 0)])
+    pace.report("a", 66.0, 171.0)
+    assert pace.due(171.0)
+    assert pace.gap(171.0 + 3 * 66.0 + 1) == 0.05, "a writer silent for three of its publications no longer counts"
+
+
 def test_one_point_in_flight_a_worker_behind_finds_one_point_ahead_not_one_per_gap() -> None:
     """The next point waits until every part was published at or past the last one; a worker far behind
     thus publishes once when it catches up, at the raw end the point was announced at."""
