@@ -26,7 +26,8 @@ X is a true end of the raw topic (the writer received every offset below it).
   end when the last one was done, not one for every gap it was behind: it applies the changes in
   between and publishes once, so a change that dirties most of a view is rewritten once per
   publication, not per change. A point that some part never publishes (its worker gone or
-  replaying) holds the next back ``PATIENCE`` gaps (at least ``PATIENCE_FLOOR`` seconds) only.
+  replaying) holds the next back ``PATIENCE`` times the longest publication remembered (at least
+  ``PATIENCE_FLOOR`` seconds) only.
 
 Agreement is for liveness only: a fragment is a true statement about its partitions whatever
 other workers did, so a worker that publishes at a point the others skipped (one that started
@@ -64,8 +65,8 @@ FRAGMENT_SCHEMA: dict[str, Any] = {
     ],
 }  # fmt: skip
 PATIENCE, PATIENCE_FLOOR = 4.0, 5.0  # a point not published everywhere holds the next back this long at most
-REMEMBER = 3.0  # a publication's time counts for at least this many times as long (the next report comes after
-# the next publication: forgetting a 65 s one after a minute made the points come every PATIENCE_FLOOR)
+REMEMBER = 3.0  # a publication's time counts for at least this many times as long: the 720k shop's 65 s ones,
+# forgotten after a minute or outweighed by a quick one since, let points come every few seconds while it published
 POINT_PARSED = fastavro.parse_schema(POINT_SCHEMA)
 FRAGMENT_PARSED = fastavro.parse_schema(FRAGMENT_SCHEMA)
 
@@ -151,13 +152,19 @@ class Pace:
 
     def __init__(self, floor: float, parts: Iterable[tuple[str, int]] = (), forget: float = 60.0) -> None:
         self.floor, self.forget, self.parts = floor, forget, frozenset(parts)
-        self.took: dict[str, tuple[float, float]] = {}  # writer -> (seconds its last publication took, when told)
+        self.took: dict[str, list[tuple[float, float]]] = {}  # writer -> remembered (seconds, when told)
         self.announced = float("-inf")  # when the last point was announced
         self.pending: int | None = None  # raw_end of the last point, until every part was published at or past it
         self.reached: dict[tuple[str, int], int] = {}  # part -> the raw offset it was last published at
 
     def report(self, writer: str, seconds: float, now: float) -> None:
-        self.took[writer] = (seconds, now)
+        """A publication by ``writer`` took ``seconds``; earlier ones no longer than it no longer matter."""
+        longer = [(took, at) for took, at in self._remembered(self.took.get(writer, []), now) if took > seconds]
+        self.took[writer] = [*longer, (seconds, now)]
+
+    def _remembered(self, reports: list[tuple[float, float]], now: float) -> list[tuple[float, float]]:
+        """The reports still counted: told within the last minute, or within ``REMEMBER`` times what they took."""
+        return [(seconds, at) for seconds, at in reports if now - at <= max(self.forget, REMEMBER * seconds)]
 
     def published(self, offset: int, parts: Iterable[tuple[str, int]]) -> None:
         """A fragment: ``parts`` were published at raw ``offset``."""
@@ -167,17 +174,24 @@ class Pace:
             self.pending = None
 
     def gap(self, now: float) -> float:
-        """Seconds between two points now: the slowest recent publication, at least the floor."""
-        recent = [seconds for seconds, at in self.took.values() if now - at <= max(self.forget, REMEMBER * seconds)]
-        return max([self.floor, *recent])
+        """Seconds between two points now: the slowest writer's last publication, at least the floor."""
+        last = [kept[-1][0] for reports in self.took.values() if (kept := self._remembered(reports[-1:], now))]
+        return max([self.floor, *last])
+
+    def patience(self, now: float) -> float:
+        """How long a point in flight holds the next back: ``PATIENCE`` times the longest publication
+        remembered (a quick one after a long one must not cut the wait short: the next may be long
+        again), at least ``PATIENCE_FLOOR``."""
+        longest = [seconds for reports in self.took.values() for seconds, _ in self._remembered(reports, now)]
+        return max(PATIENCE_FLOOR, PATIENCE * max([self.floor, *longest]))
 
     def due(self, now: float) -> bool:
-        """The gap passed, and every part was published at the last point (or it waited ``PATIENCE`` gaps,
-        at least ``PATIENCE_FLOOR`` seconds: a part nobody publishes, one replaying, must not stop the points)."""
+        """The gap passed, and every part was published at the last point (or it waited ``patience``: a part
+        nobody publishes, one replaying, must not stop the points)."""
         since = now - self.announced
         if since < self.gap(now):
             return False
-        return self.pending is None or since >= max(PATIENCE_FLOOR, PATIENCE * self.gap(now))
+        return self.pending is None or since >= self.patience(now)
 
     def point(self, now: float, raw_end: int) -> None:
         """A point was announced at ``now`` for ``raw_end``."""

@@ -140,6 +140,20 @@ def test_a_point_some_part_never_publishes_holds_the_next_back_only_a_while() ->
     assert not pace.due(PATIENCE * 3.0 - 0.01) and pace.due(PATIENCE * 3.0)
 
 
+def test_a_quick_publication_after_a_long_one_does_not_cut_a_point_in_flights_wait_short() -> None:
+    """Seen on the 720k shop: the snapshot's publication took ~67 s, the next few points ~2.5 s, then the
+    load's took ~65 s again; waiting 4 x 2.5 s put a point every 10 s and each publication carried 10 s."""
+    pace = Pace(floor=0.05, parts=[("v", 0)])
+    pace.report("a", 67.0, 100.0)
+    pace.report("a", 2.5, 110.0)
+    assert pace.gap(111.0) == 2.5, "the points' spacing follows the last publication"
+    pace.point(111.0, 9_000)
+    assert pace.patience(112.0) == PATIENCE * 67.0 and not pace.due(111.0 + 4 * 2.5)
+    assert pace.due(111.0 + PATIENCE * 67.0)
+    pace.report("a", 3.0, 120.0)
+    assert [took for took, _ in pace.took["a"]] == [67.0, 3.0], "2.5 s is outweighed, 67 s still counts"
+
+
 def test_without_parts_points_never_wait_for_a_publication() -> None:
     pace = Pace(floor=0.05)
     pace.point(0.0, 100)
