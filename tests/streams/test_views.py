@@ -496,7 +496,8 @@ def test_views_joined_on_composite_keys_equal_the_sql_join_with_two_workers(
     second = worker_factory(capture.cfg.topic_prefix, app_id=first.env["HEADWATER_STREAMS_APP_ID"], views=NOTED).start()
     writer = shop_writer(rate=100)
     composite_workload(pg_database, 400, seed=2)
-    assert writer.stop() > 50
+    assert wait_for(lambda: writer.work.committed > 50, 30, every=0.1), "the shop's load ran alongside"
+    writer.stop()
     shapes = {**SHAPES, "public.warehouses": TableShape("public.warehouses", (), ("region", "code")),
               "public.item_notes": TableShape("public.item_notes", (), ("order_id", "line_no", "n"))}  # fmt: skip
     sql = parse_views(tomllib.loads(NOTED), NOTED)[0].sql(shapes)
