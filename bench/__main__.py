@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="rows to snapshot, orders to backfill, keys of the lookups benchmark")  # fmt: skip
     parser.add_argument("--scale", type=int, default=10,
                         help="pgbench scale of the tables and backfill benchmarks (x 100,000 rows)")  # fmt: skip
-    parser.add_argument("--seconds", type=float, default=20.0, help="steady load of the views latency benchmark")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="steady load of the views benchmark (shopview: at least 120)")  # fmt: skip
     parser.add_argument(
         "--rate",
         type=float,
