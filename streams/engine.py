@@ -54,7 +54,7 @@ from tables.errors import FatalError
 from tables.kafka import bounds, reader
 from tables.logs import facts
 from tables.registry import Registry
-from tables.views import TableShape, ViewSpec
+from tables.views import CAPTURED_WHEN, TableShape, ViewSpec
 
 log = logging.getLogger("headwater.streams")
 Fatal = Callable[[str, FatalError], None]  # (which part stopped, why): called from the part's thread
@@ -115,10 +115,9 @@ def view_tables(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry
         if warned is None or time.monotonic() - warned >= WAIT_WARN_EVERY:
             warned = time.monotonic()
             log.warning("views %s wait for %s to be captured with a key (captured so far: %s); looking again every "
-                        "%g s. Capture registers a table once it captures it: is it in the publication and matched "
-                        "by [capture] include, with a primary key or a replica identity index?",
-                        ", ".join(sorted(s.name for s in specs if s.tables & set(missing))), ", ".join(missing),
-                        ", ".join(t.qualified for t in tables) or "none", cfg.discover_every)  # fmt: skip
+                        "%g s (%s)", ", ".join(sorted(s.name for s in specs if s.tables & set(missing))),
+                        ", ".join(missing), ", ".join(t.qualified for t in tables) or "none", cfg.discover_every,
+                        CAPTURED_WHEN)  # fmt: skip
         sleep(cfg.discover_every)
 
 

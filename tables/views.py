@@ -50,9 +50,10 @@ BASE = re.compile(r"^\s*(?P<table>[A-Za-z0-9_.]+)\s*(?:\((?P<columns>[^()]*)\))?
 LSN_FIELD = "hw_commit_lsn"  # every view row carries the commit LSN it reflects
 SPEC_KEYS = ("base", "joins", "doc")
 JOIN_HINT = "see the views section of the README for the join syntax"
-UNCAPTURED = ("capture registers a table once it captures it: is the table in the publication and matched by "
-              "[capture] include, with a primary key or a replica identity index? With [streams] discover_every "
-              "above 0 (and no [streams] tables) a worker waits for its views' tables instead")  # fmt: skip
+CAPTURED_WHEN = ("capture registers a table once it captures it: is the table in the publication and matched by "
+                 "[capture] include, with a primary key or a replica identity index?")  # fmt: skip
+UNCAPTURED = (f"{CAPTURED_WHEN} With [streams] discover_every above 0 (and no [streams] tables) a worker waits for "
+              "its views' tables instead")  # fmt: skip
 # A cut on <prefix>.views.cuts (key: the view's name): the view topic read up to `ends` is the view at commit_lsn.
 CUT_SCHEMA: dict[str, Any] = {
     "type": "record",
