@@ -7,7 +7,7 @@ import random
 import pytest
 from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 
-from tables.partition import murmur2, partition_for
+from tables.partition import murmur2, partition_for, reference_murmur2
 
 pytestmark = pytest.mark.unit
 
@@ -25,6 +25,16 @@ JAVA = {
 @pytest.mark.parametrize(("data", "expected"), JAVA.items())
 def test_murmur2_matches_java(data: bytes, expected: int) -> None:
     assert murmur2(data) == expected
+    assert reference_murmur2(data) == expected
+
+
+def test_the_compiled_murmur2_is_the_reference_for_every_length_and_buffer() -> None:
+    rng = random.Random(7)
+    for length in range(300):
+        data = bytes(rng.randrange(256) for _ in range(length))
+        assert murmur2(data) == reference_murmur2(data)
+        assert murmur2(memoryview(bytearray(data))) == reference_murmur2(data)
+        assert partition_for(memoryview(data), 7) == (reference_murmur2(data) & 0x7FFFFFFF) % 7
 
 
 def test_partition_agrees_with_aiokafka_for_every_length() -> None:
@@ -35,6 +45,8 @@ def test_partition_agrees_with_aiokafka_for_every_length() -> None:
         assert partition_for(data, 12) == expected
 
 
-def test_partition_refuses_zero_partitions() -> None:
-    with pytest.raises(ValueError, match="at least one partition"):
+def test_partition_refuses_zero_partitions_and_what_is_not_bytes() -> None:
+    with pytest.raises(ValueError, match="at least one partition, got 0"):
         partition_for(b"k", 0)
+    with pytest.raises(TypeError):
+        partition_for("k", 4)  # type: ignore[arg-type]
