@@ -61,9 +61,11 @@ class KeyCodec:
     schema_id: int
     schema: dict[str, Any]
     parsed: Any = field(init=False, repr=False)
+    frame: bytes = field(init=False, repr=False)  # what precedes a key record of this schema
 
     def __post_init__(self) -> None:
         self.parsed = fastavro.parse_schema(self.schema)
+        self.frame = frame(self.schema_id)
 
     @property
     def columns(self) -> list[str]:

@@ -73,6 +73,8 @@ def index_prefix(table: str, columns: Sequence[str], value: bytes) -> bytes:
 
 Space = int | None  # a view partition's share of the split tables, or None: the replicated tables
 PartitionOf = Callable[[str, Sequence[Any]], int]  # (view, the base key's values in key order) -> partition
+# (view, a base row's framed key image) -> its partition, or None when the image's frame does not tell it undecoded
+ImagePartition = Callable[[str, bytes], int | None]
 Dirty = tuple[str, bytes, int]  # (view, base key, partition) of a view row to build again
 
 
@@ -99,7 +101,8 @@ class Joiner:
 
     def __init__(self, views: Sequence[ViewSpec], shapes: Mapping[str, TableShape], store: Store,
                  decode: Decode, cached: int = CACHED_ROWS, encoders: Mapping[str, Encoders] | None = None,
-                 partition_of: PartitionOf | None = None, held: set[int] | None = None) -> None:  # fmt: skip
+                 partition_of: PartitionOf | None = None, held: set[int] | None = None, partitions: int = 1,
+                 image_partition: ImagePartition | None = None) -> None:  # fmt: skip
         self.views = {v.name: v for v in views}
         self.encoders = dict(encoders or {})  # view -> its rows' encoders (``content``)
         self.shapes, self.store, self.decode = shapes, store, decode
@@ -107,6 +110,8 @@ class Joiner:
         self.placed: dict[str, Placement] = {} if partition_of is None else placements(views, shapes)
         self.partition_of: PartitionOf = partition_of or (lambda view, values: 0)
         self.held: set[int] = {0} if held is None else set(held)  # the view partitions this worker publishes
+        self.partitions = partitions  # of the view topics
+        self.image_partition: ImagePartition = image_partition or (lambda view, image: None)
         self.roots: dict[str, Node] = {}
         self.nodes: dict[str, list[Node]] = {}  # table -> every place it appears
         self.indexed: dict[str, set[tuple[str, ...]]] = {}  # table -> the join columns to index
@@ -223,6 +228,8 @@ class Joiner:
             return
         if change.key is None or change.op not in ("READ", "INSERT", "UPDATE", "DELETE"):
             return
+        if self._elsewhere(table, change):
+            return
         after = None if change.op == "DELETE" or change.after is None else self.decode(change.after)
         record = self.decode(change.key) if after is None else after
         key = self.key_of(table, record)
@@ -235,6 +242,19 @@ class Joiner:
         row = None if after is None else self._kept(table, after)
         for space, new in self._homes(table, record, after, live):
             self._set(table, key, row if new else None, change.after if new else None, space)
+
+    def _elsewhere(self, table: str, change: Change) -> bool:
+        """Whether a change of a row split by its key (its key unchanged: no old image) belongs to a view
+        partition this worker does not hold: told by the key image alone, before the row is decoded (measured:
+        decoding the rows of other workers' partitions was most of what splitting left each worker)."""
+        placed = self.placed.get(table)
+        if placed is None or not placed.by_key or change.before is not None or len(self.held) >= self.partitions:
+            return False
+        assert change.key is not None
+        home = self.image_partition(placed.view, change.key) if table == self.views[placed.view].base else None
+        if home is None:
+            home = self.partition(table, self.decode(change.key))
+        return home not in self.held
 
     def _homes(self, table: str, record: Row, after: Row | None,
                live: Callable[[Space], bool]) -> Iterator[tuple[Space, bool]]:  # fmt: skip

@@ -68,7 +68,7 @@ from tables.change import ChangeReader
 from tables.partition import partition_for
 from tables.registry import Registry
 from tables.views import TableShape
-from tables.wire import UndecodableMessage, avro_body, lsn_text
+from tables.wire import FRAME_SIZE, UndecodableMessage, avro_body, lsn_text
 
 log = logging.getLogger("headwater.streams")
 PROGRESS = b"@applied\x1f"  # + space: the raw offset that space's state reflects, and the watermark there
@@ -134,7 +134,8 @@ class Materializer:
         self.store.open()
         self.joiner = joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store,
                                       self.schemas.decode, encoders=self.encoders, partition_of=self._partition_of,
-                                      held=set())  # fmt: skip
+                                      held=set(), partitions=self.cfg.partitions,
+                                      image_partition=self._image_partition)  # fmt: skip
         kept = set(json.loads(self.store.get(TABLES_KEY) or b"[]"))
         if kept and not joiner.tables <= kept:
             self._from_the_start(joiner.tables - kept)
@@ -147,6 +148,14 @@ class Materializer:
         topic = self.views[view]
         record = dict(zip(self.key_columns[view], values, strict=True))
         return partition_for(topic.key_frame + avro_body(topic.codec.parsed, record), self.cfg.partitions)
+
+    def _image_partition(self, view: str, image: bytes) -> int | None:
+        """The view partition of a base row's framed key image, undecoded, when it is framed with the key schema
+        the view's keys are written with (the bodies are then the same bytes); None for any other frame."""
+        topic = self.views[view]
+        if image[:FRAME_SIZE] != topic.codec.frame:
+            return None
+        return partition_for(topic.key_frame + image[FRAME_SIZE:], self.cfg.partitions)
 
     def _from_the_start(self, new: set[str]) -> None:
         """A view uses tables whose rows were not kept: every space replays the raw topic from its first offset."""

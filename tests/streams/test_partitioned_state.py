@@ -26,7 +26,7 @@ def partition_of(view: str, values: Any) -> int:
 
 def worker(held: set[int], store: MemoryViewStore | None = None, text: str = GOOD) -> Joiner:
     return Joiner(specs(text), SHOP, store or MemoryViewStore(), json.loads, cached=7, partition_of=partition_of,
-                  held=held)  # fmt: skip
+                  held=held, partitions=PARTITIONS)  # fmt: skip
 
 
 def test_the_base_and_its_direct_collects_are_split_lookups_and_deeper_tables_kept_whole() -> None:
@@ -115,6 +115,34 @@ def test_a_space_that_is_not_live_skips_the_change() -> None:
     assert space_name("public.orders", 3) != space_name("public.orders", None)
 
 
+def test_rows_split_by_key_of_partitions_held_elsewhere_are_dropped_before_their_row_is_decoded() -> None:
+    decoded: list[bytes] = []
+
+    def decode(data: bytes) -> Any:
+        decoded.append(data)
+        return json.loads(data)
+
+    def from_image(view: str, image: bytes) -> int | None:  # what the materializer reads off a key's frame
+        return None if image.startswith(b"{") else int(image) % PARTITIONS
+
+    j = Joiner(specs(GOOD), SHOP, MemoryViewStore(), decode, partition_of=partition_of, held={1}, partitions=PARTITIONS,
+               image_partition=from_image)  # fmt: skip
+    order = {"id": 6, "customer_id": 1, "status": "paid", "total": "1"}
+    j.apply(Change("INSERT", "public", "orders", "orders", 1, 0, b"6", None, json.dumps(order).encode(), 1))
+    j.apply(change("UPDATE", "orders", order))  # a JSON key image: read to tell the partition
+    j.apply(change("INSERT", "order_items", {"order_id": 6, "line_no": 1, "product_id": 1, "quantity": 1}))
+    assert decoded == [b'{"id": 6}', b'{"order_id": 6, "line_no": 1}']  # the keys only, never a row
+    assert not any(list(j.keys(t, p)) for t in ("public.orders", "public.order_items") for p in range(PARTITIONS))
+    j.apply(change("UPDATE", "order_items", {"order_id": 5, "line_no": 1, "product_id": 1, "quantity": 1},
+                   before={"order_id": 6, "line_no": 1}))  # a key that moves is read whole: it comes to partition 1
+    assert list(j.keys("public.order_items", 1)) == [canon([5, 1])]
+    j.apply(Change("INSERT", "public", "orders", "orders", 2, 0, b"5", None, json.dumps({**order, "id": 5}).encode(), 1))
+    assert list(j.keys("public.orders", 1)) == [canon([5])]
+    everywhere = Joiner(specs(GOOD), SHOP, MemoryViewStore(), json.loads, partition_of=partition_of, held={0, 1, 2, 3},
+                        partitions=PARTITIONS, image_partition=lambda view, image: 1 // 0)  # fmt: skip
+    everywhere.apply(change("INSERT", "orders", order))  # holding every partition, nothing is elsewhere: not asked
+    assert list(everywhere.keys("public.orders", 2)) == [canon([6])]
+
 
 def noted_change(rng: random.Random, n: int) -> tuple[str, str, dict[str, Any]]:
     """A random change of the composite-key shop: (op, table, row)."""
@@ -153,7 +181,7 @@ def test_composite_lookups_and_collects_match_a_scan_of_the_rows_split_or_not() 
     def make(held: set[int] | None) -> Joiner:
         partition = None if held is None else (lambda view, values: (values[0] + values[1]) % PARTITIONS)
         return Joiner(specs(NOTED), COMPOSITE, MemoryViewStore(), json.loads, cached=5, partition_of=partition,
-                      held=held)  # fmt: skip
+                      held=held, partitions=PARTITIONS)  # fmt: skip
 
     whole, shares = make(None), [make({0, 3}), make({1, 2})]
     assert set(shares[0].placed) == {"public.order_items", "public.item_notes"}
