@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="steady load of the views latency benchmark, transactions/s (default: half the sustained)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="stream workers of the views benchmark (one group)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="stream workers of the views and shopview benchmarks (one group)")  # fmt: skip
     parser.add_argument("--connections", type=int, default=4, help="connections the views benchmark commits from")
     parser.add_argument("--burst", type=int, default=6000, help="transactions of the views benchmark's burst")
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the analytics benchmark's topic")
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.which in ("all", "shopview"):
         shopview.main(customers=args.customers, orders=args.orders, seconds=max(args.seconds, 120.0),
-                      rate=args.rate or 150.0)  # fmt: skip
+                      rate=args.rate or 150.0, workers=args.workers)  # fmt: skip
     if args.which in ("all", "analytics"):
         analytics.main(messages=args.messages)
     if args.which in ("all", "lookups"):

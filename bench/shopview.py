@@ -2,10 +2,11 @@
 
 On the bench stack the sample shop is seeded with ``--customers`` customers and ``--orders``
 orders (``headwater demo seed --customers 20000 --orders 200000``: about 720,000 rows), then
-``headwater capture`` and one ``faust -A streams worker`` keep the shop's ``orders_enriched``
-view (``headwater.shop.VIEWS_TOML``) with the Redis mirror on. Printed: the time until Redis
-holds every view row, the worker's peak RSS (target 1 GB) while the view is built and while the
-shop's workload (``demo load``) runs at ``--rate`` for ``--seconds``, the view documents' size
+``headwater capture`` and ``--workers`` ``faust -A streams worker`` processes (one group, 1 unless
+said) keep the shop's ``orders_enriched`` view (``headwater.shop.VIEWS_TOML``) with the Redis mirror
+on. Printed: the time until Redis holds every view row, each worker's peak RSS (target 1 GB) while
+the view is built and while the shop's workload (``demo load``) runs at ``--rate`` for ``--seconds``,
+each worker's CPU-seconds building the view and from the load's start until Redis is equal, the view documents' size
 in Redis (target under 1 KB) and Redis' memory, how long after the load ended Redis and the
 endpoint (a sample) equalled the view's SQL in PostgreSQL, and then whether the whole view topic
 does (read once: on the local broker reading it takes minutes).
@@ -17,6 +18,7 @@ import random
 import threading
 import time
 import tomllib
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg2
@@ -24,6 +26,7 @@ import redis
 
 from bench import capture, views
 from bench.tables import rss_mb
+from bench.views import cpu_seconds
 from headwater import shop
 from headwater.reconcile import compare_docs, endpoint_view_docs, latest_view_docs, redis_view_docs, view_docs_sql
 from tables.registry import Registry
@@ -110,7 +113,26 @@ def converge(cfg: Any, dsn: str, sql: str, timeout: float = 900) -> tuple[float,
         time.sleep(2)
 
 
-def main(customers: int, orders: int, seconds: float, rate: float) -> None:
+@dataclass
+class Run:
+    """What one run measured; per worker lists are in the workers' order."""
+
+    built: float = 0.0
+    build_peak: list[float] = field(default_factory=list)
+    load_peak: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    build_cpu: list[float] = field(default_factory=list)
+    load_cpu: list[float] = field(default_factory=list)
+    mean: float = 0.0
+    largest: int = 0
+    memory: float = 0.0
+    lag: float = 0.0
+    found: list[str] = field(default_factory=list)
+    reading: float = 0.0
+    on_topic: list[str] = field(default_factory=list)
+
+
+def main(customers: int, orders: int, seconds: float, rate: float, workers: int = 1) -> None:
     with capture.seeded_stack() as (cfg, dsn, work):
         print(f"seeding the shop: {customers} customers, {orders} orders ...", flush=True)
         conn = psycopg2.connect(dsn)
@@ -123,38 +145,53 @@ def main(customers: int, orders: int, seconds: float, rate: float) -> None:
                         "(SELECT count(*) FROM order_items)")  # fmt: skip
             order_rows, rows = cur.fetchone()  # type: ignore[misc]
         conn.close()
-        shapes = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()}
-        sql = parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML)[0].sql(shapes)
-        client = redis.Redis.from_url(cfg.redis_url)
-        with views.pipeline(cfg, dsn, work, workers=1) as procs:
-            worker = procs["worker 0"]
-            peak = Peak(worker.pid)
-            built = wait_rows(client, order_rows)
-            build_peak = peak.take()
-            mean, largest = doc_sizes(client)
-            memory = int(client.info("memory")["used_memory"]) / 2**20
-            print(f"  view built: {built:.1f} s; peak RSS {build_peak:.0f} MB; loading the shop at {rate:g} tx/s "
-                  f"for {seconds:g} s ...", flush=True)  # fmt: skip
-            load = shop.Workload(psycopg2.connect(dsn), rng_seed=3)
-            load.run(rate=rate, duration=seconds)
-            load_peak = peak.take()
-            lag, found = converge(cfg, dsn, sql)
-            after_peak, resident = peak.take(), rss_mb(worker.pid)
-            print(
-                f"  Redis and the endpoint {'equal the SQL' if not found else 'differ'} {lag:.1f} s after the load "
-                f"ended; worker RSS peak {load_peak:.0f} MB under the load; reading the view topic ...",
-                flush=True,
-            )
-            reading, on_topic = topic_problems(cfg, dsn, sql)
-            peak.stop.set()
-    print(f"\nshop view {VIEW}: {rows} rows ({order_rows} orders; seeded in {seeded:.1f} s: {counts}), one worker")
-    print(f"  Redis holds every view row {built:.1f} s after capture confirmed the snapshot")
-    print(f"  worker RSS: peak {build_peak:.0f} MB building, {load_peak:.0f} MB under the load, "
-          f"{max(after_peak, resident):.0f} MB after (target <= 1 GB)")  # fmt: skip
-    print(f"  documents in Redis: mean {mean:.0f} B, largest {largest} B of a 2,000-row sample (target < 1 KB); "
-          f"Redis used_memory {memory:.0f} MB")  # fmt: skip
-    verdict = "equal" if not found else f"{len(found)} differences, first: {found[0]}"
+        with views.pipeline(cfg, dsn, work, workers=workers) as procs:
+            run = measure(cfg, dsn, [procs[f"worker {i}"].pid for i in range(workers)], order_rows, seconds, rate)
+    print(f"\nshop view {VIEW}: {rows} rows ({order_rows} orders; seeded in {seeded:.1f} s: {counts}), "
+          f"{workers} worker(s)")  # fmt: skip
+    report(run, seconds, rate)
+
+
+def measure(cfg: Any, dsn: str, pids: list[int], order_rows: int, seconds: float, rate: float) -> Run:
+    """Build the view, load the shop, wait until Redis and the endpoint equal the SQL, read the view topic."""
+    shapes = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()}
+    sql = parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML)[0].sql(shapes)
+    client, run = redis.Redis.from_url(cfg.redis_url), Run()
+    peaks, cpu = [Peak(pid) for pid in pids], [cpu_seconds(pid) for pid in pids]
+    run.built = wait_rows(client, order_rows)
+    run.build_peak = [p.take() for p in peaks]
+    run.build_cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu, strict=True)]
+    run.mean, run.largest = doc_sizes(client)
+    run.memory = int(client.info("memory")["used_memory"]) / 2**20
+    print(f"  view built: {run.built:.1f} s; peak RSS {', '.join(f'{p:.0f}' for p in run.build_peak)} MB; "
+          f"loading the shop at {rate:g} tx/s for {seconds:g} s ...", flush=True)  # fmt: skip
+    cpu = [cpu_seconds(pid) for pid in pids]
+    shop.Workload(psycopg2.connect(dsn), rng_seed=3).run(rate=rate, duration=seconds)
+    run.load_peak = [p.take() for p in peaks]
+    run.lag, run.found = converge(cfg, dsn, sql)
+    run.load_cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu, strict=True)]
+    run.after = [max(p.take(), rss_mb(pid)) for p, pid in zip(peaks, pids, strict=True)]
+    print(f"  Redis and the endpoint {'equal the SQL' if not run.found else 'differ'} {run.lag:.1f} s after the load "
+          f"ended; reading the view topic ...", flush=True)  # fmt: skip
+    run.reading, run.on_topic = topic_problems(cfg, dsn, sql)
+    for p in peaks:
+        p.stop.set()
+    return run
+
+
+def report(run: Run, seconds: float, rate: float) -> None:
+    def each(values: list[float], unit: str) -> str:
+        return " and ".join(f"{v:.{1 if unit == 'CPU-s' else 0}f}" for v in values) + f" {unit}"
+
+    print(f"  Redis holds every view row {run.built:.1f} s after capture confirmed the snapshot")
+    print(f"  worker RSS: peak {each(run.build_peak, 'MB')} building, {each(run.load_peak, 'MB')} under the load, "
+          f"{each(run.after, 'MB')} after (target <= 1 GB)")  # fmt: skip
+    print(f"  worker CPU: {each(run.build_cpu, 'CPU-s')} building, {each(run.load_cpu, 'CPU-s')} from the load's "
+          f"start until Redis was equal")  # fmt: skip
+    print(f"  documents in Redis: mean {run.mean:.0f} B, largest {run.largest} B of a 2,000-row sample "
+          f"(target < 1 KB); Redis used_memory {run.memory:.0f} MB")  # fmt: skip
+    verdict = "equal" if not run.found else f"{len(run.found)} differences, first: {run.found[0]}"
     print(f"  {rate:g} tx/s for {seconds:g} s, then Redis (every row) and 500 endpoint rows against the view's "
-          f"SQL: {verdict} {lag:.1f} s after the load ended")  # fmt: skip
-    verdict = "equal" if not on_topic else f"{len(on_topic)} differences, first: {on_topic[0]}"
-    print(f"  then the whole view topic against the SQL: {verdict} (read in {reading:.0f} s)")
+          f"SQL: {verdict} {run.lag:.1f} s after the load ended")  # fmt: skip
+    verdict = "equal" if not run.on_topic else f"{len(run.on_topic)} differences, first: {run.on_topic[0]}"
+    print(f"  then the whole view topic against the SQL: {verdict} (read in {run.reading:.0f} s)")
