@@ -245,8 +245,8 @@ class Joiner:
 
     def _elsewhere(self, table: str, change: Change) -> bool:
         """Whether a change of a row split by its key (its key unchanged: no old image) belongs to a view
-        partition this worker does not hold: told by the key image alone, before the row is decoded (measured:
-        decoding the rows of other workers' partitions was most of what splitting left each worker)."""
+        partition this worker does not hold: told by the key image alone, so no worker decodes the rows of the
+        others' partitions (``bench/RESULTS.md``, "The partitioner in C, and other workers' rows dropped")."""
         placed = self.placed.get(table)
         if placed is None or not placed.by_key or change.before is not None or len(self.held) >= self.partitions:
             return False

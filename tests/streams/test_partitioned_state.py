@@ -136,7 +136,8 @@ def test_rows_split_by_key_of_partitions_held_elsewhere_are_dropped_before_their
     j.apply(change("UPDATE", "order_items", {"order_id": 5, "line_no": 1, "product_id": 1, "quantity": 1},
                    before={"order_id": 6, "line_no": 1}))  # a key that moves is read whole: it comes to partition 1
     assert list(j.keys("public.order_items", 1)) == [canon([5, 1])]
-    j.apply(Change("INSERT", "public", "orders", "orders", 2, 0, b"5", None, json.dumps({**order, "id": 5}).encode(), 1))
+    fifth = json.dumps({**order, "id": 5}).encode()
+    j.apply(Change("INSERT", "public", "orders", "orders", 2, 0, b"5", None, fifth, 1))
     assert list(j.keys("public.orders", 1)) == [canon([5])]
     everywhere = Joiner(specs(GOOD), SHOP, MemoryViewStore(), json.loads, partition_of=partition_of, held={0, 1, 2, 3},
                         partitions=PARTITIONS, image_partition=lambda view, image: 1 // 0)  # fmt: skip
