@@ -40,7 +40,7 @@ from streams.tablefeed import Progress
 from streams.viewtopic import view_key
 from tables.partition import partition_for
 from tables.views import LSN_FIELD
-from tables.wire import UndecodableMessage, body, lsn_text
+from tables.wire import UndecodableMessage, lsn_text
 
 RETRY = {"Retry-After": "2"}
 
@@ -242,7 +242,7 @@ def install_views(app: Any, engine: Engine, router: Router) -> None:
             key_bytes = base.key.encode_text(unquote(key))
         except KeyError400 as exc:
             return web.json({"error": str(exc), "key": view.key_columns}, status=400)
-        partition = partition_for(view.key_frame + body(key_bytes), engine.cfg.partitions)
+        partition = partition_for(view.key_of_base_key(key_bytes), engine.cfg.partitions)
         elsewhere = await router.routed(lambda: router.owner(view.topic, partition), web, request, "this view row")
         if elsewhere is not None:
             return elsewhere

@@ -155,7 +155,7 @@ class Materializer:
         topic = self.views[view]
         if image[:FRAME_SIZE] != topic.codec.frame:
             return None
-        return partition_for(topic.key_frame + image[FRAME_SIZE:], self.cfg.partitions)
+        return partition_for(topic.key_of_base_key(image), self.cfg.partitions)
 
     def _from_the_start(self, new: set[str]) -> None:
         """A view uses tables whose rows were not kept: every space replays the raw topic from its first offset."""

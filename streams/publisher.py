@@ -28,7 +28,7 @@ from streams.rows import pack, unpack
 from streams.viewstore import MemoryViewStore
 from streams.viewtopic import ViewTopic, view_key
 from tables.kafka import read_topic_from
-from tables.wire import HEADER_LSN, HEADER_VIEW, body
+from tables.wire import HEADER_LSN, HEADER_VIEW
 
 Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the content written; b"" = tombstone)
 
@@ -129,7 +129,7 @@ class Publisher:
     def key_bytes(view: ViewTopic, key: bytes) -> bytes:
         """Key bytes of a view row from its store key (the key columns' values, parsed by their Avro types)."""
         text = ",".join(str(v) for v in json.loads(key))
-        return view.key_frame + body(view.codec.encode_text(text))
+        return view.key_of_base_key(view.codec.encode_text(text))
 
     def row(self, view: str, key: bytes, partition: int) -> tuple[int, dict[str, Any]] | None:
         """(commit LSN, document) of a view row as last published (the endpoint's copy), or None."""

@@ -22,7 +22,7 @@ from streams.joins import canon, view_schema
 from streams.writer import TableWriter
 from tables.registry import Registry
 from tables.views import LSN_FIELD, TableShape, ViewSpec
-from tables.wire import avro_body, frame, read_framed
+from tables.wire import avro_body, body, frame, read_framed
 
 LONG = fastavro.parse_schema("long")
 COORDINATION_RETENTION_MS = 3_600_000  # the points and fragments topics: only their last records are read
@@ -74,6 +74,11 @@ class ViewTopic:
 
     def key(self, row: dict[str, Any]) -> bytes:
         return self.key_frame + avro_body(self.codec.parsed, {c: row[c] for c in self.key_columns})
+
+    def key_of_base_key(self, base_key: bytes) -> bytes:
+        """The view key of a base row from its framed key record (``codec``'s): the same body under the view's
+        key frame."""
+        return self.key_frame + body(base_key)
 
 
 def shapes_of(tables: Sequence[TableTopic], schemas: Registry) -> tuple[dict[str, TableShape], dict[str, Any]]:

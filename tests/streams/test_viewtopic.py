@@ -57,3 +57,10 @@ def test_a_schema_without_the_lsn_last_is_refused() -> None:
     schema = {**v.schema, "fields": v.schema["fields"][::-1]}
     with pytest.raises(RuntimeError, match="hw_commit_lsn must be the schema's last field"):
         ViewTopic(v.spec, v.topic, schema, v.value_frame, v.key_frame, v.codec)
+
+
+def test_a_base_rows_key_record_is_the_view_key_under_the_views_key_frame() -> None:
+    base = view()
+    v = ViewTopic(base.spec, base.topic, base.schema, base.value_frame, frame(9), base.codec)  # the view's key subject
+    assert v.codec.encode_text("300") == frame(8) + b"\xd8\x04"
+    assert v.key_of_base_key(v.codec.encode_text("300")) == v.key({**DOC, "id": 300}) == frame(9) + b"\xd8\x04"
