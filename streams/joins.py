@@ -228,7 +228,8 @@ class Joiner:
             return
         if change.key is None or change.op not in ("READ", "INSERT", "UPDATE", "DELETE"):
             return
-        if self._elsewhere(table, change):
+        home = self._key_home(table, change)
+        if home is not None and home not in self.held:
             return
         after = None if change.op == "DELETE" or change.after is None else self.decode(change.after)
         record = self.decode(change.key) if after is None else after
@@ -240,33 +241,32 @@ class Joiner:
                 for space, _ in self._homes(table, before, None, live):
                     self._set(table, old_key, None, None, space)
         row = None if after is None else self._kept(table, after)
-        for space, new in self._homes(table, record, after, live):
+        for space, new in self._homes(table, record, after, live, home):
             self._set(table, key, row if new else None, change.after if new else None, space)
 
-    def _elsewhere(self, table: str, change: Change) -> bool:
-        """Whether a change of a row split by its key (its key unchanged: no old image) belongs to a view
-        partition this worker does not hold: told by the key image alone, so no worker decodes the rows of the
-        others' partitions (``bench/RESULTS.md``, "The partitioner in C, and other workers' rows dropped")."""
+    def _key_home(self, table: str, change: Change) -> int | None:
+        """The view partition of a change of a row split by its key, told by its key image alone (its key unchanged:
+        no old image), so a change of a partition this worker does not hold is dropped before its row is decoded
+        (``bench/RESULTS.md``, "The partitioner in C, and other workers' rows dropped"); None when the key does not
+        tell it, or this worker holds every partition anyway."""
         placed = self.placed.get(table)
         if placed is None or not placed.by_key or change.before is not None or len(self.held) >= self.partitions:
-            return False
+            return None
         assert change.key is not None
         home = self.image_partition(placed.view, change.key) if table == self.views[placed.view].base else None
-        if home is None:
-            home = self.partition(table, self.decode(change.key))
-        return home not in self.held
+        return self.partition(table, self.decode(change.key)) if home is None else home
 
-    def _homes(self, table: str, record: Row, after: Row | None,
-               live: Callable[[Space], bool]) -> Iterator[tuple[Space, bool]]:  # fmt: skip
+    def _homes(self, table: str, record: Row, after: Row | None, live: Callable[[Space], bool],
+               home: int | None = None) -> Iterator[tuple[Space, bool]]:  # fmt: skip
         """The live spaces a change of a row touches (``record`` holds its key, ``after`` is its new image
-        or None), each with whether the new row belongs there."""
+        or None), each with whether the new row belongs there (``home``: its partition, when its key told it)."""
         placed = self.placed.get(table)
         if placed is None:
             if live(None):
                 yield None, True
             return
         if placed.by_key:  # the key tells the partition: the old and the new row live in one space
-            home = self.partition(table, record)
+            home = self.partition(table, record) if home is None else home
             if home in self.held and live(home):
                 yield home, after is not None
             return

@@ -137,6 +137,7 @@ def test_rows_split_by_key_of_partitions_held_elsewhere_are_dropped_before_their
                    before={"order_id": 6, "line_no": 1}))  # a key that moves is read whole: it comes to partition 1
     assert list(j.keys("public.order_items", 1)) == [canon([5, 1])]
     fifth = json.dumps({**order, "id": 5}).encode()
+    j.partition_of = lambda view, values: 1 // 0  # a held row placed by its key image is not placed again
     j.apply(Change("INSERT", "public", "orders", "orders", 2, 0, b"5", None, fifth, 1))
     assert list(j.keys("public.orders", 1)) == [canon([5])]
     everywhere = Joiner(specs(GOOD), SHOP, MemoryViewStore(), json.loads, partition_of=partition_of, held={0, 1, 2, 3},
