@@ -31,22 +31,32 @@ from tables.errors import FatalError
 
 log = logging.getLogger("headwater.streams")
 Ends = list[tuple[str, int, int]]  # (view, partition, end offset)
+Stray = tuple[str, int, int]  # (view, partition, offset): records of another writer lie from there on
 
 
 class Delivered(Pending):
-    """A ``Pending`` that also remembers the end offset of every partition it wrote to."""
+    """A ``Pending`` that also remembers, per partition it wrote to, the first and end offsets and how many."""
 
-    __slots__ = ("ends",)
+    __slots__ = ("counts", "ends", "firsts")
 
     def __init__(self) -> None:
         super().__init__()
         self.ends: dict[tuple[str, int], int] = {}
+        self.firsts: dict[tuple[str, int], int] = {}
+        self.counts: dict[tuple[str, int], int] = {}
 
     def delivered(self, error: KafkaError | None, msg: Any) -> None:
         super().delivered(error, msg)
         if error is None:
-            at = (msg.topic(), msg.partition())
-            self.ends[at] = max(self.ends.get(at, 0), msg.offset() + 1)
+            at, offset = (msg.topic(), msg.partition()), msg.offset()
+            self.ends[at] = max(self.ends.get(at, 0), offset + 1)
+            self.firsts[at] = min(self.firsts.get(at, offset), offset)
+            self.counts[at] = self.counts.get(at, 0) + 1
+
+    def interleaved(self, at: tuple[str, int], known: int) -> bool:
+        """Whether records not written here lie among or before this point's rows of ``at``, whose end was
+        ``known`` before them (they follow it one after another otherwise)."""
+        return self.firsts[at] > known or self.ends[at] - self.firsts[at] > self.counts[at]
 
 
 @dataclass
@@ -70,6 +80,7 @@ class Cuts:
         self.ends: dict[str, dict[int, int]] = {name: {} for name in views}
         self.lock = threading.Lock()  # guards ends and handed
         self.handed: int | None = None  # commit LSN of the last point handed on
+        self.found: list[Stray] = []  # records of another writer found among this worker's, not yet taken
         self.failed: KafkaError | None = None
         self.pending: deque[Point] = deque()
         self.current = Delivered()
@@ -131,12 +142,33 @@ class Cuts:
                 self._hand_on(point)
                 self.pending.popleft()
 
+    def end(self, view: str, partition: int) -> int | None:
+        """The offset after this worker's last row of a partition that Kafka acknowledged (None: never read)."""
+        with self.lock:
+            return self.ends[view].get(partition)
+
+    def strays(self) -> list[Stray]:
+        """Where records of another writer were found among this worker's since the last call (taken)."""
+        with self.lock:
+            found, self.found = self.found, []
+        return found
+
     def _hand_on(self, point: Point) -> None:
         with self.lock:
+            stray = set()
             for (topic, partition), end in point.delivered.ends.items():
                 name = next(n for n, t in self.views.items() if t == topic)
-                self.ends[name][partition] = max(self.ends[name].get(partition, 0), end)
-            ends = [(view, partition, self.ends[view].get(partition, 0)) for view, partition in point.parts]
+                known = self.ends[name].get(partition)
+                if known is not None and point.delivered.interleaved((topic, partition), known):
+                    stray.add((name, partition))
+                    self.found.append((name, partition, known))
+                self.ends[name][partition] = max(known or 0, end)
+            ends = [(view, partition, self.ends[view].get(partition, 0)) for view, partition in point.parts
+                    if (view, partition) not in stray]  # fmt: skip
+        for view, partition in sorted(stray):
+            log.warning("views: another worker wrote to %s[%d] among this worker's rows (one that lost the partition "
+                        "and had not noticed yet); no cut is made over them: the rows they got wrong are written "
+                        "again at the next point", self.views[view], partition)  # fmt: skip
         self.done(point, ends)
         with self.lock:
             self.handed = point.lsn

@@ -5,7 +5,9 @@ fan-out. ``Announcer``, after each batch the fan-out reads, writes ``{raw_end, p
 ``<prefix>.views.cuts.points`` (``streams.frontier``): the raw topic's end as that fetch reported it
 (its high watermark: every offset below it exists), and whether a publication is due
 (``streams.frontier.Pace``); when the raw topic goes quiet and the last record asked for no point,
-it asks for one as soon as one is due, so the last changes are published without waiting for more.
+it asks for one as soon as one is due, so the last changes are published without waiting for more
+(and again, once the pace's patience ran out, while the last one is not published everywhere: a
+worker that left a partition out of its fragment publishes it there).
 ``Assembler`` reads ``<prefix>.views.cuts.fragments`` (from its last ``WINDOW`` records at start: a
 new owner finishes the cuts its predecessor was making) and the fragments this worker's own views
 hand it in memory (``add``), and writes a view's cut to ``<prefix>.views.cuts`` in the one format
@@ -88,12 +90,12 @@ class Announcer:
 
     def saw(self, end: int) -> None:
         """The raw topic ends at ``end`` (the high watermark of the fan-out's last fetch: every offset below
-        it exists): announce it when it moved; when it did not and no point was asked for, ask for one as
-        soon as one is due."""
+        it exists): announce it when it moved; when it did not and no point was asked for, or the last was
+        not published everywhere (a partition left out, ``streams.cuts``), ask for one as soon as one is due."""
         if end > self.end:
             self.end = end
             self.announce(end, None)
-        elif end > 0 and not self.asked and self.pace.due(time.monotonic()):
+        elif end > 0 and (not self.asked or self.pace.pending is not None) and self.pace.due(time.monotonic()):
             self.announce(self.end, True)
         self.producer.poll(0)
 

@@ -127,6 +127,8 @@ class Materializer:
             self._give_up(partition)
         for partition in sorted(self.wanted - joiner.held):
             self._take(partition)
+        for partition in sorted(self.wanted & joiner.held):
+            self._keep(partition)
         self._plan()
         return self.cursor.next
 
@@ -177,16 +179,47 @@ class Materializer:
         dirty = 0
         for name, view in self.views.items():
             sent = self.publisher.read_back(view, partition)
-            marks = joiner.dirty[name].setdefault(partition, set())
-            for key in {*joiner.base_keys(name, partition), *sent}:
-                changed, content = self.publisher.changed(joiner, view, key, partition)
-                if changed:
-                    marks.add(key)
-                else:
-                    self.publisher.mend(view, key, content, partition)
-            dirty += len(marks)
+            dirty += self._mark(name, view, partition, {*joiner.base_keys(name, partition), *sent})
         self.store.commit()
         log.info("views: partition %d taken (%d rows to publish again)", partition, dirty)
+
+    def _keep(self, partition: int) -> None:
+        """Hold a partition held before the feed stopped: another worker may have written it meanwhile (this one
+        fell out of the group and came back, keeping it), so its records past this worker's are read."""
+        for name in self.views:
+            self._stray(name, partition, self.cuts.end(name, partition) or 0, "held again")
+
+    def _strays(self) -> None:
+        """Read the records another worker wrote among this worker's (``streams.cuts``): rows to write again."""
+        found = self.cuts.strays()
+        if found:
+            self.cuts.drain()  # this worker's own rows all in place: the read ends with what it wrote last
+        for name, partition, start in found:
+            if self.holds(partition):
+                self._stray(name, partition, start, "found written by another worker")
+
+    def _stray(self, name: str, partition: int, start: int, why: str) -> None:
+        """Fold the records of a partition from ``start`` on; the rows they touched that differ are dirty."""
+        touched = self.publisher.catch_up(self.views[name], partition, start)
+        if touched:
+            self.metrics.view_strays.inc(len(touched))
+            dirty = self._mark(name, self.views[name], partition, touched)
+            self.store.commit()
+            log.warning("views: %s[%d] %s: %d rows written by another worker from offset %d, %d to write again",
+                        self.views[name].topic, partition, why, len(touched), start, dirty)  # fmt: skip
+
+    def _mark(self, name: str, view: ViewTopic, partition: int, keys: set[bytes]) -> int:
+        """Rows of ``keys`` that differ from the view topic's latest records are dirty (the endpoint's copies of
+        the others mended): how many are dirty in the partition now."""
+        assert self.joiner is not None
+        marks = self.joiner.dirty[name].setdefault(partition, set())
+        for key in keys:
+            changed, content = self.publisher.changed(self.joiner, view, key, partition)
+            if changed:
+                marks.add(key)
+            else:
+                self.publisher.mend(view, key, content, partition)
+        return len(marks)
 
     def _give_up(self, partition: int) -> None:
         assert self.joiner is not None
@@ -223,6 +256,7 @@ class Materializer:
         started, rows = clock(), self.stats["rows"]
         for value in points:
             self.points.read(*read_point(value))
+        self._strays()
         self.backlog.extend(self._admit(batch))
         applied = self._advance()
         if self.at_point is not None and self._publishing(self.at_point[0]) and self.points.resolves(self.at_point[0]):

@@ -91,6 +91,9 @@ class StreamsMetrics:
                                     registry=r)  # fmt: skip
         self.view_rows = Counter("headwater_streams_view_rows_published", "view rows written to the view topics",
                                  registry=r)  # fmt: skip
+        self.view_strays = Counter("headwater_streams_view_strays", "view rows another worker wrote to this worker's "
+                                   "view partitions (a zombie's, or while this one was out of the group)",
+                                   registry=r)  # fmt: skip
         self.requests = Counter("headwater_streams_http_requests", "endpoint requests answered, by page and status",
                                 ["page", "status"], registry=r)  # fmt: skip
         self.redis_errors = Counter("headwater_streams_redis_errors", "times the Redis mirror found Redis away",

@@ -3,7 +3,11 @@
 Promise: a ``Publisher`` knows, per view and per view partition this worker holds, the latest
 record its topic holds for each row — the commit LSN and a digest of its content (the value
 without the LSN) — read back from the topic when the partition is taken (``read_back``) and kept
-by every write, and forgotten when it is given up (``drop``). ``write`` builds a dirty row's
+by every write, and forgotten when it is given up (``drop``). ``catch_up`` folds in the records
+another worker wrote to a partition after a known offset (a partition held again after this worker
+fell out of the group, or a zombie's rows among this worker's), in offset order: the keys whose
+latest record that changed are returned, and a record that took a row back to an older commit LSN
+counts as differing from every content, so the row is written again. ``write`` builds a dirty row's
 content now (the joiner's ``content``: the document's Avro without frame and LSN) and sends it
 only if it differs from that record: to the view topic's partition (through ``streams.cuts``,
 whose deliveries drive the fragments) and to the endpoint's copy in the view store; a row that did
@@ -27,10 +31,11 @@ from streams.joins import store_key
 from streams.rows import pack, unpack
 from streams.viewstore import MemoryViewStore
 from streams.viewtopic import ViewTopic, view_key
-from tables.kafka import read_topic_from
+from tables.kafka import read_on, record
 from tables.wire import HEADER_LSN, HEADER_VIEW
 
 Sent = dict[bytes, tuple[int, bytes]]  # view row key -> (commit LSN, digest of the content written; b"" = tombstone)
+BACK = b"back"  # the digest of a row another writer took back to an older commit LSN: equal to no content's
 
 
 class Rows(Protocol):
@@ -61,18 +66,35 @@ class Publisher:
     def read_back(self, view: ViewTopic, partition: int) -> Sent:
         """What one partition of the view topic holds: its latest record per key; its end goes to the cuts."""
         sent: Sent = {}
-        end = 0
-        for record in read_topic_from(reader_settings(self.cfg), view.topic, timeout=600, partitions=[partition]):
-            end = record.offset + 1
-            if record.key is not None:
-                lsn = header_lsn(record.headers)[0]
-                value = record.value
-                content = None if value is None else view.content_of(value, lsn)
-                sent[view_key(view, record.key)] = (lsn, digest(value if content is None else content))
-                self.published_lsn[partition] = max(self.published_lsn.get(partition, -1), lsn)
-        self.cuts.reached(view.spec.name, {partition: end})
         self.sent[view.spec.name][partition] = sent
+        self.catch_up(view, partition, 0)
         return sent
+
+    def catch_up(self, view: ViewTopic, partition: int, start: int) -> set[bytes]:
+        """Fold a partition's records from offset ``start`` to its end into its latest records (see the module
+        promise): the keys whose latest record changed. The end goes to the cuts."""
+        sent = self.sent[view.spec.name].setdefault(partition, {})
+        touched: set[bytes] = set()
+        end = start
+        for msg in read_on(reader_settings(self.cfg), {(view.topic, partition): start}, timeout=600):
+            found = record(msg)
+            end = found.offset + 1
+            if found.key is not None:
+                key, entry = view_key(view, found.key), self._entry(view, found.value, found.headers)
+                self.published_lsn[partition] = max(self.published_lsn.get(partition, -1), entry[0])
+                before = sent.get(key)
+                if before != entry:
+                    sent[key] = entry if before is None or entry[0] >= before[0] else (entry[0], BACK)
+                    touched.add(key)
+        self.cuts.reached(view.spec.name, {partition: end})
+        return touched
+
+    @staticmethod
+    def _entry(view: ViewTopic, value: bytes | None, headers: tuple[tuple[str, bytes], ...]) -> tuple[int, bytes]:
+        """(commit LSN, digest of the content) of a view record."""
+        lsn = header_lsn(headers)[0]
+        content = None if value is None else view.content_of(value, lsn)
+        return lsn, digest(value if content is None else content)
 
     def drop(self, partition: int) -> None:
         """Forget a partition given up (another worker writes it now)."""

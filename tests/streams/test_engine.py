@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from confluent_kafka import Producer
 
 from headwater import shop
 from headwater.reconcile import compare, compare_docs, latest_view_docs, redis_view_docs, view_docs_sql
@@ -25,9 +26,9 @@ from streams.viewstore import ViewStore
 from streams.writer import TableWriter
 from tables.config import StackConfig
 from tables.errors import FatalError
-from tables.kafka import bounds, reader
+from tables.kafka import bounds, read_topic, reader
 from tables.registry import Registry
-from tables.views import parse_views
+from tables.views import decode_cut, parse_views
 from tables.wire import body
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.streams import REPO, streams_env
@@ -116,11 +117,16 @@ def shop_engine(pg_database: str, capture_factory: Callable[..., Capture], local
     """Capture of the test's shop, and an engine (no host) keeping the shop's view: the engine and its fatal errors."""
     capture = capture_factory(pg_database).start()
     capture.wait_caught_up(pg_database)
-    cfg = engine_config(local_stack, capture.cfg.topic_prefix, tmp_path / "state")
+    return another_engine(local_stack, capture.cfg.topic_prefix, tmp_path)
+
+
+def another_engine(local_stack: StackConfig, prefix: str, root: Path) -> tuple[Engine, list[tuple[str, FatalError]]]:
+    """An engine (a worker of the group, no host) with state of its own under ``root``, and its fatal errors."""
+    cfg = engine_config(local_stack, prefix, root / "state")
     schemas, writer = Registry(cfg.registry_url), TableWriter(cfg)
     catalog = open_catalog(cfg, parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML), schemas, writer)
     fatal: list[tuple[str, FatalError]] = []
-    engine = Engine(cfg, schemas, writer, catalog, TableStore(tmp_path / "tables"), ViewStore(tmp_path / "views"),
+    engine = Engine(cfg, schemas, writer, catalog, TableStore(root / "tables"), ViewStore(root / "views"),
                     lambda part, exc: fatal.append((part, exc)))  # fmt: skip
     return engine, fatal
 
@@ -199,3 +205,87 @@ def test_a_revocation_returns_only_once_kafka_has_every_view_row_written(
         engine.close()
     assert not fatal
     assert sum(written) > 50, written  # rows were being published around the revocations
+
+
+@pytest.mark.slow
+def test_partitions_given_back_after_another_worker_held_them_show_that_workers_rows_and_their_deletes(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A worker paused past its session falls out of the group; another holds its view partitions and publishes
+    new orders; when the first comes back and is given the same partitions again, it must know those rows:
+    deleted afterwards, they get their tombstones (no phantom on the view topic or in Redis)."""
+    first, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path / "a")
+    second, fatal_b = another_engine(local_stack, first.cfg.topic_prefix, tmp_path / "b")
+    cfg = first.cfg
+    views = {(cfg.view_topic("orders_enriched"), p) for p in range(cfg.partitions)}
+    try:
+        first.assigned(views | {first.raw})
+        settled(shop_db, first, tables=False)
+        assert first.viewing is not None
+        first.viewing.stop()  # paused: the group gives its view partitions to the other worker
+        second.assigned(views)
+        with shop_db, shop_db.cursor() as cur:
+            cur.execute("INSERT INTO orders (customer_id, note) SELECT id, 'while away' FROM customers ORDER BY id "
+                        "LIMIT 40 RETURNING id")  # fmt: skip
+            orders = [row[0] for row in cur.fetchall()]
+            cur.execute("INSERT INTO order_items SELECT o, 1, (SELECT min(id) FROM products), 2, 3.5 "
+                        "FROM unnest(%s::bigint[]) o", (orders,))  # fmt: skip
+        settled(shop_db, first, tables=False)  # published by the other worker
+        second.revoked()
+        with shop_db, shop_db.cursor() as cur:  # deleted while the partitions move
+            cur.execute("DELETE FROM orders WHERE id = ANY(%s)", (orders,))
+        for n in range(300):  # more points than a feed reads back: the first one it publishes at comes after all this
+            with shop_db, shop_db.cursor() as cur:
+                cur.execute("UPDATE customers SET name = %s WHERE id = (SELECT min(id) FROM customers)", (f"n{n}",))
+            time.sleep(0.005)
+        time.sleep(2)
+        first.revoked()
+        first.assigned(views | {first.raw})  # back, and given the same partitions
+        settled(shop_db, first, tables=False)
+        assert first.metrics.registry.get_sample_value("headwater_streams_view_strays_total") >= len(orders)
+    finally:
+        second.close()
+        first.close()
+    assert not fatal and not fatal_b
+
+
+@pytest.mark.slow
+def test_an_old_row_another_worker_writes_among_this_workers_rows_is_never_in_a_cut_and_is_written_again(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A zombie (a worker paused past its session that has not noticed yet) writes an old version of a row after
+    the holder's newer one: here a deleted order's last row, sent again after its tombstone. The holder finds it
+    by the offsets of its next rows in that partition, makes no cut over it, and writes the tombstone again."""
+    engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path)
+    cfg = engine.cfg
+    topic = cfg.view_topic("orders_enriched")
+    try:
+        engine.assigned({(topic, p) for p in range(cfg.partitions)} | {engine.raw})
+        with shop_db, shop_db.cursor() as cur:
+            cur.execute("INSERT INTO orders (customer_id, note) SELECT min(id), 'doomed' FROM customers RETURNING id")
+            doomed = cur.fetchone()[0]
+        settled(shop_db, engine, tables=False)
+        with shop_db, shop_db.cursor() as cur:
+            cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
+        settled(shop_db, engine, tables=False)
+        mine = [r for r in read_topic(cfg.bootstrap, topic) if engine.schemas.decode(r.key)["id"] == doomed]
+        assert [r.value is None for r in mine] == [False, True]
+        zombie = Producer({"bootstrap.servers": cfg.bootstrap})
+        zombie.produce(topic, mine[0].value, mine[0].key, partition=mine[0].partition, headers=list(mine[0].headers))
+        assert zombie.flush(10) == 0
+        with shop_db, shop_db.cursor() as cur:  # rows in every partition: the holder's next ones land after it
+            cur.execute("UPDATE orders SET note = 'next' WHERE id IN (SELECT id FROM orders ORDER BY id LIMIT 40)")
+        settled(shop_db, engine, tables=False)
+        assert engine.metrics.registry.get_sample_value("headwater_streams_view_strays_total") == 1
+    finally:
+        engine.close()
+    assert not fatal
+    records = [r for r in read_topic(cfg.bootstrap, topic) if r.partition == mine[0].partition]
+    at = max(r.offset for r in records if r.key == mine[0].key and r.value is not None)  # the zombie's row
+    over = 0
+    for cut in [decode_cut(r.value) for r in read_topic(cfg.bootstrap, cfg.cuts_topic) if r.value]:
+        end = next(e["offset"] for e in cut["ends"] if e["partition"] == mine[0].partition)
+        shown = [r for r in records if r.key == mine[0].key and r.offset < end]
+        assert end <= at or shown[-1].value is None, f"cut {cut['commit_lsn']} shows the zombie's row"
+        over += end > at
+    assert over, "no cut past the zombie's row"

@@ -1,0 +1,72 @@
+"""A worker's share of the cuts: records of another writer found among its own rows by their offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+
+from streams.cuts import Cuts, Ends, Point
+
+pytestmark = pytest.mark.unit
+TOPIC = "p.views.v"
+
+
+@dataclass
+class Acked:
+    """What a delivery report tells of a row Kafka acknowledged: where it landed."""
+
+    part: int
+    at: int
+
+    def topic(self) -> str:
+        return TOPIC
+
+    def partition(self) -> int:
+        return self.part
+
+    def offset(self) -> int:
+        return self.at
+
+
+def handed(known: dict[int, int], rows: dict[int, list[int]]) -> tuple[Cuts, Ends]:
+    """One point whose rows Kafka put at ``rows`` (partition -> offsets), each partition's end ``known`` before it:
+    the cuts, and the ends its fragment names."""
+    out: list[Ends] = []
+    cuts = Cuts(cast(Any, None), {"v": TOPIC}, lambda point, ends: out.append(ends))
+    cuts.reached("v", known)
+    point = Point(lsn=7, offset=70, parts=[("v", p) for p in sorted({*known, *rows})], seconds=0.1)
+    for partition, offsets in rows.items():
+        for offset in offsets:
+            point.delivered.outstanding += 1
+            point.delivered.delivered(None, Acked(partition, offset))
+    cuts._hand_on(point)
+    return cuts, out[0]
+
+
+def test_rows_right_after_the_known_end_are_this_workers_alone() -> None:
+    cuts, ends = handed({0: 10, 1: 4}, {0: [10, 11, 12], 1: [4]})
+    assert ends == [("v", 0, 13), ("v", 1, 5)]
+    assert cuts.strays() == []
+    assert cuts.end("v", 0) == 13
+
+
+def test_records_of_another_writer_before_this_workers_rows_leave_the_partition_out_of_the_fragment() -> None:
+    cuts, ends = handed({0: 10, 1: 4}, {0: [14, 15], 1: [4, 5]})  # offsets 10-13 are someone else's
+    assert ends == [("v", 1, 6)]  # no cut can be made over them until the rows they got wrong are written again
+    assert cuts.strays() == [("v", 0, 10)]
+    assert cuts.strays() == []  # taken once
+    assert cuts.end("v", 0) == 16  # the next point's rows are checked from after these
+
+
+def test_records_of_another_writer_among_this_workers_rows_are_found_too() -> None:
+    cuts, ends = handed({0: 10}, {0: [10, 11, 13]})
+    assert ends == []
+    assert cuts.strays() == [("v", 0, 10)]
+
+
+def test_a_partition_without_rows_at_a_point_keeps_its_end_and_is_not_suspected() -> None:
+    cuts, ends = handed({0: 10, 1: 4}, {1: [4]})
+    assert ends == [("v", 0, 10), ("v", 1, 5)]
+    assert cuts.strays() == []
