@@ -77,6 +77,16 @@ class Worker:
     def counters(self) -> dict[str, Any]:
         return dict(self.get("/fanout/").json())
 
+    def pause(self, seconds: float) -> None:
+        """Stop the process (SIGSTOP) for ``seconds``, then let it go on (SIGCONT): paused past its group session,
+        the worker comes back not knowing that the group gave its partitions to others meanwhile."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            self.process.send_signal(signal.SIGCONT)
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` and wait; a worker that does not stop within 60 s is killed (never left running)."""
         if self.process is not None and self.process.poll() is None:
