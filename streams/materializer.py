@@ -30,7 +30,10 @@ at a rebalance (``assign``, then the feed's next ``resume``) — its records are
 every row of it whose content, built from the state, differs from its latest record is dirty. A
 row that did not change is not written again: a replay adds nothing to the view topics. A
 partition given up is forgotten in memory; its state stays on disk, and resumes from its progress
-if the partition comes back.
+if the partition comes back. A partition assigned again while still held (this worker fell out of
+the group, paused past its session, and was given it back) is read past this worker's last row,
+and records another worker wrote among this worker's own (a zombie's, found by ``streams.cuts``)
+are read at the next batch: the rows they left wrong are dirty, written again at the next point.
 
 Only the views' feed thread calls ``resume``, ``handle`` and ``idle``; the endpoint reads ``row``,
 ``holds``, ``replaying`` and ``describe``; the engine calls ``assign`` while the feed is stopped.
