@@ -143,7 +143,8 @@ class Cuts:
                 self.pending.popleft()
 
     def end(self, view: str, partition: int) -> int | None:
-        """The offset after this worker's last row of a partition that Kafka acknowledged (None: never read)."""
+        """The offset after this worker's last row of a partition in a point handed on, or the partition's end
+        when it was read back (None: never read)."""
         with self.lock:
             return self.ends[view].get(partition)
 

@@ -202,6 +202,7 @@ class Views:
             return
         self.views.assign(partitions)
         views = self.views
+        views.halt.clear()
         self.feed = ViewFeed("views", self.cfg.changes_topic, self.cfg.points_topic, self.settings("views"),
                              start=views.resume, handle=views.handle, idle=views.idle, crowded=views.crowded,
                              on_fatal=lambda exc: self.on_fatal("views", exc), batch_size=self.cfg.batch_size,
@@ -213,6 +214,7 @@ class Views:
         the next owner of a partition reads it back complete)."""
         if self.feed is None:
             return
+        self.views.halt.set()  # a publication in hand ends between two rows (its rows so far are no point's)
         self.feed.stop()
         self.feed = None
         if not self.views.drain():

@@ -35,6 +35,10 @@ the group, paused past its session, and was given it back) is read past this wor
 and records another worker wrote among this worker's own (a zombie's, found by ``streams.cuts``)
 are read at the next batch: the rows they left wrong are dirty, written again at the next point.
 
+A publication ends between two rows when the feed is being stopped (``halt``, set by a revocation):
+it writes no fragment, and its rows not yet written stay dirty, so a revocation never waits for a
+publication that rewrites most of a view.
+
 Only the views' feed thread calls ``resume``, ``handle`` and ``idle``; the endpoint reads ``row``,
 ``holds``, ``replaying`` and ``describe``; the engine calls ``assign`` while the feed is stopped.
 """
@@ -46,6 +50,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -115,6 +120,7 @@ class Materializer:
         self.backlog: deque[tuple[int, Change]] = deque()  # read, not yet applied (past the barrier)
         self.at_point: tuple[int, int] | None = None  # (raw offset, commit LSN) the state is consistent at
         self.unpublished = False  # the state holds changes no fragment does (streams.metrics.CutWatch)
+        self.halt = threading.Event()  # set while the feed stops: a publication in hand ends between two rows
         self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
         self.reported = time.monotonic()
 
@@ -353,19 +359,28 @@ class Materializer:
             if lsn < self.publisher.published_lsn.get(partition, -1):
                 continue  # its records carry a newer point (another worker held it): not back to an older one
             for name, view in self.views.items():
-                self._write_rows(name, view, partition, lsn)
+                if not self._write_rows(name, view, partition, lsn):
+                    log.info("views: the publication at %s stopped part way (the feed stops): no fragment of it",
+                             lsn_text(lsn))  # fmt: skip
+                    return
                 parts.append((name, partition))
         if parts:
             self.cuts.point(lsn, offset, parts, time.monotonic() - started)
             self.stats["points"] += 1
 
-    def _write_rows(self, name: str, view: ViewTopic, partition: int, lsn: int) -> None:
+    def _write_rows(self, name: str, view: ViewTopic, partition: int, lsn: int) -> bool:
+        """Write a partition's dirty rows of a view: whether all (``halt`` stops it between two rows, the rest
+        left dirty: a revocation does not wait for a publication that rewrites most of a view)."""
         assert self.joiner is not None
-        keys = self.joiner.dirty[name].pop(partition, set())
-        for n, key in enumerate(sorted(keys), 1):
+        keys = sorted(self.joiner.dirty[name].pop(partition, set()))
+        for n, key in enumerate(keys, 1):
+            if self.halt.is_set():
+                self.joiner.dirty[name].setdefault(partition, set()).update(keys[n - 1 :])
+                return False
             self.stats["rows"] += self.publisher.write(self.joiner, view, key, lsn, partition)
             if n % COMMIT_EVERY == 0:  # a snapshot's end publishes every row: its copies go in parts
                 self.store.commit()
+        return True
 
     def _handed(self, point: Point, ends: Ends) -> None:
         """A point's rows are all acknowledged (the cuts' poller thread): its fragment goes out."""
