@@ -129,6 +129,9 @@ def test_a_client_set_up_for_another_listener_is_not_a_broker_away(logger: tuple
     assert logs.unreachable("127.0.0.1:9092/1: ApiVersionRequest failed: Local: Timed out: probably due to broker "
                             "version < 0.10 (see api.version.request configuration) (after 10005ms in state "
                             "APIVERSION_QUERY)"), "a paused broker, whatever librdkafka guesses"  # fmt: skip
+    assert logs.unreachable("GETPID [rdkafka#producer-6] [thrd:main]: Failed to acquire idempotence PID from broker "
+                            "127.0.0.1:56049/bootstrap: Local: Broker handle destroyed without termination: retrying"
+                            ), "a producer made while the broker was paused"  # fmt: skip
     log, out, _ = logger
     gate = logs.KafkaLogGate(loggers=(log.name,))
     log.addFilter(gate)
