@@ -191,12 +191,12 @@ class Episode:
         return 0.0 if self.since is None else now - self.since
 
 
-# librdkafka's words for a broker it cannot reach or lost (its log lines and error_cb's messages)
+# librdkafka's words for a broker it cannot reach or lost (its log lines and error_cb's messages; "Broker handle
+# destroyed without termination": a request, such as an idempotent producer's PID, on a connection librdkafka
+# gave up while the broker did not answer, retried: seen with the broker paused)
 UNREACHABLE = ("connection refused", "connect to", "disconnected", "all broker connections are down",
                "timed out", "broker transport failure", "failed to resolve", "connection reset",
                "brokers are down", "broker handle destroyed")  # fmt: skip
-# ("Broker handle destroyed without termination": a request, such as an idempotent producer's PID, on a
-# connection librdkafka gave up while the broker did not answer; it retries: seen with the broker paused)
 # ... unless the words point at the client's own settings: "Disconnected while requesting ApiVersion: might
 # be caused by incorrect security.protocol", "SSL handshake failed: Disconnected: connecting to a PLAINTEXT
 # broker listener?", "verify that security.protocol is correctly configured, broker might require SASL"
