@@ -170,7 +170,7 @@ class Owner:
         for feed in self.feeds:
             feed.stop()
         self.feeds.clear()
-        self.run.fanout = None
+        self.run.stop()
         if self.views is not None:
             self.views.on_fragment = None
         self.assembler = None

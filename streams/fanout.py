@@ -12,7 +12,8 @@ and drops what was already written, so a replay changes nothing downstream:
 
 Snapshot reads are not ordered by position (parallel workers interleave), so only
 streamed changes move the watermark. ``truncate_outputs`` turns a TRUNCATE into one
-tombstone per key live on the table topic before it.
+tombstone per key live on the table topic before it. ``newest`` picks, from routes in raw order, each
+given key's last record: what it must read as newest after another writer's old records.
 """
 
 from __future__ import annotations
@@ -204,3 +205,20 @@ def truncate_outputs(fanout: FanOut, truncate: Truncate, keys: list[bytes]) -> l
             out.append(Output(truncate.topic, partition, key, None, marks))
     fanout.counters.written += len(out)
     return out
+
+
+def newest(routed: Iterable[list[Output] | Truncate], keys: dict[tuple[str, int], set[bytes]]) -> list[Output]:
+    """The last record each of ``keys`` (``(topic, partition)`` -> keys) got from ``routed`` (the routes of
+    changes in raw order); a TRUNCATE of the topic makes it a tombstone, until a later change."""
+    last: dict[tuple[str, int, bytes], Output] = {}
+    for outputs in routed:
+        if isinstance(outputs, Truncate):
+            marks = headers("TRUNCATE", outputs.offset, 0, outputs.commit_lsn, outputs.position)
+            for (topic, partition), some in keys.items():
+                if topic == outputs.topic:
+                    last.update({(topic, partition, k): Output(topic, partition, k, None, marks) for k in some})
+            continue
+        for o in outputs:
+            if o.key is not None and o.key in keys.get((o.topic, o.partition), ()):
+                last[(o.topic, o.partition, o.key)] = o
+    return list(last.values())

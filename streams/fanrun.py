@@ -8,7 +8,10 @@ write twice. The checkpoint names the raw topic's Kafka id: a raw topic deleted 
 table topics stayed (their records' positions are offsets of the old one) stops the fan-out with a
 ``FatalError`` saying what to delete. A message that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset
 and the reason, is counted and logged, and the stream goes on. With ``[streams] debezium`` each
-change is also written in Debezium's format (``streams.dbzrun``) in the same batch. Its
+change is also written in Debezium's format (``streams.dbzrun``) in the same batch. Records another
+writer put among the fan-out's on a table topic (a zombie: a worker paused past its session, sending old
+records late; ``streams.writer.Landed``) are read back, and each key they touched gets the record of its
+newest change written again (``mend``), so an old one never stays a key's newest. Its
 collaborators (settings, registry, writer) are passed in: it runs without a host.
 """
 
@@ -16,15 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.dbzrun import DebeziumRun
-from streams.fanout import STREAMED, Change, FanOut, Truncate, headers, live_keys, truncate_outputs
+from streams.fanout import STREAMED, Change, FanOut, Output, Truncate, headers, live_keys, newest, truncate_outputs
 from streams.metrics import StreamsMetrics, clock
-from streams.writer import Checkpoint, Pending, TableWriter
+from streams.writer import Checkpoint, Pending, Stray, TableWriter
 from tables.change import ChangeReader
 from tables.errors import FatalError
 from tables.logs import facts
@@ -58,6 +61,7 @@ class FanOutRun:
         self.fanout: FanOut | None = None
         self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
+        self.resumed = 0  # raw offset this run of the fan-out resumed from
         self.raw_id = ""  # Kafka's id of the raw topic read (the checkpoints name it)
         self.warned: set[str] = set()
         self.batches = 0
@@ -74,12 +78,13 @@ class FanOutRun:
         return (self.fanout or self.load()).old_key(change)
 
     def load(self) -> FanOut:
+        self.writer.drain(30.0)  # this writer's records in flight land before the tails are read: none is a stray
         saved, self.raw_id = self.writer.checkpoint(), self.writer.raw_topic_id()
         if saved is not None and saved.raw_topic_id and saved.raw_topic_id != self.raw_id:
             raise other_raw_topic(self.cfg, saved.raw_topic_id, self.raw_id)
         start, watermark = (saved.raw_offset, saved.watermark) if saved else (0, (-1, -1))
         self.cursor.reset(start)
-        self.saved = start
+        self.saved = self.resumed = start
         topics = [*sorted(self.served), self.cfg.dlq_topic]
         self.fanout = FanOut(self.cfg.partitions, watermark, self.writer.tails(topics), self.fan_key)
         if self.debezium is not None:
@@ -91,6 +96,11 @@ class FanOutRun:
         """Reload tails and checkpoint (another worker may have written meanwhile): the raw offset to read next."""
         self.load()
         return self.cursor.next
+
+    def stop(self) -> None:
+        """The raw partition is given up: what was written lands before its next owner reads the tails."""
+        self.fanout = None
+        self.writer.drain(10.0)
 
     def handle(self, batch: Sequence[Raw]) -> None:
         """Route and write a batch of raw changes (offset, key, value) in offset order."""
@@ -110,9 +120,43 @@ class FanOutRun:
 
     def checkpoint(self) -> None:
         done = self.writer.settle()
+        if self.writer.landed.found and self.fanout is not None:
+            self.mend(self.fanout, self.writer.landed.take())
         if done is not None and done.end > self.saved:
             self.writer.save_checkpoint(Checkpoint(done.end, done.watermark, self.raw_id))
             self.saved = done.end
+
+    def mend(self, fan: FanOut, strays: list[Stray]) -> None:
+        """Write again the newest record of every key another writer's records touched (they may be older)."""
+        keys: dict[tuple[str, int], set[bytes]] = {}
+        start, found = self.cursor.next, 0
+        for stray in strays:
+            for key, at in self.writer.records(stray):
+                found += 1
+                if key is not None and stray.topic in self.served:
+                    keys.setdefault((stray.topic, stray.partition), set()).add(key)
+                    start = min(start, self.resumed if at is None else at[0])
+        outputs = newest(self._routes(start), keys) if keys else []
+        pending = self.writer.open_batch()
+        self.writer.write(outputs, pending)
+        pending.end, pending.watermark = self.cursor.next, fan.watermark
+        self.metrics.fanout_strays.inc(found)
+        for stray in strays:
+            log.warning("fan-out: another writer put %d records among this fan-out's in %s[%d] (a worker that "
+                        "lost the raw partition and had not noticed yet)", stray.end - stray.start, stray.topic,
+                        stray.partition, extra=facts(topic=stray.topic, partition=stray.partition,
+                                                     offset=stray.start))  # fmt: skip
+        log.warning("fan-out: %d keys they touched written again, as of their newest change up to raw offset %d "
+                    "(read back from raw offset %d)", len(outputs), self.cursor.next, start)  # fmt: skip
+
+    def _routes(self, start: int) -> Iterator[list[Output] | Truncate]:
+        """The routes of the raw changes from ``start`` up to where this fan-out stands, none left out as written."""
+        fan = FanOut(self.cfg.partitions, key_of_row=self.fan_key)
+        for offset, _, value in self.writer.raw(start, self.cursor.next):
+            try:
+                yield fan.route(self.decode(value), offset)
+            except UndecodableMessage:
+                continue  # a dead letter: no record
 
     def report(self, offset: int, every: float = 10.0) -> None:
         """A progress line every ``every`` seconds: rate, batches, time busy, counters."""

@@ -94,6 +94,9 @@ class StreamsMetrics:
         self.view_strays = Counter("headwater_streams_view_strays", "view rows another worker wrote to this worker's "
                                    "view partitions (a zombie's, or while this one was out of the group)",
                                    registry=r)  # fmt: skip
+        self.fanout_strays = Counter("headwater_streams_fanout_strays", "table-topic records another writer put "
+                                     "among the fan-out's (a zombie's); the keys they touched are written again",
+                                     registry=r)  # fmt: skip
         self.requests = Counter("headwater_streams_http_requests", "endpoint requests answered, by page and status",
                                 ["page", "status"], registry=r)  # fmt: skip
         self.redis_errors = Counter("headwater_streams_redis_errors", "times the Redis mirror found Redis away",

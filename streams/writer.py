@@ -9,7 +9,9 @@ every batch before it was acknowledged — the only progress a checkpoint may cl
 ``flush`` returns once Kafka acknowledged everything sent. ``tails`` reads the position of each
 partition's last record and ``checkpoint`` the fan-out's last saved progress (with the id of the
 raw topic it is in; decoded by the schema that wrote it, so older checkpoints read too) — both by
-fetching to partition EOF, which is right on Tansu and on real Kafka.
+fetching to partition EOF, which is right on Tansu and on real Kafka. ``tails`` also sets where each
+partition ends (``Landed``): every acknowledged record must land there, one after another, so records
+another writer put among this writer's are found (``Landed.take``) and read back (``records``, ``raw``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import closing
 from typing import Any, NamedTuple, cast
 
 import fastavro
@@ -29,7 +32,7 @@ from streams.config import StreamsConfig
 from streams.errors import TopicLayoutError
 from streams.fanout import Output, Position, header_position
 from tables.errors import FatalError, RetryableError
-from tables.kafka import Record, create_topics, partition_counts, read_to_end, reader, record, topic_ids
+from tables.kafka import Record, create_topics, partition_counts, read_on, read_to_end, reader, record, topic_ids
 from tables.registry import Registry
 from tables.wire import avro_body, frame
 
@@ -71,21 +74,67 @@ def produce(producer: Producer, topic: str, partition: int, key: bytes | None, v
             producer.poll(0.05)  # the queue is full: let deliveries drain it
 
 
+class Stray(NamedTuple):
+    """Offsets ``start`` up to ``end`` of a partition hold records this writer did not write."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+class Landed:
+    """Each watched partition's end as this writer knows it, moved on by every record Kafka acknowledges.
+
+    Kafka reports a partition's deliveries in order, and only this writer writes the partition: each
+    record lands where the last one ended. One that lands further on has another writer's records before
+    it (a zombie: a worker paused past its session, sending old records before it notices it lost the raw
+    partition); those offsets are kept as a ``Stray`` until ``take``. Pure: the writer feeds it.
+    """
+
+    def __init__(self) -> None:
+        self.ends: dict[tuple[str, int], int] = {}
+        self.watched: frozenset[str] = frozenset()
+        self.found: list[Stray] = []
+
+    def expect(self, ends: dict[tuple[str, int], int], topics: Iterable[str]) -> None:
+        """Start ``topics`` over from their partitions' ``ends`` (read just now); partitions not in ``ends``
+        start where their first acknowledged record lands."""
+        topics = frozenset(topics)
+        self.ends = {at: end for at, end in self.ends.items() if at[0] not in topics} | ends
+        self.watched |= topics
+
+    def landed(self, topic: str, partition: int, offset: int) -> None:
+        end = self.ends.get((topic, partition))
+        if end is None and topic not in self.watched:
+            return
+        if end is not None and offset > end:
+            self.found.append(Stray(topic, partition, end, offset))
+        self.ends[(topic, partition)] = max(end or 0, offset + 1)
+
+    def take(self) -> list[Stray]:
+        found, self.found = self.found, []
+        return found
+
+
 class Pending:
     """The records written for a run of raw offsets, counted down as Kafka acknowledges them."""
 
-    __slots__ = ("end", "failed", "outstanding", "watermark")
+    __slots__ = ("end", "failed", "landed", "outstanding", "watermark")
 
-    def __init__(self) -> None:
+    def __init__(self, landed: Landed | None = None) -> None:
         self.end = -1  # raw offset after the last one handled; -1 while still being written
         self.watermark = (-1, -1)
         self.outstanding = 0
         self.failed: KafkaError | None = None
+        self.landed = landed
 
-    def delivered(self, error: KafkaError | None, _msg: Any) -> None:
+    def delivered(self, error: KafkaError | None, msg: Any) -> None:
         self.outstanding -= 1
         if error is not None:
             self.failed = error
+        elif self.landed is not None:
+            self.landed.landed(msg.topic(), msg.partition(), msg.offset())
 
 
 class TableWriter:
@@ -99,6 +148,7 @@ class TableWriter:
         self.known: dict[str, int] = {}  # topic -> partitions, checked or created
         self.checkpoint_frame: bytes | None = None
         self.registry: Registry | None = None
+        self.landed = Landed()
 
     # ---- topics ---------------------------------------------------------------------
     def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True,
@@ -131,7 +181,7 @@ class TableWriter:
 
     # ---- writing --------------------------------------------------------------------
     def open_batch(self) -> Pending:
-        pending = Pending()
+        pending = Pending(self.landed)
         self.ledger.append(pending)
         return pending
 
@@ -165,6 +215,13 @@ class TableWriter:
             log.warning("waiting %.0f s for Kafka to acknowledge %d records", time.monotonic() - started,
                         len(self.producer))  # fmt: skip
 
+    def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for Kafka to acknowledge what was sent (a warning if it did not)."""
+        left = self.producer.flush(timeout)
+        if left:
+            log.warning("%d table-topic records not acknowledged after %g s: if they land after records written "
+                        "from now on, the fan-out writes their keys again", left, timeout)  # fmt: skip
+
     def save_checkpoint(self, saved: Checkpoint) -> None:
         if self.checkpoint_frame is None:
             self.checkpoint_frame = frame(self._registry().register(f"{self.cfg.progress_topic}-value",
@@ -192,8 +249,9 @@ class TableWriter:
         finally:
             consumer.close()
 
-    def _ends(self, topics: Iterable[str]) -> list[TopicPartition]:
-        """From each partition's reported end minus one (Tansu reports a batch's base + 1)."""
+    def _ends(self, topics: Iterable[str], empty: dict[tuple[str, int], int] | None = None) -> list[TopicPartition]:
+        """From each partition's reported end minus one (Tansu reports a batch's base + 1); the ends of
+        partitions that hold nothing go into ``empty``."""
         consumer = self._consumer()
         try:
             out = []
@@ -202,18 +260,42 @@ class TableWriter:
                     low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
                     if high > low:
                         out.append(TopicPartition(topic, partition, max(low, high - 1)))
+                    elif empty is not None:
+                        empty[(topic, partition)] = high
             return out
         finally:
             consumer.close()
 
     def tails(self, topics: Iterable[str]) -> dict[tuple[str, int], Position]:
-        """The position written in each partition's last record."""
+        """The position written in each partition's last record; where each ends is what ``landed`` expects."""
+        topics = list(topics)
         found: dict[tuple[str, int], Position] = {}
-        for msg in self._read(self._ends(topics)):
+        ends: dict[tuple[str, int], int] = {}
+        for msg in self._read(self._ends(topics, ends)):
+            ends[(msg.topic, msg.partition)] = msg.offset + 1
             at = header_position(msg.headers)
             if at is not None:
                 found[(msg.topic, msg.partition)] = at
+        self.landed.expect(ends, topics)
         return found
+
+    def records(self, stray: Stray) -> list[tuple[bytes | None, Position | None]]:
+        """Key and position of each record of a stray run of offsets."""
+        starts = {(stray.topic, stray.partition): stray.start}
+        return [(r.key, header_position(r.headers)) for r in self._upto(starts, stray.end)]
+
+    def raw(self, start: int, stop: int) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+        """The raw topic's records from offset ``start`` up to ``stop``: (offset, key, value)."""
+        for r in self._upto({(self.cfg.changes_topic, 0): start}, stop):
+            yield r.offset, r.key, r.value
+
+    def _upto(self, starts: dict[tuple[str, int], int], stop: int) -> Iterator[Record]:
+        messages = cast(Generator[Any, None, None], read_on(clients.reader_settings(self.cfg), starts, timeout=120.0))
+        with closing(messages):
+            for r in map(record, messages):
+                if r.offset >= stop:
+                    return
+                yield r
 
     def checkpoint(self) -> Checkpoint | None:
         """The last checkpoint (one written before it named the raw topic's id: ''), or None before the first."""

@@ -291,3 +291,43 @@ def test_an_old_row_another_worker_writes_among_this_workers_rows_is_never_in_a_
         assert end <= at or shown[-1].value is None, f"cut {cut['commit_lsn']} shows the zombie's row"
         over += end > at
     assert over, "no cut past the zombie's row"
+
+
+@pytest.mark.slow
+def test_an_old_table_record_another_worker_writes_among_the_fan_outs_is_written_over_with_the_newest(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A zombie that owned the raw partition sends an order's old table-topic record (its update) after the fan-out
+    wrote the order's delete: the fan-out finds it by the offsets of its next records in that partition and writes
+    the order's newest record, its tombstone, again. The table store and the topic end without the order."""
+    engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path)
+    cfg = engine.cfg
+    orders = engine.catalog.find("orders")
+    assert orders is not None
+    parts = {(t.topic, p) for t in engine.catalog.tables for p in range(cfg.partitions)}
+    views = {(cfg.view_topic("orders_enriched"), p) for p in range(cfg.partitions)}
+    try:
+        engine.assigned(parts | views | {engine.raw})
+        with shop_db, shop_db.cursor() as cur:
+            cur.execute("INSERT INTO orders (customer_id, note) SELECT min(id), 'doomed' FROM customers RETURNING id")
+            doomed = cur.fetchone()[0]
+            cur.execute("UPDATE orders SET note = 'changed' WHERE id = %s", (doomed,))
+        settled(shop_db, engine)
+        with shop_db, shop_db.cursor() as cur:
+            cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
+        settled(shop_db, engine)
+        mine = [r for r in read_topic(cfg.bootstrap, orders.topic) if engine.schemas.decode(r.key)["id"] == doomed]
+        assert [r.value is None for r in mine] == [False, False, True]
+        zombie = Producer({"bootstrap.servers": cfg.bootstrap})
+        zombie.produce(orders.topic, mine[1].value, mine[1].key, partition=mine[1].partition,
+                       headers=list(mine[1].headers))  # fmt: skip
+        assert zombie.flush(10) == 0
+        with shop_db, shop_db.cursor() as cur:  # records in every partition: the fan-out's next ones land after it
+            cur.execute("UPDATE orders SET note = 'next' WHERE id IN (SELECT id FROM orders ORDER BY id LIMIT 40)")
+        settled(shop_db, engine)
+        assert engine.metrics.registry.get_sample_value("headwater_streams_fanout_strays_total") == 1
+    finally:
+        engine.close()
+    assert not fatal
+    last = [r for r in read_topic(cfg.bootstrap, orders.topic) if r.key == mine[0].key][-1]
+    assert last.value is None and last.offset > mine[-1].offset + 1, "the tombstone, written after the zombie's row"

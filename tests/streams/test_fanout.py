@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.fanout import Change, FanOut, Output, Truncate, header_position, live_keys, truncate_outputs
+from streams.fanout import Change, FanOut, Output, Truncate, header_position, live_keys, newest, truncate_outputs
+from streams.writer import Landed, Stray
 from tables.partition import partition_for
 
 pytestmark = pytest.mark.unit
@@ -122,3 +123,40 @@ def test_truncate_tombstones_every_key_live_before_it() -> None:
     again = FanOut(partitions=4, tails={(TOPIC, out[0].partition): (20, 0)})
     redo = truncate_outputs(again, routed, keys)
     assert [o.key for o in redo] == [key(4)]
+
+
+def test_the_newest_record_of_each_key_a_stray_touched_is_its_last_route_or_a_truncate_after_it() -> None:
+    fan = FanOut(partitions=4)
+    changes = [change("INSERT", 100, 0, k=1), change("UPDATE", 101, 0, k=1, after=row(1, "y")),
+               change("INSERT", 102, 0, k=2), change("DELETE", 103, 0, k=2), change("INSERT", 104, 0, k=3),
+               change("TRUNCATE", 105, 0, k=None), change("INSERT", 106, 0, k=3, after=row(3, "z"))]  # fmt: skip
+    routed = [fan.route(c, offset=i) for i, c in enumerate(changes)]
+    at = {n: (TOPIC, partition_for(key(n), 4)) for n in (1, 2, 3, 4)}
+    keys: dict[tuple[str, int], set[bytes]] = {}
+    for n in (1, 2, 3, 4):
+        keys.setdefault(at[n], set()).add(key(n))
+    found = {o.key: (o.value, header_position(o.headers)) for o in newest(routed, keys)}
+    assert found == {key(1): (None, (5, 0)), key(2): (None, (5, 0)), key(3): (row(3, "z"), (6, 0)),
+                     key(4): (None, (5, 0))}  # truncated: 1 updated before it, 4 never written  # fmt: skip
+    assert newest(routed[:2], {at[1]: {key(1)}})[0].value == row(1, "y")
+    assert newest(routed[:2], {at[2]: {key(2)}}) == [], "a key no change in the range wrote: nothing to write"
+
+
+def test_records_land_one_after_another_and_another_writers_between_them_are_a_stray() -> None:
+    landed = Landed()
+    landed.expect({(TOPIC, 0): 10, (TOPIC, 1): 0}, [TOPIC])
+    for partition, offset in [(0, 10), (0, 11), (1, 0), (0, 14), (2, 5), (2, 6), ("other", 3)]:
+        if partition == "other":
+            landed.landed("p.other", 0, offset)  # a topic not watched: not checked
+        else:
+            landed.landed(TOPIC, int(partition), offset)
+    assert landed.take() == [Stray(TOPIC, 0, 12, 14)]  # partition 2: held nothing at the start, first one anywhere
+    assert landed.take() == []
+    landed.landed(TOPIC, 2, 9)
+    landed.landed(TOPIC, 0, 14)  # reported again (a retry Kafka recognised): no step back, no stray
+    landed.landed(TOPIC, 0, 15)
+    assert landed.take() == [Stray(TOPIC, 2, 7, 9)]
+    landed.expect({(TOPIC, 0): 40}, [TOPIC])  # read again after a rebalance: partition 2 starts over
+    landed.landed(TOPIC, 0, 40)
+    landed.landed(TOPIC, 2, 50)
+    assert landed.take() == []
