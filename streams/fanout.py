@@ -12,8 +12,9 @@ and drops what was already written, so a replay changes nothing downstream:
 
 Snapshot reads are not ordered by position (parallel workers interleave), so only
 streamed changes move the watermark. ``truncate_outputs`` turns a TRUNCATE into one
-tombstone per key live on the table topic before it. ``newest`` picks, from routes in raw order, each
-given key's last record: what it must read as newest after another writer's old records.
+tombstone per key live on the table topic before it. ``behind`` names the keys another writer's records
+left older than this fan-out's own, and ``newest`` picks, from routes in raw order, each such key's last
+record: what it must read as newest again.
 """
 
 from __future__ import annotations
@@ -205,6 +206,21 @@ def truncate_outputs(fanout: FanOut, truncate: Truncate, keys: list[bytes]) -> l
             out.append(Output(truncate.topic, partition, key, None, marks))
     fanout.counters.written += len(out)
     return out
+
+
+def behind(records: Iterable[tuple[bytes | None, Position | None]], stop: int, since: int) -> dict[bytes, int]:
+    """Keys whose last of another writer's ``records`` (in offset order) was written for a raw offset below
+    ``stop`` (where this fan-out stands), with the lowest raw offset any of them was written for (``since``,
+    where this fan-out started, for a record that does not say). A key whose last one lies at or past ``stop``
+    is left: this fan-out writes that change, or a newer one, itself (and a zombie, behind the owner, leaves
+    the owner's records alone)."""
+    last: dict[bytes, Position | None] = {}
+    first: dict[bytes, int] = {}
+    for key, at in records:
+        if key is not None:
+            last[key] = at
+            first[key] = min(first.get(key, stop), since if at is None else at[0])
+    return {key: first[key] for key, at in last.items() if at is None or at[0] < stop}
 
 
 def newest(routed: Iterable[list[Output] | Truncate], keys: dict[tuple[str, int], set[bytes]]) -> list[Output]:

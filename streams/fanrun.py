@@ -25,7 +25,18 @@ from typing import Any
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.dbzrun import DebeziumRun
-from streams.fanout import STREAMED, Change, FanOut, Output, Truncate, headers, live_keys, newest, truncate_outputs
+from streams.fanout import (
+    STREAMED,
+    Change,
+    FanOut,
+    Output,
+    Truncate,
+    behind,
+    headers,
+    live_keys,
+    newest,
+    truncate_outputs,
+)
 from streams.metrics import StreamsMetrics, clock
 from streams.writer import Checkpoint, Pending, Stray, TableWriter
 from tables.change import ChangeReader
@@ -127,16 +138,17 @@ class FanOutRun:
             self.saved = done.end
 
     def mend(self, fan: FanOut, strays: list[Stray]) -> None:
-        """Write again the newest record of every key another writer's records touched (they may be older)."""
+        """Write again the newest record of every key another writer's records left older than this fan-out's."""
         keys: dict[tuple[str, int], set[bytes]] = {}
         start, found = self.cursor.next, 0
         for stray in strays:
-            for key, at in self.writer.records(stray):
-                found += 1
-                if key is not None and stray.topic in self.served:
-                    keys.setdefault((stray.topic, stray.partition), set()).add(key)
-                    start = min(start, self.resumed if at is None else at[0])
-        outputs = newest(self._routes(start), keys) if keys else []
+            records = self.writer.records(stray)
+            found += len(records)
+            if stray.topic in self.served:
+                old = behind(records, self.cursor.next, self.resumed)
+                keys.setdefault((stray.topic, stray.partition), set()).update(old)
+                start = min(start, *old.values()) if old else start
+        outputs = newest(self._routes(start), keys) if any(keys.values()) else []
         pending = self.writer.open_batch()
         self.writer.write(outputs, pending)
         pending.end, pending.watermark = self.cursor.next, fan.watermark

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from streams.fanout import Change, FanOut, Output, Truncate, header_position, live_keys, newest, truncate_outputs
+from streams.fanout import (
+    Change,
+    FanOut,
+    Output,
+    Truncate,
+    behind,
+    header_position,
+    live_keys,
+    newest,
+    truncate_outputs,
+)
 from streams.writer import Landed, Stray
 from tables.partition import partition_for
 
@@ -160,3 +170,13 @@ def test_records_land_one_after_another_and_another_writers_between_them_are_a_s
     landed.landed(TOPIC, 0, 40)
     landed.landed(TOPIC, 2, 50)
     assert landed.take() == []
+
+
+def test_keys_another_writer_left_behind_this_fan_out_are_mended_and_those_it_is_ahead_of_are_left() -> None:
+    records = [(key(1), (40, 0)), (key(2), (41, 0)), (key(1), (45, 1)), (key(3), (60, 0)), (key(2), (62, 0)),
+               (key(4), None), (None, (44, 0))]  # fmt: skip
+    # this fan-out stands at raw offset 50, having started at 30: 1 is behind it (written from 40 on);
+    # 2 and 3 last came from ahead of it (it writes them itself, or a newer change, on its way); 4 does not say
+    assert behind(records, stop=50, since=30) == {key(1): 40, key(4): 30}
+    assert behind(records, stop=70, since=30) == {key(1): 40, key(2): 41, key(3): 60, key(4): 30}
+    assert behind([], stop=70, since=30) == {}
