@@ -73,6 +73,8 @@ class FanOutRun:
         self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
         self.resumed = 0  # raw offset this run of the fan-out resumed from
+        self.look_every = 10.0  # seconds between two looks at the table topics' ends (``TableWriter.look``)
+        self.looked = time.monotonic()
         self.raw_id = ""  # Kafka's id of the raw topic read (the checkpoints name it)
         self.warned: set[str] = set()
         self.batches = 0
@@ -131,6 +133,8 @@ class FanOutRun:
 
     def checkpoint(self) -> None:
         done = self.writer.settle()
+        if self.fanout is not None and time.monotonic() - self.looked > self.look_every and self.writer.look():
+            self.looked = time.monotonic()  # records a zombie left after this fan-out's last of a partition
         if self.writer.landed.found and self.fanout is not None:
             self.mend(self.fanout, self.writer.landed.take())
         if done is not None and done.end > self.saved:
@@ -140,10 +144,13 @@ class FanOutRun:
     def mend(self, fan: FanOut, strays: list[Stray]) -> None:
         """Write again the newest record of every key another writer's records left older than this fan-out's."""
         keys: dict[tuple[str, int], set[bytes]] = {}
-        start, found = self.cursor.next, 0
+        start = self.cursor.next
         for stray in strays:
             records = self.writer.records(stray)
-            found += len(records)
+            self.metrics.fanout_strays.inc(len(records))
+            log.warning("fan-out: another writer put %d records among this fan-out's in %s[%d] (a worker that lost "
+                        "the raw partition and had not noticed yet)", len(records), stray.topic, stray.partition,
+                        extra=facts(topic=stray.topic, partition=stray.partition, offset=stray.start))  # fmt: skip
             if stray.topic in self.served:
                 old = behind(records, self.cursor.next, self.resumed)
                 keys.setdefault((stray.topic, stray.partition), set()).update(old)
@@ -152,12 +159,6 @@ class FanOutRun:
         pending = self.writer.open_batch()
         self.writer.write(outputs, pending)
         pending.end, pending.watermark = self.cursor.next, fan.watermark
-        self.metrics.fanout_strays.inc(found)
-        for stray in strays:
-            log.warning("fan-out: another writer put %d records among this fan-out's in %s[%d] (a worker that "
-                        "lost the raw partition and had not noticed yet)", stray.end - stray.start, stray.topic,
-                        stray.partition, extra=facts(topic=stray.topic, partition=stray.partition,
-                                                     offset=stray.start))  # fmt: skip
         log.warning("fan-out: %d keys they touched written again, as of their newest change up to raw offset %d "
                     "(read back from raw offset %d)", len(outputs), self.cursor.next, start)  # fmt: skip
 

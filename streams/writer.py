@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, cast
 
 import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from streams import clients
 from streams.config import StreamsConfig
@@ -75,7 +75,8 @@ def produce(producer: Producer, topic: str, partition: int, key: bytes | None, v
 
 
 class Stray(NamedTuple):
-    """Offsets ``start`` up to ``end`` of a partition hold records this writer did not write."""
+    """Offsets ``start`` up to ``end`` of a partition hold records this writer did not write (``end`` -1: up to
+    the partition's end, records found past this writer's last one)."""
 
     topic: str
     partition: int
@@ -111,6 +112,17 @@ class Landed:
         if end is not None and offset > end:
             self.found.append(Stray(topic, partition, end, offset))
         self.ends[(topic, partition)] = max(end or 0, offset + 1)
+
+    def tail(self, topic: str, partition: int, end: int) -> None:
+        """The partition's end as Kafka reports it while nothing of this writer's is in flight: past this writer's
+        last record, another writer's records lie at its tail."""
+        known = self.ends.get((topic, partition))
+        if known is not None and end > known:
+            self.found.append(Stray(topic, partition, known, -1))
+
+    def reach(self, topic: str, partition: int, end: int) -> None:
+        """Records up to ``end`` were read back: this writer's next one lands there."""
+        self.ends[(topic, partition)] = max(self.ends.get((topic, partition), 0), end)
 
     def take(self) -> list[Stray]:
         found, self.found = self.found, []
@@ -280,9 +292,26 @@ class TableWriter:
         return found
 
     def records(self, stray: Stray) -> list[tuple[bytes | None, Position | None]]:
-        """Key and position of each record of a stray run of offsets."""
+        """Key and position of each record of a stray run of offsets (one up to the end: read to it)."""
         starts = {(stray.topic, stray.partition): stray.start}
-        return [(r.key, header_position(r.headers)) for r in self._upto(starts, stray.end)]
+        found = list(self._upto(starts, stray.end if stray.end >= 0 else 1 << 62))
+        if stray.end < 0 and found:
+            self.landed.reach(stray.topic, stray.partition, found[-1].offset + 1)
+        return [(r.key, header_position(r.headers)) for r in found]
+
+    def look(self) -> bool:
+        """Unless a record of this writer's is in flight (False), ask Kafka where each watched partition ends:
+        one that ends past this writer's last record has another writer's records at its tail (``Landed.tail``)."""
+        if len(self.producer) > 0:
+            return False
+        parts = {TopicPartition(topic, partition): OffsetSpec.latest() for topic, partition in self.landed.ends}
+        try:
+            for part, future in (self.admin.list_offsets(parts, request_timeout=10) if parts else {}).items():
+                self.landed.tail(part.topic, part.partition, int(future.result().offset))
+        except KafkaException as exc:
+            log.debug("cannot ask Kafka for the table topics' ends now (%s): asking again later", exc)
+            return False
+        return True
 
     def raw(self, start: int, stop: int) -> Iterator[tuple[int, bytes | None, bytes | None]]:
         """The raw topic's records from offset ``start`` up to ``stop``: (offset, key, value)."""

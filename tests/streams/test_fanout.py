@@ -170,6 +170,13 @@ def test_records_land_one_after_another_and_another_writers_between_them_are_a_s
     landed.landed(TOPIC, 0, 40)
     landed.landed(TOPIC, 2, 50)
     assert landed.take() == []
+    landed.tail(TOPIC, 0, 41)  # Kafka's end, nothing in flight: just past this writer's last record
+    landed.tail(TOPIC, 2, 53)  # past it: another writer's records at the tail, up to the end
+    landed.tail("p.other", 0, 99)
+    assert landed.take() == [Stray(TOPIC, 2, 51, -1)]
+    landed.reach(TOPIC, 2, 53)  # read back to the end
+    landed.landed(TOPIC, 2, 53)
+    assert landed.take() == []
 
 
 def test_keys_another_writer_left_behind_this_fan_out_are_mended_and_those_it_is_ahead_of_are_left() -> None:
