@@ -106,12 +106,19 @@ class Landed:
         self.watched |= topics
 
     def landed(self, topic: str, partition: int, offset: int) -> None:
-        end = self.ends.get((topic, partition))
-        if end is None and topic not in self.watched:
+        at = (topic, partition)
+        if self.ends.get(at) == offset:  # the usual case, once a record per partition and delivery: kept short
+            self.ends[at] = offset + 1
+        else:
+            self._elsewhere(at, offset)
+
+    def _elsewhere(self, at: tuple[str, int], offset: int) -> None:
+        end = self.ends.get(at)
+        if end is None and at[0] not in self.watched:
             return
         if end is not None and offset > end:
-            self.found.append(Stray(topic, partition, end, offset))
-        self.ends[(topic, partition)] = max(end or 0, offset + 1)
+            self.found.append(Stray(at[0], at[1], end, offset))
+        self.ends[at] = max(end or 0, offset + 1)
 
     def tail(self, topic: str, partition: int, end: int) -> None:
         """The partition's end as Kafka reports it while nothing of this writer's is in flight: past this writer's
