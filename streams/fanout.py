@@ -223,6 +223,19 @@ def behind(records: Iterable[tuple[bytes | None, Position | None]], stop: int, s
     return {key: first[key] for key, at in last.items() if at is None or at[0] < stop}
 
 
+def disordered(records: Iterable[tuple[bytes | None, Position | None]], since: int) -> dict[bytes, int]:
+    """Keys of ``records`` (in offset order; the first may be keyless, the record before them, for its position
+    only) written for an older raw offset than a record before them: another writer's, behind the one that wrote
+    those; with the lowest raw offset any was written for (``since`` for one that does not say). Records one
+    writer wrote in raw order, as the fan-out writes, are never disordered: a new owner writes none of them again."""
+    top, found = -1, dict[bytes, int]()
+    for key, at in records:
+        if key is not None and (at is None or at[0] < top):
+            found[key] = min(found.get(key, top), since if at is None else at[0])
+        top = max(top, -1 if at is None else at[0])
+    return found
+
+
 def newest(routed: Iterable[list[Output] | Truncate], keys: dict[tuple[str, int], set[bytes]]) -> list[Output]:
     """The last record each of ``keys`` (``(topic, partition)`` -> keys) got from ``routed`` (the routes of
     changes in raw order); a TRUNCATE of the topic makes it a tombstone, until a later change."""

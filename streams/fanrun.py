@@ -11,7 +11,9 @@ and the reason, is counted and logged, and the stream goes on. With ``[streams] 
 change is also written in Debezium's format (``streams.dbzrun``) in the same batch. Records another
 writer put among the fan-out's on a table topic (a zombie: a worker paused past its session, sending old
 records late; ``streams.writer.Landed``) are read back, and each key they touched gets the record of its
-newest change written again (``mend``), so an old one never stays a key's newest. Its
+newest change written again (``mend``), so an old one never stays a key's newest. The checkpoint
+says how far each table partition was examined (``Landed.verified``); the next run examines the rest, and writes
+again the keys of records there written out of raw order (``streams.fanout.disordered``). Its
 collaborators (settings, registry, writer) are passed in: it runs without a host.
 """
 
@@ -30,8 +32,10 @@ from streams.fanout import (
     Change,
     FanOut,
     Output,
+    Position,
     Truncate,
     behind,
+    disordered,
     headers,
     live_keys,
     newest,
@@ -73,6 +77,8 @@ class FanOutRun:
         self.cursor = Cursor(cfg.changes_topic, "fan-out", lambda: writer.low_watermark(cfg.changes_topic))
         self.saved = -1  # raw offset of the last checkpoint written
         self.resumed = 0  # raw offset this run of the fan-out resumed from
+        self.ready = 0  # raw offset past every table partition's tail at the start: mends wait until it is read
+        self.last: Checkpoint | None = None  # the newest checkpoint, saved or read
         self.look_every = 10.0  # seconds between two looks at the table topics' ends (``TableWriter.look``)
         self.looked = time.monotonic()
         self.raw_id = ""  # Kafka's id of the raw topic read (the checkpoints name it)
@@ -98,8 +104,12 @@ class FanOutRun:
         start, watermark = (saved.raw_offset, saved.watermark) if saved else (0, (-1, -1))
         self.cursor.reset(start)
         self.saved = self.resumed = start
+        self.last = saved
         topics = [*sorted(self.served), self.cfg.dlq_topic]
-        self.fanout = FanOut(self.cfg.partitions, watermark, self.writer.tails(topics), self.fan_key)
+        tails = self.writer.tails(topics)
+        self.fanout = FanOut(self.cfg.partitions, watermark, tails, self.fan_key)
+        self.ready = 1 + max((at[0] for at in tails.values()), default=-1)
+        self.writer.landed.unexamined(saved.verified if saved else {})
         if self.debezium is not None:
             self.debezium.reset()
         log.info("fan-out resumes: raw offsets below %d done, watermark %s", start, watermark)
@@ -111,9 +121,12 @@ class FanOutRun:
         return self.cursor.next
 
     def stop(self) -> None:
-        """The raw partition is given up: what was written lands before its next owner reads the tails."""
-        self.fanout = None
+        """The raw partition is given up: what was written lands before its next owner reads the tails, and the
+        checkpoint says how far this fan-out examined each table partition (the next owner examines the rest)."""
+        was, self.fanout = self.fanout, None
         self.writer.drain(10.0)
+        if was is not None:
+            self.save_last()
 
     def handle(self, batch: Sequence[Raw]) -> None:
         """Route and write a batch of raw changes (offset, key, value) in offset order."""
@@ -135,32 +148,70 @@ class FanOutRun:
         done = self.writer.settle()
         if self.fanout is not None and time.monotonic() - self.looked > self.look_every and self.writer.look():
             self.looked = time.monotonic()  # records a zombie left after this fan-out's last of a partition
-        if self.writer.landed.found and self.fanout is not None:
+        if self.writer.landed.found and self.fanout is not None and self.cursor.next >= self.ready:
             self.mend(self.fanout, self.writer.landed.take())
         if done is not None and done.end > self.saved:
-            self.writer.save_checkpoint(Checkpoint(done.end, done.watermark, self.raw_id))
-            self.saved = done.end
+            self.save(done)
+
+    def save(self, done: Pending | None) -> None:
+        """Write the checkpoint of ``done`` (the newest acknowledged batch; None: the last one again), with how
+        far each table partition was examined."""
+        if done is not None:
+            self.last = Checkpoint(done.end, done.watermark, self.raw_id, {})
+        if self.last is not None:
+            self.writer.save_checkpoint(self.last._replace(verified=self.writer.landed.verified()))
+            self.saved = self.last.raw_offset
+
+    def save_last(self) -> None:
+        """Once the final records are acknowledged: the checkpoint once more, nothing mended any more."""
+        try:
+            self.save(self.writer.settle())
+        except FatalError as exc:
+            log.warning("fan-out stops without a last checkpoint: %s", exc)
+            return
+        self.writer.drain(5.0)
 
     def mend(self, fan: FanOut, strays: list[Stray]) -> None:
-        """Write again the newest record of every key another writer's records left older than this fan-out's."""
+        """Write again the newest record of every key another writer's records left older than this fan-out's.
+
+        Called only once this fan-out stands past every partition's tail as it found them at its start: the
+        changes up to there it does not write again, so the newest of a key must include them."""
         keys: dict[tuple[str, int], set[bytes]] = {}
         start = self.cursor.next
-        for stray in strays:
-            records = self.writer.records(stray)
-            self.metrics.fanout_strays.inc(len(records))
-            log.warning("fan-out: another writer put %d records among this fan-out's in %s[%d] (a worker that lost "
-                        "the raw partition and had not noticed yet)", len(records), stray.topic, stray.partition,
-                        extra=facts(topic=stray.topic, partition=stray.partition, offset=stray.start))  # fmt: skip
+        for stray, records in zip(strays, self.writer.records(strays), strict=True):
+            self.found(stray, records)
             if stray.topic in self.served:
-                old = behind(records, self.cursor.next, self.resumed)
+                old = self.older(stray, records)
                 keys.setdefault((stray.topic, stray.partition), set()).update(old)
                 start = min(start, *old.values()) if old else start
         outputs = newest(self._routes(start), keys) if any(keys.values()) else []
         pending = self.writer.open_batch()
         self.writer.write(outputs, pending)
-        pending.end, pending.watermark = self.cursor.next, fan.watermark
-        log.warning("fan-out: %d keys they touched written again, as of their newest change up to raw offset %d "
-                    "(read back from raw offset %d)", len(outputs), self.cursor.next, start)  # fmt: skip
+        pending.end, pending.watermark, pending.strays = self.cursor.next, fan.watermark, tuple(strays)
+        level = logging.WARNING if outputs or not all(s.handed for s in strays) else logging.INFO
+        log.log(level, "fan-out: %d keys they touched written again, as of their newest change up to raw offset %d "
+                "(read back from raw offset %d)", len(outputs), self.cursor.next, start)  # fmt: skip
+
+    def older(self, stray: Stray, records: list[tuple[bytes | None, Position | None]]) -> dict[bytes, int]:
+        """The keys of a stray to write again: any its writer left behind this fan-out, or, past the last writer's
+        checkpoint, any written out of raw order (``disordered``: the last writer's own, in order, are left)."""
+        if stray.handed:
+            return disordered(records, self.resumed)
+        if any(at is not None and at[0] >= self.cursor.next for _, at in records):
+            self.writer.landed.freeze(stray)  # its writer is ahead of this one: this one may be the zombie
+        return behind(records, self.cursor.next, self.resumed)
+
+    def found(self, stray: Stray, records: list[tuple[bytes | None, Position | None]]) -> None:
+        where = facts(topic=stray.topic, partition=stray.partition, offset=stray.start)
+        if stray.handed:
+            log.info("fan-out: %d records in %s[%d] from offset %d on, written after the last writer's checkpoint, "
+                     "examined", sum(k is not None for k, _ in records), stray.topic, stray.partition, stray.start,
+                     extra=where)  # fmt: skip
+            return
+        self.metrics.fanout_strays.inc(len(records))
+        log.warning("fan-out: another writer put %d records among this fan-out's in %s[%d] (a worker that lost "
+                    "the raw partition and had not noticed yet)", len(records), stray.topic, stray.partition,
+                    extra=where)  # fmt: skip
 
     def _routes(self, start: int) -> Iterator[list[Output] | Truncate]:
         """The routes of the raw changes from ``start`` up to where this fan-out stands, none left out as written."""

@@ -11,7 +11,9 @@ partition's last record and ``checkpoint`` the fan-out's last saved progress (wi
 raw topic it is in; decoded by the schema that wrote it, so older checkpoints read too) — both by
 fetching to partition EOF, which is right on Tansu and on real Kafka. ``tails`` also sets where each
 partition ends (``Landed``): every acknowledged record must land there, one after another, so records
-another writer put among this writer's are found (``Landed.take``) and read back (``records``, ``raw``).
+another writer put among this writer's are found (``Landed.take``) and read back (``records``, ``raw``); the
+checkpoint carries how far each partition was examined (``Landed.verified``), and the next writer takes what lies
+past it as found (``Landed.unexamined``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ CHECKPOINT_SCHEMA: dict[str, Any] = {
         {"name": "position", "type": "int"},
         {"name": "raw_topic_id", "type": "string", "default": "",
          "doc": "Kafka's id of the raw topic raw_offset is in ('': not known, not checked)"},
+        {"name": "verified", "type": {"type": "map", "values": {"type": "array", "items": "long"}}, "default": {},
+         "doc": "table topic -> each partition's offset up to which the writer found no record another writer put "
+                "there that it had not written over (-1: not known); the next writer examines what lies past it"},
     ],
 }
 CHECKPOINT_PARSED = fastavro.parse_schema(CHECKPOINT_SCHEMA)
@@ -60,6 +65,7 @@ class Checkpoint(NamedTuple):
     raw_offset: int
     watermark: tuple[int, int]
     raw_topic_id: str
+    verified: dict[tuple[str, int], int]  # (topic, partition) -> offset; see ``Landed.verified``
 Scanned = tuple[bytes | None, bytes | None, Position | None]
 
 
@@ -76,12 +82,14 @@ def produce(producer: Producer, topic: str, partition: int, key: bytes | None, v
 
 class Stray(NamedTuple):
     """Offsets ``start`` up to ``end`` of a partition hold records this writer did not write (``end`` -1: up to
-    the partition's end, records found past this writer's last one)."""
+    the partition's end, records found past this writer's last one); ``handed``: records written after the last
+    writer's verified offset (its own last ones, maybe another's), examined by the next writer."""
 
     topic: str
     partition: int
     start: int
     end: int
+    handed: bool = False
 
 
 class Landed:
@@ -90,20 +98,33 @@ class Landed:
     Kafka reports a partition's deliveries in order, and only this writer writes the partition: each
     record lands where the last one ended. One that lands further on has another writer's records before
     it (a zombie: a worker paused past its session, sending old records before it notices it lost the raw
-    partition); those offsets are kept as a ``Stray`` until ``take``. Pure: the writer feeds it.
+    partition); those offsets are kept as a ``Stray`` until ``take``, and until the records written over them
+    are acknowledged (``release``) ``verified`` stays before them. Pure: the writer feeds it.
     """
 
     def __init__(self) -> None:
         self.ends: dict[tuple[str, int], int] = {}
         self.watched: frozenset[str] = frozenset()
         self.found: list[Stray] = []
+        self.mending: list[Stray] = []  # taken; what was written over them not acknowledged yet
+        self.frozen: dict[tuple[str, int], int] = {}  # partitions this writer vouches for only up to here
 
     def expect(self, ends: dict[tuple[str, int], int], topics: Iterable[str]) -> None:
         """Start ``topics`` over from their partitions' ``ends`` (read just now); partitions not in ``ends``
         start where their first acknowledged record lands."""
         topics = frozenset(topics)
         self.ends = {at: end for at, end in self.ends.items() if at[0] not in topics} | ends
+        self.found = [s for s in self.found if s.topic not in topics]
+        self.mending = [s for s in self.mending if s.topic not in topics]
+        self.frozen = {at: end for at, end in self.frozen.items() if at[0] not in topics}
         self.watched |= topics
+
+    def unexamined(self, verified: dict[tuple[str, int], int]) -> None:
+        """Past the last writer's ``verified`` offsets lie records nobody examined: strays to examine."""
+        for at, start in sorted(verified.items()):
+            end = self.ends.get(at, -1)
+            if at[0] in self.watched and 0 <= start < end:
+                self.found.append(Stray(at[0], at[1], start, end, handed=True))
 
     def landed(self, topic: str, partition: int, offset: int) -> None:
         at = (topic, partition)
@@ -133,13 +154,34 @@ class Landed:
 
     def take(self) -> list[Stray]:
         found, self.found = self.found, []
+        self.mending += found
         return found
+
+    def release(self, strays: Iterable[Stray]) -> None:
+        """What was written over ``strays`` is acknowledged."""
+        for stray in strays:
+            if stray in self.mending:
+                self.mending.remove(stray)
+
+    def freeze(self, stray: Stray) -> None:
+        """The stray's writer is ahead of this one (this one is likely the zombie): from the stray's start on,
+        this writer's records are not vouched for (``verified``) for as long as it runs."""
+        at = (stray.topic, stray.partition)
+        self.frozen[at] = min(self.frozen.get(at, stray.start), stray.start)
+
+    def verified(self) -> dict[tuple[str, int], int]:
+        """Each partition's offset up to which nothing another writer put there is left unexamined or unmended."""
+        out = dict(self.ends)
+        held = [((s.topic, s.partition), s.start) for s in (*self.found, *self.mending)]
+        for at, start in [*held, *self.frozen.items()]:
+            out[at] = min(out.get(at, start), start)
+        return out
 
 
 class Pending:
     """The records written for a run of raw offsets, counted down as Kafka acknowledges them."""
 
-    __slots__ = ("end", "failed", "landed", "outstanding", "watermark")
+    __slots__ = ("end", "failed", "landed", "outstanding", "strays", "watermark")
 
     def __init__(self, landed: Landed | None = None) -> None:
         self.end = -1  # raw offset after the last one handled; -1 while still being written
@@ -147,6 +189,7 @@ class Pending:
         self.outstanding = 0
         self.failed: KafkaError | None = None
         self.landed = landed
+        self.strays: tuple[Stray, ...] = ()  # what this batch writes over (``FanOutRun.mend``)
 
     def delivered(self, error: KafkaError | None, msg: Any) -> None:
         self.outstanding -= 1
@@ -225,6 +268,7 @@ class TableWriter:
             if done.failed is not None:
                 raise FatalError(f"Kafka refused a record: {done.failed}",
                                  hint="check the broker log and the topic settings")  # fmt: skip
+            self.landed.release(done.strays)
         return done
 
     def flush(self) -> None:
@@ -246,7 +290,8 @@ class TableWriter:
             self.checkpoint_frame = frame(self._registry().register(f"{self.cfg.progress_topic}-value",
                                                                     CHECKPOINT_SCHEMA))  # fmt: skip
         body = avro_body(CHECKPOINT_PARSED, {"raw_offset": saved.raw_offset, "commit_lsn": saved.watermark[0],
-                                             "position": saved.watermark[1], "raw_topic_id": saved.raw_topic_id})
+                                             "position": saved.watermark[1], "raw_topic_id": saved.raw_topic_id,
+                                             "verified": by_topic(saved.verified)})  # fmt: skip
         self.produce(self.cfg.progress_topic, 0, self.cfg.changes_topic.encode(), self.checkpoint_frame + body, [])
 
     # ---- reading back ---------------------------------------------------------------
@@ -298,13 +343,26 @@ class TableWriter:
         self.landed.expect(ends, topics)
         return found
 
-    def records(self, stray: Stray) -> list[tuple[bytes | None, Position | None]]:
-        """Key and position of each record of a stray run of offsets (one up to the end: read to it)."""
-        starts = {(stray.topic, stray.partition): stray.start}
-        found = list(self._upto(starts, stray.end if stray.end >= 0 else 1 << 62))
-        if stray.end < 0 and found:
-            self.landed.reach(stray.topic, stray.partition, found[-1].offset + 1)
-        return [(r.key, header_position(r.headers)) for r in found]
+    def records(self, strays: list[Stray]) -> list[list[tuple[bytes | None, Position | None]]]:
+        """Key and position of each record of each stray run of offsets (one up to the end: read to it), in one
+        read of their partitions; a handed one starts with the record before it, keyless, for its position."""
+        starts: dict[tuple[str, int], int] = {}
+        for s in strays:
+            at = (s.topic, s.partition)
+            starts[at] = min(starts.get(at, s.start), s.start - 1 if s.handed and s.start > 0 else s.start)
+        read: dict[tuple[str, int], list[Record]] = {}
+        for r in self._upto(starts, 1 << 62):
+            read.setdefault((r.topic, r.partition), []).append(r)
+        out = []
+        for s in strays:
+            found = [r for r in read.get((s.topic, s.partition), []) if s.start <= r.offset and (r.offset < s.end
+                                                                                                   or s.end < 0)]
+            if s.end < 0 and found:
+                self.landed.reach(s.topic, s.partition, found[-1].offset + 1)
+            before = [r for r in read.get((s.topic, s.partition), []) if s.handed and r.offset == s.start - 1]
+            out.append([(None, header_position(r.headers)) for r in before] +
+                       [(r.key, header_position(r.headers)) for r in found])  # fmt: skip
+        return out
 
     def look(self) -> bool:
         """Unless a record of this writer's is in flight (False), ask Kafka where each watched partition ends:
@@ -342,8 +400,10 @@ class TableWriter:
         if last is None:
             return None
         saved: Any = self._registry().decode(last)  # by the schema that wrote it
+        verified = {(topic, p): int(end) for topic, ends in saved.get("verified", {}).items()
+                    for p, end in enumerate(ends) if end >= 0}  # fmt: skip
         return Checkpoint(int(saved["raw_offset"]), (int(saved["commit_lsn"]), int(saved["position"])),
-                          str(saved.get("raw_topic_id", "")))  # fmt: skip
+                          str(saved.get("raw_topic_id", "")), verified)  # fmt: skip
 
     def raw_topic_id(self) -> str:
         """Kafka's id of the raw topic ('' if it has none or does not exist yet)."""
@@ -358,3 +418,13 @@ class TableWriter:
         """Every record of a table topic: key, value and the position it was written for."""
         parts = [TopicPartition(topic, p, 0) for p in range(self.known.get(topic, self.cfg.partitions))]
         return [(m.key, m.value, header_position(m.headers)) for m in self._read(parts)]
+
+
+def by_topic(verified: dict[tuple[str, int], int]) -> dict[str, list[int]]:
+    """``Checkpoint.verified`` as the checkpoint writes it: topic -> offset per partition, -1 where not known."""
+    out: dict[str, list[int]] = {}
+    for (topic, partition), end in verified.items():
+        ends = out.setdefault(topic, [])
+        ends.extend([-1] * (partition + 1 - len(ends)))
+        ends[partition] = end
+    return out

@@ -337,3 +337,49 @@ def test_an_old_table_record_another_worker_writes_among_the_fan_outs_is_written
     assert not fatal
     last = [r for r in read_topic(cfg.bootstrap, orders.topic) if r.key == mine[0].key][-1]
     assert last.value is None and last.offset > mine[-1].offset + 1, "the tombstone, written after the zombie's row"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["handed over", "after a crash"])
+def test_an_old_table_record_the_owner_had_not_examined_when_the_raw_partition_moved_is_found_by_the_next_owner(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, how: str,
+) -> None:  # fmt: skip
+    """A zombie's old record lands after the owner's last one of the partition, and the owner gives up the raw
+    partition (or dies) before it looks: its checkpoint says how far it examined each partition, and the next owner,
+    another worker, examines the rest and writes the order's tombstone again."""
+    first, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path / "first")
+    first.fanout.look_every = 3600.0  # the owner does not find the zombie's record itself
+    cfg = first.cfg
+    orders = first.catalog.find("orders")
+    assert orders is not None
+    parts = {(t.topic, p) for t in first.catalog.tables for p in range(cfg.partitions)}
+    everything = parts | {(cfg.view_topic("orders_enriched"), p) for p in range(cfg.partitions)} | {first.raw}
+    second, fatal_b = another_engine(local_stack, cfg.topic_prefix, tmp_path / "second")
+    try:
+        first.assigned(everything)
+        with shop_db, shop_db.cursor() as cur:
+            cur.execute("INSERT INTO orders (customer_id, note) SELECT min(id), 'doomed' FROM customers RETURNING id")
+            doomed = cur.fetchone()[0]
+            cur.execute("UPDATE orders SET note = 'changed' WHERE id = %s", (doomed,))
+        settled(shop_db, first)
+        with shop_db, shop_db.cursor() as cur:
+            cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
+        settled(shop_db, first)
+        mine = [r for r in read_topic(cfg.bootstrap, orders.topic) if first.schemas.decode(r.key)["id"] == doomed]
+        assert [r.value is None for r in mine] == [False, False, True]
+        zombie = Producer({"bootstrap.servers": cfg.bootstrap})
+        zombie.produce(orders.topic, mine[1].value, mine[1].key, partition=mine[1].partition,
+                       headers=list(mine[1].headers))  # fmt: skip
+        assert zombie.flush(10) == 0
+        if how == "after a crash":  # no last checkpoint: the one of its last batch, written before the zombie's
+            monkeypatch.setattr(first.fanout, "save_last", lambda: None)
+        first.revoked()
+        second.assigned(everything)
+        settled(shop_db, second)
+    finally:
+        second.close()
+        first.close()
+    assert not fatal and not fatal_b
+    last = [r for r in read_topic(cfg.bootstrap, orders.topic) if r.key == mine[0].key][-1]
+    assert last.value is None and last.offset > mine[-1].offset + 1, "the tombstone, written after the zombie's row"

@@ -10,6 +10,7 @@ from streams.fanout import (
     Output,
     Truncate,
     behind,
+    disordered,
     header_position,
     live_keys,
     newest,
@@ -177,6 +178,38 @@ def test_records_land_one_after_another_and_another_writers_between_them_are_a_s
     landed.reach(TOPIC, 2, 53)  # read back to the end
     landed.landed(TOPIC, 2, 53)
     assert landed.take() == []
+
+
+def test_a_partition_is_verified_up_to_its_end_but_not_past_a_stray_until_what_was_written_over_it_landed() -> None:
+    landed = Landed()
+    landed.expect({(TOPIC, 0): 10, (TOPIC, 1): 20, (TOPIC, 2): 30}, [TOPIC])
+    landed.unexamined({(TOPIC, 0): 10, (TOPIC, 1): 17, (TOPIC, 2): 31, ("p.other", 0): 2})  # the last writer's
+    assert landed.verified() == {(TOPIC, 0): 10, (TOPIC, 1): 17, (TOPIC, 2): 30}, "1: 17 to 20 not examined yet"
+    handed = landed.take()
+    assert handed == [Stray(TOPIC, 1, 17, 20, handed=True)]
+    for offset in (10, 11, 14):
+        landed.landed(TOPIC, 0, offset)
+    assert landed.verified()[(TOPIC, 0)] == 12, "a stray at 12 and 13: not past it"
+    strays = landed.take()
+    landed.release(handed)  # what was written over 17-20 is acknowledged
+    assert landed.verified() == {(TOPIC, 0): 12, (TOPIC, 1): 20, (TOPIC, 2): 30}
+    landed.release(strays)
+    assert landed.verified()[(TOPIC, 0)] == 15
+    landed.freeze(Stray(TOPIC, 2, 30, 33))  # its writer was ahead of this one: this one vouches no further
+    landed.landed(TOPIC, 2, 33)
+    assert landed.verified()[(TOPIC, 2)] == 30
+    landed.expect({(TOPIC, 2): 34}, [TOPIC])  # read again: started over
+    assert landed.verified() == {(TOPIC, 2): 34}
+
+
+def test_past_the_last_writers_checkpoint_only_keys_written_out_of_raw_order_are_written_again() -> None:
+    records = [(None, (50, 0)), (key(1), (51, 0)), (key(2), (52, 1)), (key(3), (40, 0)), (key(2), (53, 0)),
+               (key(1), (52, 0)), (key(4), None), (key(5), (60, 0))]  # fmt: skip
+    # the record before them stood at raw offset 50: 3 (from 40) and 1 (52, after 53) came from behind it;
+    # 4 does not say; 2 and 5 came in order, as one fan-out writes them
+    assert disordered(records, since=30) == {key(3): 40, key(1): 52, key(4): 30}
+    assert disordered(records[1:3] + records[4:5], since=30) == {}, "the last writer's own records: none again"
+    assert disordered([(key(1), (3, 0))], since=0) == {}, "nothing before it: in order"
 
 
 def test_keys_another_writer_left_behind_this_fan_out_are_mended_and_those_it_is_ahead_of_are_left() -> None:

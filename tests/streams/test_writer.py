@@ -13,7 +13,7 @@ from tables.wire import avro_body, frame
 from tests.streams.test_engine import engine_config
 
 
-def test_a_checkpoint_from_before_it_named_the_raw_topic_reads_and_the_next_one_names_it(
+def test_a_checkpoint_from_before_it_named_the_raw_topic_reads_and_the_next_one_names_it_and_what_was_examined(
     local_stack: StackConfig, unique_name: str, tmp_path: Path
 ) -> None:  # fmt: skip
     cfg = engine_config(local_stack, unique_name, tmp_path)
@@ -24,8 +24,10 @@ def test_a_checkpoint_from_before_it_named_the_raw_topic_reads_and_the_next_one_
     value = framed + avro_body(fastavro.parse_schema(old), {"raw_offset": 7, "commit_lsn": 5, "position": 1})
     writer.produce(cfg.progress_topic, 0, cfg.changes_topic.encode(), value, [])
     writer.flush()
-    assert writer.checkpoint() == Checkpoint(7, (5, 1), ""), "an old checkpoint: offsets kept, the topic not checked"
-    writer.save_checkpoint(Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw"))
+    old_one = writer.checkpoint()
+    assert old_one == Checkpoint(7, (5, 1), "", {}), "an old checkpoint: offsets kept, the topic not checked"
+    verified = {("p.orders", 0): 5, ("p.orders", 2): 9, ("p.items", 0): 0}  # partition 1 of orders: not known
+    writer.save_checkpoint(Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw", verified))
     writer.flush()
-    assert writer.checkpoint() == Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw")
+    assert writer.checkpoint() == Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw", verified)
     assert writer.raw_topic_id() == "", "no raw topic yet: no id"
