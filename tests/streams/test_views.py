@@ -37,7 +37,7 @@ from tables.views import TableShape, decode_cut, parse_views
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import free_port
 from tests.plugins.streams import Worker
-from tests.streams.test_workers import wait_for
+from tests.streams.test_workers import reconciled, wait_for
 from tests.tables.test_views import NOTED
 
 pytestmark = pytest.mark.slow
@@ -198,9 +198,8 @@ def test_workers_paused_past_their_session_under_load_come_back_and_the_views_eq
 ) -> None:  # fmt: skip
     """kill -STOP, then -CONT, each of two workers in turn while the shop's load runs (inserts, updates, deletes):
     the other takes its partitions; the one that comes back may still write a little (a zombie), then is given
-    partitions again (often some it held). Topic, endpoints and Redis end equal to the SQL join. (The table topics
-    are not reconciled here: README, Known limits under Views, a zombie's table-topic records the owner had not
-    found before it was itself replaced.)"""
+    partitions again (often some it held). Topic, endpoints and Redis end equal to the SQL join, and the table
+    topics and every worker's table endpoint to the tables."""
     capture, first = start(shop_db, pg_database, capture_factory, worker_factory)
     group = [first, worker_factory(capture.cfg.topic_prefix, app_id=first.env["HEADWATER_STREAMS_APP_ID"],
                                    views=VIEWS).start()]  # fmt: skip
@@ -212,6 +211,7 @@ def test_workers_paused_past_their_session_under_load_come_back_and_the_views_eq
     assert writer.stop() > 100
     for worker in group:
         views_reconciled(shop_db, capture, worker, local_stack.redis_url, timeout=120)
+    reconciled(shop_db, capture, group, timeout=120)
     assert not [w for w in group if w.process is None or w.process.poll() is not None], "a paused worker stopped"
     for worker in group:  # each pause outlasted the session: the group had replaced the worker (aiokafka's words)
         log = worker.log.read_text()
