@@ -293,6 +293,25 @@ def test_an_old_row_another_worker_writes_among_this_workers_rows_is_never_in_a_
     assert over, "no cut past the zombie's row"
 
 
+def zombie_sends_an_old_order(conn: Any, engine: Engine, topic: str) -> list[Any]:
+    """An order inserted, updated and deleted through ``engine``; then a zombie (another producer) sends the
+    order's update again after its tombstone: the order's three records on ``topic`` before the zombie's."""
+    with conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO orders (customer_id, note) SELECT min(id), 'doomed' FROM customers RETURNING id")
+        doomed = cur.fetchone()[0]
+        cur.execute("UPDATE orders SET note = 'changed' WHERE id = %s", (doomed,))
+    settled(conn, engine)
+    with conn, conn.cursor() as cur:
+        cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
+    settled(conn, engine)
+    mine = [r for r in read_topic(engine.cfg.bootstrap, topic) if engine.schemas.decode(r.key)["id"] == doomed]
+    assert [r.value is None for r in mine] == [False, False, True]
+    zombie = Producer({"bootstrap.servers": engine.cfg.bootstrap})
+    zombie.produce(topic, mine[1].value, mine[1].key, partition=mine[1].partition, headers=list(mine[1].headers))
+    assert zombie.flush(10) == 0
+    return mine
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("then", ["more writes", "quiet"])
 def test_an_old_table_record_another_worker_writes_among_the_fan_outs_is_written_over_with_the_newest(
@@ -312,20 +331,7 @@ def test_an_old_table_record_another_worker_writes_among_the_fan_outs_is_written
     views = {(cfg.view_topic("orders_enriched"), p) for p in range(cfg.partitions)}
     try:
         engine.assigned(parts | views | {engine.raw})
-        with shop_db, shop_db.cursor() as cur:
-            cur.execute("INSERT INTO orders (customer_id, note) SELECT min(id), 'doomed' FROM customers RETURNING id")
-            doomed = cur.fetchone()[0]
-            cur.execute("UPDATE orders SET note = 'changed' WHERE id = %s", (doomed,))
-        settled(shop_db, engine)
-        with shop_db, shop_db.cursor() as cur:
-            cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
-        settled(shop_db, engine)
-        mine = [r for r in read_topic(cfg.bootstrap, orders.topic) if engine.schemas.decode(r.key)["id"] == doomed]
-        assert [r.value is None for r in mine] == [False, False, True]
-        zombie = Producer({"bootstrap.servers": cfg.bootstrap})
-        zombie.produce(orders.topic, mine[1].value, mine[1].key, partition=mine[1].partition,
-                       headers=list(mine[1].headers))  # fmt: skip
-        assert zombie.flush(10) == 0
+        mine = zombie_sends_an_old_order(shop_db, engine, orders.topic)
         if then == "more writes":
             with shop_db, shop_db.cursor() as cur:  # records in every partition: the fan-out's next ones land after
                 cur.execute("UPDATE orders SET note = 'next' WHERE id IN (SELECT id FROM orders ORDER BY id LIMIT 40)")
@@ -358,20 +364,7 @@ def test_an_old_table_record_the_owner_had_not_examined_when_the_raw_partition_m
     second, fatal_b = another_engine(local_stack, cfg.topic_prefix, tmp_path / "second")
     try:
         first.assigned(everything)
-        with shop_db, shop_db.cursor() as cur:
-            cur.execute("INSERT INTO orders (customer_id, note) SELECT min(id), 'doomed' FROM customers RETURNING id")
-            doomed = cur.fetchone()[0]
-            cur.execute("UPDATE orders SET note = 'changed' WHERE id = %s", (doomed,))
-        settled(shop_db, first)
-        with shop_db, shop_db.cursor() as cur:
-            cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
-        settled(shop_db, first)
-        mine = [r for r in read_topic(cfg.bootstrap, orders.topic) if first.schemas.decode(r.key)["id"] == doomed]
-        assert [r.value is None for r in mine] == [False, False, True]
-        zombie = Producer({"bootstrap.servers": cfg.bootstrap})
-        zombie.produce(orders.topic, mine[1].value, mine[1].key, partition=mine[1].partition,
-                       headers=list(mine[1].headers))  # fmt: skip
-        assert zombie.flush(10) == 0
+        mine = zombie_sends_an_old_order(shop_db, first, orders.topic)
         if how == "after a crash":  # no last checkpoint: the one of its last batch, written before the zombie's
             monkeypatch.setattr(first.fanout, "save_last", lambda: None)
         first.revoked()
