@@ -197,8 +197,9 @@ class FanOutRun:
         checkpoint, any written out of raw order (``disordered``: the last writer's own, in order, are left)."""
         if stray.handed:
             return disordered(records, self.resumed)
-        if any(at is not None and at[0] >= self.cursor.next for _, at in records):
-            self.writer.landed.freeze(stray)  # its writer is ahead of this one: this one may be the zombie
+        ahead = max((at[0] for _, at in records if at is not None), default=-1)
+        if ahead >= self.cursor.next:
+            self.writer.landed.freeze(stray, ahead)  # its writer is ahead of this one: this one may be the zombie
         return behind(records, self.cursor.next, self.resumed)
 
     def found(self, stray: Stray, records: list[tuple[bytes | None, Position | None]]) -> None:

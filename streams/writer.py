@@ -107,7 +107,7 @@ class Landed:
         self.watched: frozenset[str] = frozenset()
         self.found: list[Stray] = []
         self.mending: list[Stray] = []  # taken; what was written over them not acknowledged yet
-        self.frozen: dict[tuple[str, int], int] = {}  # partitions this writer vouches for only up to here
+        self.frozen: dict[tuple[str, int], tuple[int, int]] = {}  # vouched for only up to here, until a raw offset
 
     def expect(self, ends: dict[tuple[str, int], int], topics: Iterable[str]) -> None:
         """Start ``topics`` over from their partitions' ``ends`` (read just now); partitions not in ``ends``
@@ -163,17 +163,24 @@ class Landed:
             if stray in self.mending:
                 self.mending.remove(stray)
 
-    def freeze(self, stray: Stray) -> None:
-        """The stray's writer is ahead of this one (this one is likely the zombie): from the stray's start on,
-        this writer's records are not vouched for (``verified``) for as long as it runs."""
+    def freeze(self, stray: Stray, until: int) -> None:
+        """The stray's writer is ahead of this one, up to raw offset ``until`` (this one may be the zombie): from
+        the stray's start on, this writer's records are not vouched for (``verified``) until it has itself written
+        every change up to there after them (``thaw``), which leaves each key's newest record its own."""
         at = (stray.topic, stray.partition)
-        self.frozen[at] = min(self.frozen.get(at, stray.start), stray.start)
+        start, upto = self.frozen.get(at, (stray.start, until))
+        self.frozen[at] = (min(start, stray.start), max(upto, until))
+
+    def thaw(self, written: int) -> None:
+        """Every raw offset below ``written`` is written by this writer and acknowledged."""
+        if self.frozen:
+            self.frozen = {at: f for at, f in self.frozen.items() if f[1] >= written}
 
     def verified(self) -> dict[tuple[str, int], int]:
         """Each partition's offset up to which nothing another writer put there is left unexamined or unmended."""
         out = dict(self.ends)
         held = [((s.topic, s.partition), s.start) for s in (*self.found, *self.mending)]
-        for at, start in [*held, *self.frozen.items()]:
+        for at, start in [*held, *((at, f[0]) for at, f in self.frozen.items())]:
             out[at] = min(out.get(at, start), start)
         return out
 
@@ -269,6 +276,8 @@ class TableWriter:
                 raise FatalError(f"Kafka refused a record: {done.failed}",
                                  hint="check the broker log and the topic settings")  # fmt: skip
             self.landed.release(done.strays)
+        if done is not None:
+            self.landed.thaw(done.end)
         return done
 
     def flush(self) -> None:

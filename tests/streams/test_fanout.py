@@ -195,9 +195,16 @@ def test_a_partition_is_verified_up_to_its_end_but_not_past_a_stray_until_what_w
     assert landed.verified() == {(TOPIC, 0): 12, (TOPIC, 1): 20, (TOPIC, 2): 30}
     landed.release(strays)
     assert landed.verified()[(TOPIC, 0)] == 15
-    landed.freeze(Stray(TOPIC, 2, 30, 33))  # its writer was ahead of this one: this one vouches no further
     landed.landed(TOPIC, 2, 33)
-    assert landed.verified()[(TOPIC, 2)] == 30
+    ahead = landed.take()
+    assert ahead == [Stray(TOPIC, 2, 30, 33)]
+    landed.freeze(ahead[0], until=60)  # its writer was ahead of this one, up to raw offset 60
+    landed.release(ahead)
+    landed.thaw(60)
+    assert landed.verified()[(TOPIC, 2)] == 30, "this one vouches no further until it wrote up to 60 itself"
+    landed.thaw(61)
+    assert landed.verified()[(TOPIC, 2)] == 34
+    landed.freeze(Stray(TOPIC, 2, 30, 33), until=60)
     landed.expect({(TOPIC, 2): 34}, [TOPIC])  # read again: started over
     assert landed.verified() == {(TOPIC, 2): 34}
 
