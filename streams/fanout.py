@@ -224,14 +224,16 @@ def behind(records: Iterable[tuple[bytes | None, Position | None]], stop: int, s
 
 
 def disordered(records: Iterable[tuple[bytes | None, Position | None]], since: int) -> dict[bytes, int]:
-    """Keys of ``records`` (in offset order; the first may be keyless, the record before them, for its position
-    only) written for an older raw offset than a record before them: another writer's, behind the one that wrote
-    those; with the lowest raw offset any was written for (``since`` for one that does not say). Records one
-    writer wrote in raw order, as the fan-out writes, are never disordered: a new owner writes none of them again."""
-    top, found = -1, dict[bytes, int]()
+    """Keys of ``records`` (in offset order, past the last writer's checkpoint at raw offset ``since``; the first
+    may be keyless, the record before them, for its position only) written for an older raw offset than a record
+    before them or than ``since`` (every change below it was written before them): another writer's, behind; with
+    the lowest raw offset any was written for (``since`` for one that does not say). The last writer's own records
+    after its checkpoint are in raw order from ``since`` on: a new owner writes none of them again."""
+    top, found = since - 1, dict[bytes, int]()
     for key, at in records:
         if key is not None and (at is None or at[0] < top):
-            found[key] = min(found.get(key, top), since if at is None else at[0])
+            first = since if at is None else at[0]
+            found[key] = min(found.get(key, first), first)
         top = max(top, -1 if at is None else at[0])
     return found
 

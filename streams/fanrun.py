@@ -79,6 +79,7 @@ class FanOutRun:
         self.resumed = 0  # raw offset this run of the fan-out resumed from
         self.ready = 0  # raw offset past every table partition's tail at the start: mends wait until it is read
         self.last: Checkpoint | None = None  # the newest checkpoint, saved or read
+        self.vouched: dict[tuple[str, int], int] = {}  # the examined offsets last saved
         self.look_every = 10.0  # seconds between two looks at the table topics' ends (``TableWriter.look``)
         self.looked = time.monotonic()
         self.raw_id = ""  # Kafka's id of the raw topic read (the checkpoints name it)
@@ -142,16 +143,21 @@ class FanOutRun:
     def tick(self) -> None:
         """Checkpoint what Kafka acknowledged since the last batch (called while no batch comes)."""
         if self.fanout is not None:
-            self.checkpoint()
+            self.checkpoint(quiet=True)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, quiet: bool = False) -> None:
+        """Settle, look and mend, and save the newest acknowledged batch's checkpoint (``quiet``: no batch comes;
+        also when only the examined offsets moved)."""
         done = self.writer.settle()
-        if self.fanout is not None and time.monotonic() - self.looked > self.look_every and self.writer.look():
+        fan = self.fanout if self.cursor.next >= self.ready else None  # mends wait until past every tail
+        if fan is not None and time.monotonic() - self.looked > self.look_every and self.writer.look():
             self.looked = time.monotonic()  # records a zombie left after this fan-out's last of a partition
-        if self.writer.landed.found and self.fanout is not None and self.cursor.next >= self.ready:
-            self.mend(self.fanout, self.writer.landed.take())
+        if fan is not None and self.writer.landed.found:
+            self.mend(fan, self.writer.landed.take())
         if done is not None and done.end > self.saved:
             self.save(done)
+        elif quiet and done is None and self.vouched != self.writer.landed.verified():
+            self.save(None)  # what was examined or written over since the last checkpoint
 
     def save(self, done: Pending | None) -> None:
         """Write the checkpoint of ``done`` (the newest acknowledged batch; None: the last one again), with how
@@ -159,7 +165,8 @@ class FanOutRun:
         if done is not None:
             self.last = Checkpoint(done.end, done.watermark, self.raw_id, {})
         if self.last is not None:
-            self.writer.save_checkpoint(self.last._replace(verified=self.writer.landed.verified()))
+            self.vouched = self.writer.landed.verified()
+            self.writer.save_checkpoint(self.last._replace(verified=self.vouched))
             self.saved = self.last.raw_offset
 
     def save_last(self) -> None:
@@ -269,6 +276,8 @@ class FanOutRun:
             elif topic not in self.served:
                 log.warning("new table topic %s: restart the workers to serve it over the endpoint "
                             "([streams] discover_every is 0)", topic)  # fmt: skip
+        if topic not in self.writer.landed.watched:  # first written in this run (made now, or served since)
+            self.writer.tails([topic])  # where it ends: another writer's records there are found from now on
 
     def truncate(self, fan: FanOut, truncate: Truncate, pending: Pending) -> None:
         self.ensure(truncate.topic)

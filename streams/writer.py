@@ -145,7 +145,7 @@ class Landed:
         """The partition's end as Kafka reports it while nothing of this writer's is in flight: past this writer's
         last record, another writer's records lie at its tail."""
         known = self.ends.get((topic, partition))
-        if known is not None and end > known:
+        if known is not None and end > known and Stray(topic, partition, known, -1) not in self.found:
             self.found.append(Stray(topic, partition, known, -1))
 
     def reach(self, topic: str, partition: int, end: int) -> None:
@@ -218,6 +218,7 @@ class TableWriter:
         self.checkpoint_frame: bytes | None = None
         self.registry: Registry | None = None
         self.landed = Landed()
+        self.refused: KafkaError | None = None  # a record Kafka refused: no batch after it settles any more
 
     # ---- topics ---------------------------------------------------------------------
     def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True,
@@ -270,12 +271,13 @@ class TableWriter:
         """The newest batch that, with every batch before it, Kafka acknowledged (None if none)."""
         self.producer.poll(0)
         done = None
-        while self.ledger and self.ledger[0].end >= 0 and self.ledger[0].outstanding <= 0:
+        while self.refused is None and self.ledger and self.ledger[0].end >= 0 and self.ledger[0].outstanding <= 0:
             done = self.ledger.popleft()
-            if done.failed is not None:
-                raise FatalError(f"Kafka refused a record: {done.failed}",
-                                 hint="check the broker log and the topic settings")  # fmt: skip
+            self.refused = done.failed
             self.landed.release(done.strays)
+        if self.refused is not None:
+            raise FatalError(f"Kafka refused a record: {self.refused}",
+                             hint="check the broker log and the topic settings")  # fmt: skip
         if done is not None:
             self.landed.thaw(done.end)
         return done

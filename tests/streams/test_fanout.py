@@ -217,6 +217,7 @@ def test_past_the_last_writers_checkpoint_only_keys_written_out_of_raw_order_are
     assert disordered(records, since=30) == {key(3): 40, key(1): 52, key(4): 30}
     assert disordered(records[1:3] + records[4:5], since=30) == {}, "the last writer's own records: none again"
     assert disordered([(key(1), (3, 0))], since=0) == {}, "nothing before it: in order"
+    assert disordered([(key(1), (20, 0)), (key(2), (31, 0))], since=30) == {key(1): 20}, "older than the checkpoint"
 
 
 def test_keys_another_writer_left_behind_this_fan_out_are_mended_and_those_it_is_ahead_of_are_left() -> None:
