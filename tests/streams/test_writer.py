@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import fastavro
+import pytest
+from confluent_kafka import KafkaError
 
 from streams.writer import CHECKPOINT_SCHEMA, Checkpoint, TableWriter
 from tables.config import StackConfig
+from tables.errors import FatalError
 from tables.registry import Registry
 from tables.wire import avro_body, frame
 from tests.streams.test_engine import engine_config
@@ -31,3 +34,17 @@ def test_a_checkpoint_from_before_it_named_the_raw_topic_reads_and_the_next_one_
     writer.flush()
     assert writer.checkpoint() == Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw", verified)
     assert writer.raw_topic_id() == "", "no raw topic yet: no id"
+
+
+def test_after_a_batch_kafka_refused_no_later_batch_counts_as_written(
+    local_stack: StackConfig, unique_name: str, tmp_path: Path
+) -> None:  # fmt: skip
+    """A refused record stops the fan-out; nothing after it (a revocation's last checkpoint) may settle past it."""
+    writer = TableWriter(engine_config(local_stack, unique_name, tmp_path))
+    refused, later = writer.open_batch(), writer.open_batch()
+    refused.end, later.end = 5, 9
+    refused.failed = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    for _ in range(2):
+        with pytest.raises(FatalError, match="Kafka refused a record"):
+            writer.settle()
+    assert list(writer.ledger) == [later], "the batch after the refused one never counts as written"
