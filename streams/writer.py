@@ -359,20 +359,19 @@ class TableWriter:
         read of their partitions; a handed one starts with the record before it, keyless, for its position."""
         starts: dict[tuple[str, int], int] = {}
         for s in strays:
-            at = (s.topic, s.partition)
-            starts[at] = min(starts.get(at, s.start), s.start - 1 if s.handed and s.start > 0 else s.start)
+            at, first = (s.topic, s.partition), max(s.start - int(s.handed), 0)
+            starts[at] = min(starts.get(at, first), first)
         read: dict[tuple[str, int], list[Record]] = {}
         for r in self._upto(starts, 1 << 62):
             read.setdefault((r.topic, r.partition), []).append(r)
         out = []
         for s in strays:
-            found = [r for r in read.get((s.topic, s.partition), []) if s.start <= r.offset and (r.offset < s.end
-                                                                                                   or s.end < 0)]
-            if s.end < 0 and found:
-                self.landed.reach(s.topic, s.partition, found[-1].offset + 1)
-            before = [r for r in read.get((s.topic, s.partition), []) if s.handed and r.offset == s.start - 1]
-            out.append([(None, header_position(r.headers)) for r in before] +
-                       [(r.key, header_position(r.headers)) for r in found])  # fmt: skip
+            first = s.start - int(s.handed)
+            mine = [r for r in read.get((s.topic, s.partition), []) if first <= r.offset and (r.offset < s.end
+                                                                                                or s.end < 0)]
+            if s.end < 0 and mine:
+                self.landed.reach(s.topic, s.partition, mine[-1].offset + 1)
+            out.append([(r.key if r.offset >= s.start else None, header_position(r.headers)) for r in mine])
         return out
 
     def look(self) -> bool:
