@@ -7,7 +7,9 @@ A poller thread serves the producer's deliveries and, in the order the points we
 each point to ``done`` with the end offset of every partition it names, once all of its rows and
 every earlier point's are acknowledged (``done`` writes the worker's fragment of the cuts,
 ``streams.materializer``). A refused row stops it for good: ``failed`` names it and the next
-``write`` raises. ``drain`` waits until everything written is acknowledged and handed on — a
+``write`` raises. ``tails`` takes the view
+topics' ends as Kafka reports them: records past this worker's last row are found the same way.
+``drain`` waits until everything written is acknowledged and handed on — a
 revocation returns only then, so no row of a partition given up lands after its next owner has
 read the partition back. The view topics' ends are shared between the poller and the feed thread
 (which sets them when it reads a partition back) under one lock. ``close`` stops the poller and
@@ -152,6 +154,24 @@ class Cuts:
         """Where records of another writer were found among this worker's since the last call (taken)."""
         with self.lock:
             found, self.found = self.found, []
+        return found
+
+    def settled(self) -> bool:
+        """Whether none of this worker's view rows is in flight, and every one written is in a point handed on."""
+        current = self.current
+        return not self.pending and current.outstanding == 0 and not current.ends and len(self.producer) == 0
+
+    def tails(self, ends: dict[tuple[str, int], int]) -> list[Stray]:
+        """Where Kafka says partitions end, asked while ``settled``: one ending past this worker's last row has
+        another writer's records at its tail (found, as those among its rows are)."""
+        with self.lock:
+            found = []
+            for name, topic in self.views.items():
+                for (at, partition), end in ends.items():
+                    known = self.ends[name].get(partition)
+                    if at == topic and known is not None and end > known and (name, partition, known) not in self.found:
+                        found.append((name, partition, known))
+            self.found += found
         return found
 
     def _hand_on(self, point: Point) -> None:

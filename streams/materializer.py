@@ -34,6 +34,9 @@ if the partition comes back. A partition assigned again while still held (this w
 the group, paused past its session, and was given it back) is read past this worker's last row,
 and records another worker wrote among this worker's own (a zombie's, found by ``streams.cuts``)
 are read at the next batch: the rows they left wrong are dirty, written again at the next point.
+Records written after this worker's last row of a partition are found by asking Kafka, every
+``look_every`` seconds while none of its rows is in flight, where its partitions end; when the raw
+topic is quiet (no point may come) their rows are written again at once, at the point the state is at.
 
 A publication ends between two rows when the feed is being stopped (``halt``, set by a revocation):
 it writes no fragment, and its rows not yet written stay dirty, so a revocation never waits for a
@@ -83,6 +86,7 @@ PROGRESS = b"@applied\x1f"  # + space: the raw offset that space's state reflect
 PROGRESS_FORMAT = struct.Struct(">qqi")
 COMMIT_EVERY = 10_000  # view rows written between commits of the endpoint's copies
 TABLES_KEY = b"@tables"  # the tables whose rows the state keeps (a view on a new table replays from the start)
+LOOK_EVERY = 10.0  # seconds between two looks at where the held view partitions end (``Materializer._look``)
 BACKLOG = 20_000  # raw changes read ahead of the barrier before the feed stops reading the raw topic
 Fragment = Callable[[str, int, int, float, Ends], None]  # (writer, commit LSN, raw offset, seconds, ends): in memory
 
@@ -99,7 +103,7 @@ class Materializer:
                  metrics: StreamsMetrics | None = None) -> None:  # fmt: skip
         self.cfg, self.views, self.shapes, self.store, self.schemas = cfg, views, shapes, store, schemas
         self.metrics = metrics or StreamsMetrics()
-        self.writer = writer  # for the raw topic's first offset
+        self.writer = writer  # for the raw topic's first offset and where view partitions end
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}"
         self.subjects = Subjects(cfg)
         self.read = ChangeReader(schemas)  # framed or nested images, as framed bytes
@@ -123,6 +127,8 @@ class Materializer:
         self.halt = threading.Event()  # set while the feed stops: a publication in hand ends between two rows
         self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
         self.reported = time.monotonic()
+        self.look_every = LOOK_EVERY  # seconds between two looks at the view topics' ends (``_look``)
+        self.looked = time.monotonic()
 
     # ---- partitions and start-up ----------------------------------------------------------
     def assign(self, partitions: set[int]) -> None:
@@ -198,24 +204,38 @@ class Materializer:
         for name in self.views:
             self._stray(name, partition, self.cuts.end(name, partition) or 0, "held again")
 
-    def _strays(self) -> None:
-        """Read the records another worker wrote among this worker's (``streams.cuts``): rows to write again."""
+    def _strays(self) -> int:
+        """Read the records another worker wrote among this worker's (``streams.cuts``): rows to write again (how
+        many)."""
         found = self.cuts.strays()
         if found:
             self.cuts.drain()  # this worker's own rows all in place: the read ends with what it wrote last
-        for name, partition, start in found:
-            if self.holds(partition):
-                self._stray(name, partition, start, "found written by another worker")
+        return sum(self._stray(name, partition, start, "found written by another worker")
+                   for name, partition, start in found if self.holds(partition))  # fmt: skip
 
-    def _stray(self, name: str, partition: int, start: int, why: str) -> None:
-        """Fold the records of a partition from ``start`` on; the rows they touched that differ are dirty."""
+    def _stray(self, name: str, partition: int, start: int, why: str) -> int:
+        """Fold the records of a partition from ``start`` on; the rows they touched that differ are dirty (how
+        many are dirty in the partition now)."""
         touched = self.publisher.catch_up(self.views[name], partition, start)
-        if touched:
-            self.metrics.view_strays.inc(len(touched))
-            dirty = self._mark(name, self.views[name], partition, touched)
-            self.store.commit()
-            log.warning("views: %s[%d] %s: %d rows written by another worker from offset %d, %d to write again",
-                        self.views[name].topic, partition, why, len(touched), start, dirty)  # fmt: skip
+        if not touched:
+            return 0
+        self.metrics.view_strays.inc(len(touched))
+        dirty = self._mark(name, self.views[name], partition, touched)
+        self.store.commit()
+        log.warning("views: %s[%d] %s: %d rows written by another worker from offset %d, %d to write again",
+                    self.views[name].topic, partition, why, len(touched), start, dirty)  # fmt: skip
+        return dirty
+
+    def _look(self) -> bool:
+        """Every ``look_every`` seconds, while none of this worker's rows is in flight, ask Kafka where the held
+        partitions of the view topics end: records past this worker's last row of one are another writer's (a
+        zombie's, written after this worker's last point), found as those among its rows are. Whether any was."""
+        now = time.monotonic()
+        if self.joiner is None or now - self.looked < self.look_every or not self.cuts.settled():
+            return False
+        self.looked = now
+        ends = self.writer.latest((view.topic, p) for view in self.views.values() for p in self.joiner.held)
+        return bool(ends and self.cuts.tails(ends))
 
     def _mark(self, name: str, view: ViewTopic, partition: int, keys: set[bytes]) -> int:
         """Rows of ``keys`` that differ from the view topic's latest records are dirty (the endpoint's copies of
@@ -265,6 +285,7 @@ class Materializer:
         started, rows = clock(), self.stats["rows"]
         for value in points:
             self.points.read(*read_point(value))
+        self._look()
         self._strays()
         self.backlog.extend(self._admit(batch))
         applied = self._advance()
@@ -340,7 +361,12 @@ class Materializer:
         self.store.commit()
 
     def idle(self) -> None:
-        """Nothing new to read."""
+        """Nothing new to read: now and then a look at the view topics' tails (``_look``). The rows another writer
+        left wrong there are written again at once, at the consistent point the state is at: with the raw topic
+        quiet no point may come (a publication at a point no other worker publishes adds a fragment no cut uses)."""
+        if self._look() and self._strays() and self.at_point is not None and self._publishing(self.at_point[0]):
+            self.publish(*self.at_point)
+            self.store.commit()
         self.unpublished = (self.joiner is not None and self.joiner.waiting()) or bool(self.cuts.pending)
 
     def replaying(self) -> int | None:

@@ -379,14 +379,21 @@ class TableWriter:
         one that ends past this writer's last record has another writer's records at its tail (``Landed.tail``)."""
         if len(self.producer) > 0:
             return False
-        parts = {TopicPartition(topic, partition): OffsetSpec.latest() for topic, partition in self.landed.ends}
+        ends = self.latest(self.landed.ends)
+        for (topic, partition), end in (ends or {}).items():
+            self.landed.tail(topic, partition, end)
+        return ends is not None
+
+    def latest(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
+        """Where Kafka says each partition ends (None: Kafka did not answer now; asked again later). The local
+        broker answers a multi-record batch's base offset + 1 for its last batch: never past a writer's own end."""
+        asked = {TopicPartition(topic, partition): OffsetSpec.latest() for topic, partition in parts}
         try:
-            for part, future in (self.admin.list_offsets(parts, request_timeout=10) if parts else {}).items():
-                self.landed.tail(part.topic, part.partition, int(future.result().offset))
+            answers = self.admin.list_offsets(asked, request_timeout=10).items() if asked else ()
+            return {(part.topic, part.partition): int(future.result().offset) for part, future in answers}
         except KafkaException as exc:
-            log.debug("cannot ask Kafka for the table topics' ends now (%s): asking again later", exc)
-            return False
-        return True
+            log.debug("cannot ask Kafka where %d partitions end now (%s): asking again later", len(asked), exc)
+            return None
 
     def raw(self, start: int, stop: int) -> Iterator[tuple[int, bytes | None, bytes | None]]:
         """The raw topic's records from offset ``start`` up to ``stop``: (offset, key, value)."""

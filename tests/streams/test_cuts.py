@@ -70,3 +70,16 @@ def test_a_partition_without_rows_at_a_point_keeps_its_end_and_is_not_suspected(
     cuts, ends = handed({0: 10, 1: 4}, {1: [4]})
     assert ends == [("v", 0, 10), ("v", 1, 5)]
     assert cuts.strays() == []
+
+
+def test_a_partition_that_ends_past_this_workers_last_row_has_another_writers_records_at_its_tail() -> None:
+    cuts, _ = handed({0: 10, 1: 4}, {0: [10, 11], 1: [4]})
+    ends = {(TOPIC, 0): 12, (TOPIC, 1): 7, (TOPIC, 2): 3, ("p.views.other", 0): 50}  # 2: never read, not this view's
+    assert cuts.tails(ends) == [("v", 1, 5)]
+    assert cuts.tails(ends) == []  # found once until taken
+    assert cuts.strays() == [("v", 1, 5)]
+
+
+def test_the_local_brokers_end_of_this_workers_own_last_batch_is_not_taken_for_another_writers() -> None:
+    cuts, _ = handed({0: 10}, {0: [10, 11, 12, 13]})  # one batch of four: the broker may say base + 1 = 11
+    assert cuts.tails({(TOPIC, 0): 11}) == [] and cuts.tails({(TOPIC, 0): 14}) == []
