@@ -7,9 +7,10 @@ A poller thread serves the producer's deliveries and, in the order the points we
 each point to ``done`` with the end offset of every partition it names, once all of its rows and
 every earlier point's are acknowledged (``done`` writes the worker's fragment of the cuts,
 ``streams.materializer``). A refused row stops it for good: ``failed`` names it and the next
-``write`` raises. ``tails`` takes the view
-topics' ends as Kafka reports them: records past this worker's last row are found the same way.
-``drain`` waits until everything written is acknowledged and handed on — a
+``write`` raises. ``tails`` takes the view topics' ends as Kafka reports them, asked while
+``settled`` (nothing of this worker's in flight or outside a point handed on): records past this
+worker's last row are found the same way. ``drain`` waits until everything written is
+acknowledged and handed on — a
 revocation returns only then, so no row of a partition given up lands after its next owner has
 read the partition back. The view topics' ends are shared between the poller and the feed thread
 (which sets them when it reads a partition back) under one lock. ``close`` stops the poller and
@@ -157,7 +158,9 @@ class Cuts:
         return found
 
     def settled(self) -> bool:
-        """Whether none of this worker's view rows is in flight, and every one written is in a point handed on."""
+        """Whether none of this worker's view rows is in flight, and every one written is in a point handed on.
+        Read without the lock: only the feed thread adds points and rows, and the poller moves the ends (under the
+        lock) before it lets a point go."""
         current = self.current
         return not self.pending and current.outstanding == 0 and not current.ends and len(self.producer) == 0
 

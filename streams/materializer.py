@@ -204,14 +204,14 @@ class Materializer:
         for name in self.views:
             self._stray(name, partition, self.cuts.end(name, partition) or 0, "held again")
 
-    def _strays(self) -> int:
-        """Read the records another worker wrote among this worker's (``streams.cuts``): rows to write again (how
-        many)."""
+    def _strays(self) -> set[int]:
+        """Read the records another worker wrote among this worker's (``streams.cuts``): the partitions where rows
+        are to be written again."""
         found = self.cuts.strays()
         if found:
             self.cuts.drain()  # this worker's own rows all in place: the read ends with what it wrote last
-        return sum(self._stray(name, partition, start, "found written by another worker")
-                   for name, partition, start in found if self.holds(partition))  # fmt: skip
+        return {partition for name, partition, start in found
+                if self.holds(partition) and self._stray(name, partition, start, "found written by another worker")}
 
     def _stray(self, name: str, partition: int, start: int, why: str) -> int:
         """Fold the records of a partition from ``start`` on; the rows they touched that differ are dirty (how
@@ -234,7 +234,7 @@ class Materializer:
         if self.joiner is None or now - self.looked < self.look_every or not self.cuts.settled():
             return False
         self.looked = now
-        ends = self.writer.latest((view.topic, p) for view in self.views.values() for p in self.joiner.held)
+        ends = self.writer.latest(((view.topic, p) for view in self.views.values() for p in self.joiner.held), 2.0)
         return bool(ends and self.cuts.tails(ends))
 
     def _mark(self, name: str, view: ViewTopic, partition: int, keys: set[bytes]) -> int:
@@ -273,10 +273,24 @@ class Materializer:
         self.position, self.watermark = first[0], (first[1], first[2])
         self.quiet_until = max(self.starts.values())
         self.cursor.reset(self.position)
-        self.points, self.backlog, self.at_point = Points(), deque(), None
+        self.points, self.backlog, self.at_point = Points(), deque(), self._resumed_at()
         log.info("views of partitions %s resume at raw offset %d (quiet until offset %d, commit LSN %s published)",
                  sorted(self.joiner.held), self.position, self.quiet_until,
                  lsn_text(max(self.publisher.published_lsn.values(), default=0)))  # fmt: skip
+
+    def _resumed_at(self) -> tuple[int, int] | None:
+        """The consistent point the state is at when every space stands at one raw offset: (offset, commit LSN)
+        of the change before it when that change ends a transaction (read back), else None. So a point asked for
+        while the raw topic stays quiet after a rebalance is published here, not only once a change comes."""
+        if self.position == 0 or self.position < self.quiet_until:
+            return None
+        for offset, _, value in self.writer.raw(self.position - 1, self.position):
+            try:
+                change = Change.from_record(self.read(value)) if value is not None else None
+            except (UndecodableMessage, KeyError, TypeError):
+                return None
+            return (offset, change.commit_lsn) if change is not None and change.ends_transaction else None
+        return None
 
     # ---- changes ------------------------------------------------------------------------
     def handle(self, batch: Sequence[Raw], points: Sequence[bytes] = ()) -> None:
@@ -362,10 +376,12 @@ class Materializer:
 
     def idle(self) -> None:
         """Nothing new to read: now and then a look at the view topics' tails (``_look``). The rows another writer
-        left wrong there are written again at once, at the consistent point the state is at: with the raw topic
-        quiet no point may come (a publication at a point no other worker publishes adds a fragment no cut uses)."""
-        if self._look() and self._strays() and self.at_point is not None and self._publishing(self.at_point[0]):
-            self.publish(*self.at_point)
+        left wrong there are written again at once, at the consistent point the state is at, if it is at one (else
+        at the next point): with the raw topic quiet no point may come (a publication at a point no other worker
+        publishes adds a fragment no cut uses). Only those partitions: a zombie's others wait for a point."""
+        wrong = self._strays() if self._look() else set()
+        if wrong and self.at_point is not None and self._publishing(self.at_point[0]):
+            self.publish(*self.at_point, only=wrong)
             self.store.commit()
         self.unpublished = (self.joiner is not None and self.joiner.waiting()) or bool(self.cuts.pending)
 
@@ -374,14 +390,14 @@ class Materializer:
         return self.quiet_until if self.joiner is not None and self.position < self.quiet_until else None
 
     # ---- publication --------------------------------------------------------------------
-    def publish(self, offset: int, lsn: int) -> None:
-        """Write the changed view rows of the partitions held as of ``lsn`` (not waiting); their fragment
-        follows once Kafka has them."""
+    def publish(self, offset: int, lsn: int, only: set[int] | None = None) -> None:
+        """Write the changed view rows of the partitions held (``only`` those) as of ``lsn`` (not waiting); their
+        fragment follows once Kafka has them."""
         assert self.joiner is not None
         started = time.monotonic()
         self.joiner.expand()
         parts = []
-        for partition in sorted(self.joiner.held):
+        for partition in sorted(self.joiner.held if only is None else self.joiner.held & only):
             if lsn < self.publisher.published_lsn.get(partition, -1):
                 continue  # its records carry a newer point (another worker held it): not back to an older one
             for name, view in self.views.items():

@@ -384,12 +384,13 @@ class TableWriter:
             self.landed.tail(topic, partition, end)
         return ends is not None
 
-    def latest(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
-        """Where Kafka says each partition ends (None: Kafka did not answer now; asked again later). The local
-        broker answers a multi-record batch's base offset + 1 for its last batch: never past a writer's own end."""
+    def latest(self, parts: Iterable[tuple[str, int]], timeout: float = 10.0) -> dict[tuple[str, int], int] | None:
+        """Where Kafka says each partition ends (None: Kafka did not answer within ``timeout``; asked again later).
+        The local broker answers its last batch's base offset + 1 (one of many records): never past a writer's own
+        end."""
         asked = {TopicPartition(topic, partition): OffsetSpec.latest() for topic, partition in parts}
         try:
-            answers = self.admin.list_offsets(asked, request_timeout=10).items() if asked else ()
+            answers = self.admin.list_offsets(asked, request_timeout=timeout).items() if asked else ()
             return {(part.topic, part.partition): int(future.result().offset) for part, future in answers}
         except KafkaException as exc:
             log.debug("cannot ask Kafka where %d partitions end now (%s): asking again later", len(asked), exc)

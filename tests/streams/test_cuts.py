@@ -83,3 +83,23 @@ def test_a_partition_that_ends_past_this_workers_last_row_has_another_writers_re
 def test_the_local_brokers_end_of_this_workers_own_last_batch_is_not_taken_for_another_writers() -> None:
     cuts, _ = handed({0: 10}, {0: [10, 11, 12, 13]})  # one batch of four: the broker may say base + 1 = 11
     assert cuts.tails({(TOPIC, 0): 11}) == [] and cuts.tails({(TOPIC, 0): 14}) == []
+
+
+class Idle:
+    """A producer with nothing in flight."""
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_the_ends_are_looked_at_only_while_every_row_written_is_in_a_point_handed_on() -> None:
+    cuts = Cuts(cast(Any, Idle()), {"v": TOPIC}, lambda point, ends: None)
+    assert cuts.settled()
+    cuts.current.outstanding += 1  # a row on its way
+    assert not cuts.settled()
+    cuts.current.delivered(None, Acked(0, 3))  # acknowledged, but in no point yet (a publication cut short)
+    assert not cuts.settled()
+    cuts.point(lsn=7, offset=70, parts=[("v", 0)], seconds=0.1)  # nothing outstanding: handed on at once
+    assert cuts.settled() and cuts.end("v", 0) == 4
+    cuts.pending.append(Point(lsn=8, offset=80, parts=[("v", 0)], seconds=0.1))  # a point whose rows are awaited
+    assert not cuts.settled()
