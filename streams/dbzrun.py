@@ -6,9 +6,11 @@ the table topics' partition count, made on first use — and with ``debezium_tra
 BEGIN/END records to ``<debezium prefix>.transaction`` (one partition, not compacted). They are
 written with the fan-out's batch, so its checkpoint covers them; a record a crashed run already
 wrote is recognised by the partition's last record (tails read when a run first writes to a topic)
-and not written twice. ``RegistrySchemas`` registers each envelope and key schema once per table
-schema version, under ``<topic>-value`` / ``<topic>-key``, and fills a key out to a row for deletes
-under REPLICA IDENTITY DEFAULT. A transaction met in its middle is recounted from the raw topic.
+and not written twice; ``again`` builds the same records of replayed changes, so a key another
+writer's record left behind gets its newest written again, as on the table topics.
+``RegistrySchemas`` registers each envelope and key schema once per table schema version, under
+``<topic>-value`` / ``<topic>-key``, and fills a key out to a row for deletes under REPLICA IDENTITY
+DEFAULT. A transaction met in its middle is recounted from the raw topic.
 Its collaborators (settings, registry, writer, raw decoder) are passed in.
 """
 
@@ -57,11 +59,21 @@ class DebeziumRun:
                              hint="set [streams] debezium_database to the captured database's name (source.db)")
         self.cfg, self.writer, self.decode, self.registry = cfg, writer, decode, registry
         self.schemas = RegistrySchemas(registry, cfg.dbz_prefix)
-        self.builder = Debezium(cfg.dbz_prefix, cfg.debezium_database, version(), cfg.partitions, self.schemas,
-                                old_key=old_key, transactions=cfg.debezium_transactions,
-                                earlier=self.earlier)  # fmt: skip
+        self.old_key = old_key
+        self.builder = self.again()
         self.loaded: set[str] = set()  # topics whose tails this run has read
         self.written = 0
+
+    def again(self) -> Debezium:
+        """A builder of its own (no transaction under way): the records of changes replayed from the raw topic, the
+        same as they were first written (a rewrite of a key's newest, ``streams.fanrun``)."""
+        cfg = self.cfg
+        return Debezium(cfg.dbz_prefix, cfg.debezium_database, version(), cfg.partitions, self.schemas,
+                        old_key=self.old_key, transactions=cfg.debezium_transactions, earlier=self.earlier)
+
+    def owns(self, topic: str) -> bool:
+        """Whether ``topic`` is one of the Debezium-format table topics this run writes (a key's newest is kept)."""
+        return topic in self.loaded and topic != debezium_transaction_topic(self.cfg.dbz_prefix)
 
     def reset(self) -> None:
         """The fan-out reloaded its state (a new ``FanOut``): read the tails again before writing."""

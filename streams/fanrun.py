@@ -9,9 +9,9 @@ table topics stayed (their records' positions are offsets of the old one) stops 
 ``FatalError`` saying what to delete. A message that cannot be decoded goes to ``<prefix>.changes.dlq`` with its offset
 and the reason, is counted and logged, and the stream goes on. With ``[streams] debezium`` each
 change is also written in Debezium's format (``streams.dbzrun``) in the same batch. Records another
-writer put among the fan-out's on a table topic (a zombie: a worker paused past its session, sending old
-records late; ``streams.writer.Landed``) are read back, and each key they touched gets the record of its
-newest change written again (``mend``), so an old one never stays a key's newest. The checkpoint
+writer put among the fan-out's on a table topic or a Debezium-format one (a zombie: a worker paused past its
+session, sending old records late; ``streams.writer.Landed``) are read back, and each key they touched gets
+the record of its newest change written again (``mend``), so an old one never stays a key's newest. The checkpoint
 says how far each table partition was examined (``Landed.verified``); the next run examines the rest, and writes
 again the keys of records there written out of raw order (``streams.fanout.disordered``). Its
 collaborators (settings, registry, writer) are passed in: it runs without a host.
@@ -187,11 +187,12 @@ class FanOutRun:
         start = self.cursor.next
         for stray, records in zip(strays, self.writer.records(strays), strict=True):
             self.found(stray, records)
-            if stray.topic in self.served:
+            if stray.topic in self.served or (self.debezium is not None and self.debezium.owns(stray.topic)):
                 old = self.older(stray, records)
                 keys.setdefault((stray.topic, stray.partition), set()).update(old)
                 start = min(start, *old.values()) if old else start
-        outputs = newest(self._routes(start), keys) if any(keys.values()) else []
+        debezium = any(some and topic not in self.served for (topic, _), some in keys.items())
+        outputs = newest(self._routes(start, debezium), keys) if any(keys.values()) else []
         pending = self.writer.open_batch()
         self.writer.write(outputs, pending)
         pending.end, pending.watermark, pending.strays = self.cursor.next, fan.watermark, tuple(strays)
@@ -221,14 +222,20 @@ class FanOutRun:
                     "the raw partition and had not noticed yet)", len(records), stray.topic, stray.partition,
                     extra=where)  # fmt: skip
 
-    def _routes(self, start: int) -> Iterator[list[Output] | Truncate]:
-        """The routes of the raw changes from ``start`` up to where this fan-out stands, none left out as written."""
+    def _routes(self, start: int, debezium: bool = False) -> Iterator[list[Output] | Truncate]:
+        """The routes of the raw changes from ``start`` up to where this fan-out stands, none left out as written;
+        with ``debezium``, each change's Debezium-format records after them."""
         fan = FanOut(self.cfg.partitions, key_of_row=self.fan_key)
+        again = self.debezium.again() if debezium and self.debezium is not None else None
         for offset, _, value in self.writer.raw(start, self.cursor.next):
             try:
-                yield fan.route(self.decode(value), offset)
+                change = self.decode(value)
+                fresh = again is not None and not fan.duplicate(change)
+                yield fan.route(change, offset)
             except UndecodableMessage:
                 continue  # a dead letter: no record
+            if fresh:
+                yield again.events(change, offset, time.time_ns() // 1000)  # type: ignore[union-attr]
 
     def report(self, offset: int, every: float = 10.0) -> None:
         """A progress line every ``every`` seconds: rate, batches, time busy, counters."""
