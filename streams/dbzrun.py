@@ -75,9 +75,16 @@ class DebeziumRun:
         """Whether ``topic`` is one of the Debezium-format table topics this run writes (a key's newest is kept)."""
         return topic in self.loaded and topic != debezium_transaction_topic(self.cfg.dbz_prefix)
 
-    def reset(self) -> None:
-        """The fan-out reloaded its state (a new ``FanOut``): read the tails again before writing."""
-        self.loaded.clear()
+    def kept(self, verified: dict[tuple[str, int], int]) -> list[str]:
+        """The Debezium-format table topics a checkpoint says were examined: the fan-out reads their tails at its
+        start, with the table topics, so the next owner examines what the last one wrote past them."""
+        prefix, tx = f"{self.cfg.dbz_prefix}.", debezium_transaction_topic(self.cfg.dbz_prefix)
+        return sorted({topic for topic, _ in verified if topic.startswith(prefix) and topic != tx})
+
+    def reset(self, loaded: list[str]) -> None:
+        """The fan-out reloaded its state (a new ``FanOut``, the tails of ``loaded`` read with it): read the other
+        topics' tails again before writing."""
+        self.loaded = set(loaded)
         self.builder.tx = None
 
     def emit(self, fan: FanOut, change: Change, offset: int, pending: Pending) -> None:

@@ -106,13 +106,16 @@ class FanOutRun:
         self.cursor.reset(start)
         self.saved = self.resumed = start
         self.last = saved
-        topics = [*sorted(self.served), self.cfg.dlq_topic]
+        kept = [t for t in (self.debezium.kept(saved.verified) if self.debezium is not None and saved is not None
+                            else []) if t not in self.served]  # fmt: skip
+        topics = [*sorted(self.served), self.cfg.dlq_topic, *kept]
+        self.writer.ensure_topics(kept)  # their partitions known: each one's tail is read
         tails = self.writer.tails(topics)
         self.fanout = FanOut(self.cfg.partitions, watermark, tails, self.fan_key)
         self.ready = 1 + max((at[0] for at in tails.values()), default=-1)
         self.writer.landed.unexamined(saved.verified if saved else {})
         if self.debezium is not None:
-            self.debezium.reset()
+            self.debezium.reset(kept)
         log.info("fan-out resumes: raw offsets below %d done, watermark %s", start, watermark)
         return self.fanout
 

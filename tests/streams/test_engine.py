@@ -399,33 +399,42 @@ def test_an_old_debezium_record_another_worker_writes_is_written_over_with_the_n
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["handed over", "after a crash"])
+@pytest.mark.parametrize(("how", "on"), [("handed over", "table topic"), ("after a crash", "table topic"),
+                                         ("handed over", "Debezium topic")])  # fmt: skip
 def test_an_old_table_record_the_owner_had_not_examined_when_the_raw_partition_moved_is_found_by_the_next_owner(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, how: str,
+    monkeypatch: pytest.MonkeyPatch, how: str, on: str,
 ) -> None:  # fmt: skip
     """A zombie's old record lands after the owner's last one of the partition, and the owner gives up the raw
     partition (or dies) before it looks: its checkpoint says how far it examined each partition, and the next owner,
-    another worker, examines the rest and writes the order's tombstone again."""
-    first, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path / "first")
+    another worker, examines the rest and writes the order's tombstone again (on a Debezium-format topic too)."""
+    database = psycopg2.extensions.parse_dsn(pg_database)["dbname"]
+    settings = {"debezium": "true", "debezium_database": database} if on == "Debezium topic" else {}
+    first, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path / "first", **settings)
     first.fanout.look_every = 3600.0  # the owner does not find the zombie's record itself
     cfg = first.cfg
     orders = first.catalog.find("orders")
     assert orders is not None
+    topic = debezium_topic(cfg.dbz_prefix, "public", "orders") if settings else orders.topic
     parts = {(t.topic, p) for t in first.catalog.tables for p in range(cfg.partitions)}
     everything = parts | {(cfg.view_topic("orders_enriched"), p) for p in range(cfg.partitions)} | {first.raw}
-    second, fatal_b = another_engine(local_stack, cfg.topic_prefix, tmp_path / "second")
+    second, fatal_b = another_engine(local_stack, cfg.topic_prefix, tmp_path / "second", **settings)
+
+    def newest() -> Any:
+        return [r for r in read_topic(cfg.bootstrap, topic) if r.key == mine[0].key][-1]
+
     try:
         first.assigned(everything)
-        mine = zombie_sends_an_old_order(shop_db, first, orders.topic)
+        mine = zombie_sends_an_old_order(shop_db, first, topic)
         if how == "after a crash":  # no last checkpoint: the one of its last batch, written before the zombie's
             monkeypatch.setattr(first.fanout, "save_last", lambda: None)
         first.revoked()
         second.assigned(everything)
         settled(shop_db, second)
+        wait_for(lambda: newest().value is None, 60)
     finally:
         second.close()
         first.close()
     assert not fatal and not fatal_b
-    last = [r for r in read_topic(cfg.bootstrap, orders.topic) if r.key == mine[0].key][-1]
+    last = newest()
     assert last.value is None and last.offset > mine[-1].offset + 1, "the tombstone, written after the zombie's row"
