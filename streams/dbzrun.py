@@ -1,17 +1,17 @@
 """The Debezium-format topics' runtime, beside the fan-out: schemas registered, topics made, replays skipped.
 
 Promise: with ``[streams] debezium`` on, ``DebeziumRun.emit`` writes the records of each raw change
-the fan-out routes (``streams.debezium``) to ``<debezium prefix>.<schema>.<table>`` — compacted, with
-the table topics' partition count, made on first use — and with ``debezium_transactions`` the
+the fan-out routes (``streams.debezium``) to ``<debezium prefix>.<schema>.<table>`` — compacted,
+with the table topics' partition count, made on first use — and with ``debezium_transactions`` the
 BEGIN/END records to ``<debezium prefix>.transaction`` (one partition, not compacted). They are
 written with the fan-out's batch, so its checkpoint covers them; a record a crashed run already
-wrote is recognised by the partition's last record (tails read when a run first writes to a topic)
-and not written twice; ``again`` builds the same records of replayed changes, so a key another
-writer's record left behind gets its newest written again, as on the table topics.
-``RegistrySchemas`` registers each envelope and key schema once per table schema version, under
-``<topic>-value`` / ``<topic>-key``, and fills a key out to a row for deletes under REPLICA IDENTITY
-DEFAULT. A transaction met in its middle is recounted from the raw topic.
-Its collaborators (settings, registry, writer, raw decoder) are passed in.
+wrote is recognised by the partition's last record (tails read when a run first writes to a topic,
+or at its start for those the checkpoint names: ``kept``) and not written twice; ``again`` builds
+the same records of replayed changes, so a key another writer's record left behind gets its newest
+written again, as on the table topics. ``RegistrySchemas`` registers each envelope and key schema
+once per table schema version, under ``<topic>-value`` / ``<topic>-key``, and fills a key out to a
+row for deletes under REPLICA IDENTITY DEFAULT. A transaction met in its middle is recounted from
+the raw topic. Its collaborators (settings, registry, writer, raw decoder) are passed in.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from decimal import Decimal
 from importlib import metadata
 from typing import Any
@@ -75,11 +75,15 @@ class DebeziumRun:
         """Whether ``topic`` is one of the Debezium-format table topics this run writes (a key's newest is kept)."""
         return topic in self.loaded and topic != debezium_transaction_topic(self.cfg.dbz_prefix)
 
-    def kept(self, verified: dict[tuple[str, int], int]) -> list[str]:
-        """The Debezium-format table topics a checkpoint says were examined: the fan-out reads their tails at its
-        start, with the table topics, so the next owner examines what the last one wrote past them."""
-        prefix, tx = f"{self.cfg.dbz_prefix}.", debezium_transaction_topic(self.cfg.dbz_prefix)
-        return sorted({topic for topic, _ in verified if topic.startswith(prefix) and topic != tx})
+    def kept(self, verified: dict[tuple[str, int], int], served: Collection[str]) -> list[str]:
+        """The Debezium-format table topics (``<prefix>.<schema>.<table>``) a checkpoint says were examined, none of
+        the fan-out's others: it reads their tails at its start, with the table topics, so the next owner examines
+        what the last one wrote past them."""
+        cfg = self.cfg
+        others = {*served, cfg.dlq_topic, cfg.changes_topic, debezium_transaction_topic(cfg.dbz_prefix)}
+        prefix = f"{cfg.dbz_prefix}."
+        return sorted({topic for topic, _ in verified if topic.startswith(prefix) and "." in topic[len(prefix):]
+                       and topic not in others})  # fmt: skip
 
     def reset(self, loaded: list[str]) -> None:
         """The fan-out reloaded its state (a new ``FanOut``, the tails of ``loaded`` read with it): read the other

@@ -12,7 +12,7 @@ change is also written in Debezium's format (``streams.dbzrun``) in the same bat
 writer put among the fan-out's on a table topic or a Debezium-format one (a zombie: a worker paused past its
 session, sending old records late; ``streams.writer.Landed``) are read back, and each key they touched gets
 the record of its newest change written again (``mend``), so an old one never stays a key's newest. The checkpoint
-says how far each table partition was examined (``Landed.verified``); the next run examines the rest, and writes
+says how far each partition it wrote was examined (``Landed.verified``); the next run examines the rest, and writes
 again the keys of records there written out of raw order (``streams.fanout.disordered``). Its
 collaborators (settings, registry, writer) are passed in: it runs without a host.
 """
@@ -106,11 +106,9 @@ class FanOutRun:
         self.cursor.reset(start)
         self.saved = self.resumed = start
         self.last = saved
-        kept = [t for t in (self.debezium.kept(saved.verified) if self.debezium is not None and saved is not None
-                            else []) if t not in self.served]  # fmt: skip
-        topics = [*sorted(self.served), self.cfg.dlq_topic, *kept]
-        self.writer.ensure_topics(kept)  # their partitions known: each one's tail is read
-        tails = self.writer.tails(topics)
+        named = self.debezium.kept(saved.verified, self.served) if self.debezium is not None and saved else []
+        kept = self.writer.ensure_topics(named, create=False)  # those still there; none made again
+        tails = self.writer.tails([*sorted(self.served), self.cfg.dlq_topic, *kept])
         self.fanout = FanOut(self.cfg.partitions, watermark, tails, self.fan_key)
         self.ready = 1 + max((at[0] for at in tails.values()), default=-1)
         self.writer.landed.unexamined(saved.verified if saved else {})
@@ -237,8 +235,8 @@ class FanOutRun:
                 yield fan.route(change, offset)
             except UndecodableMessage:
                 continue  # a dead letter: no record
-            if fresh:
-                yield again.events(change, offset, time.time_ns() // 1000)  # type: ignore[union-attr]
+            if fresh and again is not None:
+                yield again.events(change, offset, time.time_ns() // 1000)
 
     def report(self, offset: int, every: float = 10.0) -> None:
         """A progress line every ``every`` seconds: rate, batches, time busy, counters."""

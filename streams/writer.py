@@ -222,23 +222,28 @@ class TableWriter:
 
     # ---- topics ---------------------------------------------------------------------
     def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True,
-                      config: dict[str, str] | None = None) -> None:  # fmt: skip
-        want = partitions or self.cfg.partitions
+                      config: dict[str, str] | None = None, create: bool = True) -> list[str]:  # fmt: skip
+        """Make ``topics`` known (their partitions checked), made where missing unless not ``create``: those known."""
+        topics, want = list(topics), partitions or self.cfg.partitions
         todo = [t for t in topics if t not in self.known]
-        if not todo:
-            return
+        if todo:
+            self._ensure(todo, want, compact, config or {}, create)
+        return [t for t in topics if t in self.known]
+
+    def _ensure(self, todo: list[str], want: int, compact: bool, config: dict[str, str], make: bool) -> None:
         try:
             existing = partition_counts(self.admin)
         except KafkaException as exc:
             hint = "start the broker, or set bootstrap in [pipeline] or [streams]"
             raise RetryableError(f"cannot reach Kafka at {self.cfg.bootstrap}: {exc}", hint=hint) from exc
+        todo = todo if make else [t for t in todo if t in existing]
         for topic in todo:
             if existing.get(topic, want) != want:
                 raise TopicLayoutError(
                     topic, f"has {existing[topic]} partitions, the workers are set for {want}",
                     hint="set [streams] partitions to match, or delete the topic so it is made again",
                 )  # fmt: skip
-        settings = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config, **(config or {})}
+        settings = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config, **config}
         create = [NewTopic(t, want, self.cfg.replication_factor, config=settings) for t in todo if t not in existing]
         try:
             create_topics(self.admin, create)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import io
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import pytest
 
-from streams.dbzrun import fallback
+from streams.config import load_streams_config
+from streams.dbzrun import DebeziumRun, fallback
 from streams.debezium import (
     NEW_KEY,
     OLD_KEY,
@@ -227,3 +228,13 @@ def test_a_transaction_met_in_its_middle_counts_its_earlier_changes() -> None:
 
 def test_decoded_instants_in_microseconds() -> None:
     assert micros(COMMITTED) == 1559033904863123 and micros(5) == 5
+
+
+def test_the_debezium_topics_a_checkpoint_names_are_its_table_topics_only() -> None:
+    cfg = load_streams_config({"HEADWATER_STREAMS_TOPIC_PREFIX": "p", "HEADWATER_STREAMS_DEBEZIUM": "true",
+                               "HEADWATER_STREAMS_DEBEZIUM_DATABASE": "shop"})  # fmt: skip
+    run = DebeziumRun(cfg, cast(Any, None), cast(Any, None), lambda change: None, cast(Any, None))
+    verified = {(t, 0): 1 for t in ["p.debezium.public.orders", "p.debezium.transaction", "p.debezium.x",
+                                    "p.orders", "p.changes.dlq", "p.debezium.public.items", "p.debezium.a.b"]}
+    assert run.kept(verified, served={"p.orders", "p.debezium.a.b"}) == ["p.debezium.public.items",
+                                                                         "p.debezium.public.orders"]  # fmt: skip

@@ -325,7 +325,7 @@ def zombie_sends_an_old_order(conn: Any, engine: Engine, topic: str) -> list[Any
         cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
     settled(conn, engine)
     mine = [r for r in read_topic(engine.cfg.bootstrap, topic) if engine.schemas.decode(r.key)["id"] == doomed]
-    assert [r.value is None for r in mine] == [False] * (len(mine) - 1) + [True] and len(mine) >= 3
+    assert [r.value is None for r in mine] in ([False, False, True], [False, False, False, True])  # the last: Debezium
     zombie = Producer({"bootstrap.servers": engine.cfg.bootstrap})
     zombie.produce(topic, mine[1].value, mine[1].key, partition=mine[1].partition, headers=list(mine[1].headers))
     assert zombie.flush(10) == 0
@@ -400,7 +400,7 @@ def test_an_old_debezium_record_another_worker_writes_is_written_over_with_the_n
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("how", "on"), [("handed over", "table topic"), ("after a crash", "table topic"),
-                                         ("handed over", "Debezium topic")])  # fmt: skip
+                                         ("handed over", "Debezium topic"), ("after a crash", "Debezium topic")])
 def test_an_old_table_record_the_owner_had_not_examined_when_the_raw_partition_moved_is_found_by_the_next_owner(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, how: str, on: str,
@@ -431,7 +431,7 @@ def test_an_old_table_record_the_owner_had_not_examined_when_the_raw_partition_m
         first.revoked()
         second.assigned(everything)
         settled(shop_db, second)
-        wait_for(lambda: newest().value is None, 60)
+        assert wait_for(lambda: newest().value is None, 60), "the zombie's row is still the newest"
     finally:
         second.close()
         first.close()
