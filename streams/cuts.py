@@ -79,6 +79,7 @@ class Cuts:
     def __init__(self, producer: Producer, views: dict[str, str], done: Callable[[Point, Ends], None]) -> None:
         self.producer = producer
         self.views = views  # view name -> its topic
+        self.names = {topic: name for name, topic in views.items()}
         self.done = done
         self.ends: dict[str, dict[int, int]] = {name: {} for name in views}
         self.lock = threading.Lock()  # guards ends and handed
@@ -169,11 +170,11 @@ class Cuts:
         another writer's records at its tail (found, as those among its rows are)."""
         with self.lock:
             found = []
-            for name, topic in self.views.items():
-                for (at, partition), end in ends.items():
-                    known = self.ends[name].get(partition)
-                    if at == topic and known is not None and end > known and (name, partition, known) not in self.found:
-                        found.append((name, partition, known))
+            for (topic, partition), end in ends.items():
+                name = self.names.get(topic, "")  # not a view topic: no end known
+                known = self.ends.get(name, {}).get(partition)
+                if known is not None and end > known and (name, partition, known) not in self.found:
+                    found.append((name, partition, known))
             self.found += found
         return found
 
@@ -181,7 +182,7 @@ class Cuts:
         with self.lock:
             stray = set()
             for (topic, partition), end in point.delivered.ends.items():
-                name = next(n for n, t in self.views.items() if t == topic)
+                name = self.names[topic]
                 known = self.ends[name].get(partition)
                 if known is not None and point.delivered.interleaved((topic, partition), known):
                     stray.add((name, partition))

@@ -210,8 +210,11 @@ class Materializer:
         found = self.cuts.strays()
         if found:
             self.cuts.drain()  # this worker's own rows all in place: the read ends with what it wrote last
-        return {partition for name, partition, start in found
-                if self.holds(partition) and self._stray(name, partition, start, "found written by another worker")}
+        wrong = set()
+        for name, partition, start in found:
+            if self.holds(partition) and self._stray(name, partition, start, "found written by another worker"):
+                wrong.add(partition)
+        return wrong
 
     def _stray(self, name: str, partition: int, start: int, why: str) -> int:
         """Fold the records of a partition from ``start`` on; the rows they touched that differ are dirty (how
@@ -285,10 +288,7 @@ class Materializer:
         if self.position == 0 or self.position < self.quiet_until:
             return None
         for offset, _, value in self.writer.raw(self.position - 1, self.position):
-            try:
-                change = Change.from_record(self.read(value)) if value is not None else None
-            except (UndecodableMessage, KeyError, TypeError):
-                return None
+            change = self._change(value)
             return (offset, change.commit_lsn) if change is not None and change.ends_transaction else None
         return None
 
@@ -322,13 +322,19 @@ class Materializer:
         """The batch's new, decodable changes (the fan-out dead-letters the rest)."""
         out = []
         for offset, _, value in self.cursor.admit(batch):
-            if value is None:
-                continue
-            try:
-                out.append((offset, Change.from_record(self.read(value))))
-            except (UndecodableMessage, KeyError, TypeError):
-                continue
+            change = self._change(value)
+            if change is not None:
+                out.append((offset, change))
         return out
+
+    def _change(self, value: bytes | None) -> Change | None:
+        """A raw record's change, None if it has none or cannot be decoded (the fan-out dead-letters it)."""
+        if value is None:
+            return None
+        try:
+            return Change.from_record(self.read(value))
+        except (UndecodableMessage, KeyError, TypeError):
+            return None
 
     def _advance(self) -> int:
         """Apply the changes read that the barrier allows (all while replaying): how many were applied."""

@@ -230,13 +230,13 @@ class TableWriter:
             self._ensure(todo, want, compact, config or {}, create)
         return [t for t in topics if t in self.known]
 
-    def _ensure(self, todo: list[str], want: int, compact: bool, config: dict[str, str], make: bool) -> None:
+    def _ensure(self, todo: list[str], want: int, compact: bool, config: dict[str, str], create: bool) -> None:
         try:
             existing = partition_counts(self.admin)
         except KafkaException as exc:
             hint = "start the broker, or set bootstrap in [pipeline] or [streams]"
             raise RetryableError(f"cannot reach Kafka at {self.cfg.bootstrap}: {exc}", hint=hint) from exc
-        todo = todo if make else [t for t in todo if t in existing]
+        todo = todo if create else [t for t in todo if t in existing]
         for topic in todo:
             if existing.get(topic, want) != want:
                 raise TopicLayoutError(
@@ -244,14 +244,14 @@ class TableWriter:
                     hint="set [streams] partitions to match, or delete the topic so it is made again",
                 )  # fmt: skip
         settings = {"cleanup.policy": "compact" if compact else "delete", **self.cfg.topic_config, **config}
-        create = [NewTopic(t, want, self.cfg.replication_factor, config=settings) for t in todo if t not in existing]
+        made = [NewTopic(t, want, self.cfg.replication_factor, config=settings) for t in todo if t not in existing]
         try:
-            create_topics(self.admin, create)
+            create_topics(self.admin, made)
         except KafkaException as exc:
-            raise FatalError(f"cannot create topics {[t.topic for t in create]}: {exc}") from exc
+            raise FatalError(f"cannot create topics {[t.topic for t in made]}: {exc}") from exc
         for topic in todo:
             self.known[topic] = want
-        for new in create:
+        for new in made:
             log.info("created topic %s (%d partitions, %s)", new.topic, want, "compacted" if compact else "delete")
 
     # ---- writing --------------------------------------------------------------------

@@ -312,6 +312,11 @@ def test_an_old_row_another_worker_writes_among_this_workers_rows_is_never_in_a_
     assert header_lsn(last.headers) >= header_lsn(mine[1].headers), "written again at an older point than its delete"
 
 
+def records_of(bootstrap: str, topic: str, key: bytes | None) -> list[Any]:
+    """A key's records on ``topic``, in offset order."""
+    return [r for r in read_topic(bootstrap, topic) if r.key == key]
+
+
 def zombie_sends_an_old_order(conn: Any, engine: Engine, topic: str) -> list[Any]:
     """An order inserted, updated and deleted through ``engine``; then a zombie (another producer) sends the
     order's update again after its tombstone: the order's records on ``topic`` before the zombie's (on a
@@ -361,7 +366,7 @@ def test_an_old_table_record_another_worker_writes_among_the_fan_outs_is_written
     finally:
         engine.close()
     assert not fatal
-    last = [r for r in read_topic(cfg.bootstrap, orders.topic) if r.key == mine[0].key][-1]
+    last = records_of(cfg.bootstrap, orders.topic, mine[0].key)[-1]
     assert last.value is None and last.offset > mine[-1].offset + 1, "the tombstone, written after the zombie's row"
 
 
@@ -381,19 +386,16 @@ def test_an_old_debezium_record_another_worker_writes_is_written_over_with_the_n
     parts = {(t.topic, p) for t in engine.catalog.tables for p in range(cfg.partitions)}
     views = {(cfg.view_topic("orders_enriched"), p) for p in range(cfg.partitions)}
 
-    def order(records: list[Any], key: bytes | None) -> list[Any]:
-        return [r for r in records if r.key == key]
-
     try:
         engine.assigned(parts | views | {engine.raw})
         mine = zombie_sends_an_old_order(shop_db, engine, topic)
         strays = engine.metrics.registry.get_sample_value
         assert wait_for(lambda: strays("headwater_streams_fanout_strays_total") == 1, 60), "the zombie's record unseen"
-        assert wait_for(lambda: order(read_topic(cfg.bootstrap, topic), mine[0].key)[-1].value is None, 60)
+        assert wait_for(lambda: records_of(cfg.bootstrap, topic, mine[0].key)[-1].value is None, 60)
     finally:
         engine.close()
     assert not fatal
-    last = order(read_topic(cfg.bootstrap, topic), mine[0].key)
+    last = records_of(cfg.bootstrap, topic, mine[0].key)
     assert last[-1].offset > mine[-1].offset + 1, "the tombstone, written again after the zombie's event"
     assert dict(last[-1].headers) == dict(mine[-1].headers), "not the tombstone as first written"
 
@@ -419,10 +421,6 @@ def test_an_old_table_record_the_owner_had_not_examined_when_the_raw_partition_m
     parts = {(t.topic, p) for t in first.catalog.tables for p in range(cfg.partitions)}
     everything = parts | {(cfg.view_topic("orders_enriched"), p) for p in range(cfg.partitions)} | {first.raw}
     second, fatal_b = another_engine(local_stack, cfg.topic_prefix, tmp_path / "second", **settings)
-
-    def newest() -> Any:
-        return [r for r in read_topic(cfg.bootstrap, topic) if r.key == mine[0].key][-1]
-
     try:
         first.assigned(everything)
         mine = zombie_sends_an_old_order(shop_db, first, topic)
@@ -431,10 +429,11 @@ def test_an_old_table_record_the_owner_had_not_examined_when_the_raw_partition_m
         first.revoked()
         second.assigned(everything)
         settled(shop_db, second)
-        assert wait_for(lambda: newest().value is None, 60), "the zombie's row is still the newest"
+        gone = wait_for(lambda: records_of(cfg.bootstrap, topic, mine[0].key)[-1].value is None, 60)
+        assert gone, "the zombie's row is still the newest"
     finally:
         second.close()
         first.close()
     assert not fatal and not fatal_b
-    last = newest()
+    last = records_of(cfg.bootstrap, topic, mine[0].key)[-1]
     assert last.value is None and last.offset > mine[-1].offset + 1, "the tombstone, written after the zombie's row"
