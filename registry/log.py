@@ -6,8 +6,10 @@ reads until it sees it, so it needs no end offset from the broker). Afterwards a
 background task applies the records any instance writes and watches the topic.
 ``write`` plans and appends under one lock and returns only once Kafka acknowledged
 the records (acks=all) and this instance applied them, so what it acknowledges is
-served at once. When the broker stops answering, or the topic is gone, emptied or
-recreated (the local broker keeps topics in memory only, so a restart empties it),
+served at once. When the broker stops answering (refuses connections, or leaves three
+probes in a row unanswered: one slow answer is a busy machine, not a lost log), or the
+topic is gone, emptied or recreated (the local broker keeps topics in memory only, so a
+restart empties it),
 writes answer 503 until the registry has reconnected, replayed the topic and, if it
 misses records this registry holds, rewritten all of them from memory in id order
 (ids and versions unchanged); reads are answered from memory throughout.
@@ -26,7 +28,7 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.structs import ConsumerRecord
 
 from registry import errors
@@ -37,6 +39,7 @@ log = logging.getLogger("headwater.registry")
 T = TypeVar("T")
 TOPIC_ALREADY_EXISTS = 36
 TROUBLE = (KafkaError, OSError, TimeoutError)
+SLOW = (TimeoutError, KafkaTimeoutError)
 
 
 class LogTrouble(RetryableError):
@@ -55,6 +58,7 @@ class SchemaLog:
         timeout: float = 30.0,
         write_timeout: float = 10.0,
         probe_interval: float = 1.0,
+        probe_misses: int = 3,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -62,6 +66,8 @@ class SchemaLog:
         self.timeout = timeout
         self.write_timeout = write_timeout
         self.probe_interval = probe_interval
+        self.probe_misses = probe_misses
+        self._missed = 0  # probes in a row the broker did not answer in time
         self.tp = TopicPartition(topic, 0)
         self._applied = -1
         self._problem: str | None = "it is not open yet"
@@ -215,13 +221,27 @@ class SchemaLog:
     async def _probe(self) -> str | None:
         try:
             partitions = await asyncio.wait_for(self._partitions(), 5)
+        except SLOW as exc:
+            return self._missed_probe(exc)
         except TROUBLE as exc:
             return f"the broker does not answer ({exc!r})"
+        self._missed = 0
         if partitions is None:
             return "the topic is gone (deleted, or lost by a broker restart)"
         if partitions != 1:
             return f"the topic was recreated with {partitions} partitions"
         return None
+
+    def _missed_probe(self, exc: BaseException) -> str | None:
+        """A slow answer is no lost log: only ``probe_misses`` in a row make it trouble (a busy
+        machine once kept one probe past 5 s; a write in that time still times out by itself)."""
+        self._missed += 1
+        if self._missed < self.probe_misses:
+            log.info("the broker did not answer a probe of '%s' within 5 s (%d in a row); asking again",
+                     self.topic, self._missed)  # fmt: skip
+            return None
+        self._missed = 0
+        return f"the broker does not answer ({self.probe_misses} probes in a row: {exc!r})"
 
     # ---- noticing trouble and recovering -------------------------------------------------------
     async def _supervise(self) -> None:

@@ -9,6 +9,7 @@ The registry must rewrite the topic from memory with the same ids, answer writes
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -158,6 +159,26 @@ def test_while_the_broker_is_down_writes_are_refused_and_reads_still_answered(
     assert json.loads(schema_of(registry.url, second).json()["schema"])["name"] == "B"
     held = {v["id"] for k, v in read_log(broker.bootstrap) if k["keytype"] == "SCHEMA" and v}
     assert held == {first, second}
+
+
+def test_a_broker_slow_to_answer_for_a_few_seconds_does_not_stop_writes(
+    own: tuple[BrokerProcess, RegistryProcess], tmp_path: Path
+) -> None:
+    broker, registry = own
+    first = post(registry.url, "pa-value", record("A")).json()["id"]
+    pid = broker.service.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # one probe goes unanswered for its 5 s (a busy machine did that once)
+    try:
+        time.sleep(7)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    second = post(registry.url, "pb-value", record("B"))
+    assert second.status_code == 200, second.text
+    assert second.json()["id"] != first
+    log = (tmp_path / "registry.log").read_text()
+    assert "did not answer a probe" in log and "cannot be trusted" not in log, log[-2000:]
 
 
 def test_a_log_topic_recreated_with_wrong_settings_is_recreated_and_rebuilt(
