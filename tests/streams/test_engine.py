@@ -317,22 +317,26 @@ def records_of(bootstrap: str, topic: str, key: bytes | None) -> list[Any]:
     return [r for r in read_topic(bootstrap, topic) if r.key == key]
 
 
-def zombie_sends_an_old_order(conn: Any, engine: Engine, topic: str) -> list[Any]:
+def zombie_sends_an_old_order(conn: Any, engine: Engine, topic: str, *, delete: bool = True) -> list[Any]:
     """An order inserted, updated and deleted through ``engine``; then a zombie (another producer) sends the
     order's update again after its tombstone: the order's records on ``topic`` before the zombie's (on a
-    Debezium-format topic the delete event comes before the tombstone)."""
+    Debezium-format topic the delete event comes before the tombstone). Without ``delete`` the order is only
+    inserted and updated, and the zombie sends its insert again after the update."""
     with conn, conn.cursor() as cur:
         cur.execute("INSERT INTO orders (customer_id, note) SELECT min(id), 'doomed' FROM customers RETURNING id")
         doomed = cur.fetchone()[0]
         cur.execute("UPDATE orders SET note = 'changed' WHERE id = %s", (doomed,))
     settled(conn, engine)
-    with conn, conn.cursor() as cur:
-        cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
-    settled(conn, engine)
+    if delete:
+        with conn, conn.cursor() as cur:
+            cur.execute("DELETE FROM orders WHERE id = %s", (doomed,))
+        settled(conn, engine)
     mine = [r for r in read_topic(engine.cfg.bootstrap, topic) if engine.schemas.decode(r.key)["id"] == doomed]
-    assert [r.value is None for r in mine] in ([False, False, True], [False, False, False, True])  # the last: Debezium
+    kinds = [r.value is None for r in mine]
+    assert kinds in ([False, False, True], [False, False, False, True]) if delete else kinds == [False, False]
+    old = mine[1] if delete else mine[0]
     zombie = Producer({"bootstrap.servers": engine.cfg.bootstrap})
-    zombie.produce(topic, mine[1].value, mine[1].key, partition=mine[1].partition, headers=list(mine[1].headers))
+    zombie.produce(topic, old.value, old.key, partition=old.partition, headers=list(old.headers))
     assert zombie.flush(10) == 0
     return mine
 
@@ -371,12 +375,15 @@ def test_an_old_table_record_another_worker_writes_among_the_fan_outs_is_written
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("newest", ["a tombstone", "an update"])
 def test_an_old_debezium_record_another_worker_writes_is_written_over_with_the_newest(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], local_stack: StackConfig, tmp_path: Path,
+    newest: str,
 ) -> None:  # fmt: skip
-    """The same on a Debezium-format topic (transactions on): a zombie sends an order's old update event after the
-    fan-out wrote the order's delete event and tombstone there; the fan-out finds it at the partition's end and
-    writes the order's newest record, the tombstone, again (built from the raw topic as it was first built)."""
+    """The same on a Debezium-format topic (transactions on): a zombie sends an order's old event after the
+    fan-out wrote the order's newest there (its delete event and tombstone, or its update event); the fan-out
+    finds it at the partition's end and writes the order's newest record again, built from the raw topic as it
+    was first built: the same headers, and for an event the same payload and transaction block."""
     database = psycopg2.extensions.parse_dsn(pg_database)["dbname"]
     engine, fatal = shop_engine(pg_database, capture_factory, local_stack, tmp_path, debezium="true",
                                 debezium_database=database, debezium_transactions="true")  # fmt: skip
@@ -388,16 +395,25 @@ def test_an_old_debezium_record_another_worker_writes_is_written_over_with_the_n
 
     try:
         engine.assigned(parts | views | {engine.raw})
-        mine = zombie_sends_an_old_order(shop_db, engine, topic)
+        mine = zombie_sends_an_old_order(shop_db, engine, topic, delete=newest == "a tombstone")
         strays = engine.metrics.registry.get_sample_value
         assert wait_for(lambda: strays("headwater_streams_fanout_strays_total") == 1, 60), "the zombie's record unseen"
-        assert wait_for(lambda: records_of(cfg.bootstrap, topic, mine[0].key)[-1].value is None, 60)
+        assert wait_for(lambda: len(records_of(cfg.bootstrap, topic, mine[0].key)) > len(mine) + 1, 60)
     finally:
         engine.close()
     assert not fatal
-    last = records_of(cfg.bootstrap, topic, mine[0].key)
-    assert last[-1].offset > mine[-1].offset + 1, "the tombstone, written again after the zombie's event"
-    assert dict(last[-1].headers) == dict(mine[-1].headers), "not the tombstone as first written"
+    *_, zombies, last = records_of(cfg.bootstrap, topic, mine[0].key)
+    assert zombies.value == (mine[1] if newest == "a tombstone" else mine[0]).value, "not the zombie's record"
+    assert dict(last.headers) == dict(mine[-1].headers), "not the newest record as first written"
+    if newest == "a tombstone":
+        assert last.value is None
+    else:
+        again, first = (engine.schemas.decode(r.value) for r in (last, mine[-1]))
+        assert again["op"] == "u" and again["after"]["note"] == "changed"
+        assert {k: v for k, v in again.items() if not k.startswith("ts_")} == {
+            k: v for k, v in first.items() if not k.startswith("ts_")
+        }, "the event's payload or transaction block differs from the first"
+        assert again["transaction"] is not None
 
 
 @pytest.mark.slow
