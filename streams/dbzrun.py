@@ -6,12 +6,13 @@ with the table topics' partition count, made on first use — and with ``debeziu
 BEGIN/END records to ``<debezium prefix>.transaction`` (one partition, not compacted). They are
 written with the fan-out's batch, so its checkpoint covers them; a record a crashed run already
 wrote is recognised by the partition's last record (tails read when a run first writes to a topic,
-or at its start for those the checkpoint names: ``kept``) and not written twice; ``again`` builds
-the same records of replayed changes, so a key another writer's record left behind gets its newest
-written again, as on the table topics. ``RegistrySchemas`` registers each envelope and key schema
-once per table schema version, under ``<topic>-value`` / ``<topic>-key``, and fills a key out to a
-row for deletes under REPLICA IDENTITY DEFAULT. A transaction met in its middle is recounted from
-the raw topic. Its collaborators (settings, registry, writer, raw decoder) are passed in.
+or at its start for those the checkpoint names: ``kept``; ``ready`` is the raw offset past the
+first) and not written twice; ``again`` builds the same records of replayed changes, so a key
+another writer's record left behind gets its newest written again, as on the table topics.
+``RegistrySchemas`` registers each envelope and key schema once per table schema version, under
+``<topic>-value`` / ``<topic>-key``, and fills a key out to a row for deletes under REPLICA IDENTITY
+DEFAULT. A transaction met in its middle is recounted from the raw topic. Its collaborators
+(settings, registry, writer, raw decoder) are passed in.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class DebeziumRun:
         self.old_key = old_key
         self.builder = self.again()
         self.loaded: set[str] = set()  # topics whose tails this run has read
+        self.ready = 0  # raw offset past the tails read at a first write: the fan-out's mends wait until it is read
         self.written = 0
 
     def again(self) -> Debezium:
@@ -89,6 +91,7 @@ class DebeziumRun:
         """The fan-out reloaded its state (a new ``FanOut``, the tails of ``loaded`` read with it): read the other
         topics' tails again before writing."""
         self.loaded = set(loaded)
+        self.ready = 0
         self.builder.tx = None
 
     def emit(self, fan: FanOut, change: Change, offset: int, pending: Pending) -> None:
@@ -107,7 +110,9 @@ class DebeziumRun:
             self.writer.ensure_topics([topic], partitions=1, compact=False)
         else:
             self.writer.ensure_topics([topic])
-        fan.tails.update(self.writer.tails([topic]))
+        tails = self.writer.tails([topic])
+        fan.tails.update(tails)
+        self.ready = max(self.ready, 1 + max((at[0] for at in tails.values()), default=-1))
         self.loaded.add(topic)
 
     def earlier(self, change: Change, offset: int) -> list[Change]:

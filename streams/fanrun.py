@@ -141,6 +141,12 @@ class FanOutRun:
         self.batches += 1
         self.report(batch[-1][0])
 
+    def _past_tails(self) -> bool:
+        """Whether the raw topic is read past every tail found (at the start, or at a Debezium topic's first write):
+        before, a mend could write a key's record older than one a crashed run already wrote there."""
+        late = self.debezium.ready if self.debezium is not None else 0
+        return self.cursor.next >= max(self.ready, late)
+
     def tick(self) -> None:
         """Checkpoint what Kafka acknowledged since the last batch (called while no batch comes)."""
         if self.fanout is not None:
@@ -150,7 +156,7 @@ class FanOutRun:
         """Settle, look and mend, and save the newest acknowledged batch's checkpoint (``quiet``: no batch comes;
         also when only the examined offsets moved)."""
         done = self.writer.settle()
-        fan = self.fanout if self.cursor.next >= self.ready else None  # mends wait until past every tail
+        fan = self.fanout if self._past_tails() else None
         if fan is not None and time.monotonic() - self.looked > self.look_every and self.writer.look():
             self.looked = time.monotonic()  # records a zombie left after this fan-out's last of a partition
         if fan is not None and self.writer.landed.found:

@@ -28,7 +28,7 @@ from streams.debezium import (
     key_schema,
     micros,
 )
-from streams.fanout import Change, Output
+from streams.fanout import Change, FanOut, Output
 from tables.partition import partition_for
 from tables.wire import HEADER_RAW, avro_body, body, frame, schema_id
 
@@ -238,3 +238,23 @@ def test_the_debezium_topics_a_checkpoint_names_are_its_table_topics_only() -> N
                                     "p.orders", "p.changes.dlq", "p.debezium.public.items", "p.debezium.a.b"]}
     assert run.kept(verified, served={"p.orders", "p.debezium.a.b"}) == ["p.debezium.public.items",
                                                                          "p.debezium.public.orders"]  # fmt: skip
+
+
+@pytest.mark.unit
+def test_the_tails_read_at_a_first_write_hold_the_fan_outs_mends_until_the_raw_topic_is_read_past_them() -> None:
+    cfg = load_streams_config({"HEADWATER_STREAMS_TOPIC_PREFIX": "p", "HEADWATER_STREAMS_DEBEZIUM": "true",
+                               "HEADWATER_STREAMS_DEBEZIUM_DATABASE": "shop"})  # fmt: skip
+
+    class Writer:  # where a crashed run's records end, as ``TableWriter.tails`` reads them from Kafka
+        def ensure_topics(self, topics: list[str], **_: Any) -> list[str]:
+            return topics
+
+        def tails(self, topics: list[str]) -> dict[tuple[str, int], tuple[int, int]]:
+            return {(topics[0], 0): (40, 0), (topics[0], 1): (57, 2)}
+
+    run = DebeziumRun(cfg, cast(Any, None), cast(Any, Writer()), lambda change: None, cast(Any, None))
+    fan = FanOut(cfg.partitions, (-1, -1), {}, cast(Any, None))
+    run._load(fan, "p.debezium.public.orders")
+    assert run.ready == 58 and fan.tails[("p.debezium.public.orders", 1)] == (57, 2)
+    run.reset([])
+    assert run.ready == 0
