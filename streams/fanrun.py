@@ -251,6 +251,7 @@ class FanOutRun:
         if now - then < every or self.fanout is None:
             return
         c = self.fanout.counters
+        changes = changes if c.changes >= changes else 0  # a reload (a resume) started the counters again
         log.info("fan-out at raw offset %d: %.0f changes/s, %d batches (%.0f%% busy); %s", offset,
                  (c.changes - changes) / (now - then), self.batches, 100 * self.busy / (now - then),
                  ", ".join(f"{k} {v}" for k, v in vars(c).items()),
