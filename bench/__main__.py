@@ -1,6 +1,6 @@
 """``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics|lookups] [--changes N] [--rows N]
 [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--messages N] [--customers N]
-[--orders N]`` (or ``./dev bench``); ``capture`` runs the backfill benchmark after its own."""
+[--orders N] [--fault pause|kill]`` (or ``./dev bench``); ``capture`` runs the backfill benchmark after its own."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the analytics benchmark's topic")
     parser.add_argument("--customers", type=int, default=20_000, help="customers of the shopview benchmark's shop")
     parser.add_argument("--orders", type=int, default=200_000, help="orders of the shopview benchmark's shop")
+    parser.add_argument("--fault", choices=shopview.FAULTS, default=None,
+                        help="shopview: 20 s into the load, stop the raw partition's owner for 20 s (pause) or "
+                             "kill -9 it and start it again (kill)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.which in ("all", "capture"):
         capture.main(changes=args.changes, rows=args.rows)
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.which in ("all", "shopview"):
         shopview.main(customers=args.customers, orders=args.orders, seconds=max(args.seconds, 120.0),
-                      rate=args.rate or 150.0, workers=args.workers)  # fmt: skip
+                      rate=args.rate or 150.0, workers=args.workers, fault=args.fault)  # fmt: skip
     if args.which in ("all", "analytics"):
         analytics.main(messages=args.messages)
     if args.which in ("all", "lookups"):

@@ -8,37 +8,55 @@ on. Printed: the time until Redis holds every view row, each worker's peak RSS (
 the view is built and while the shop's workload (``demo load``) runs at ``--rate`` for ``--seconds``,
 each worker's CPU-seconds building the view and from the load's start until Redis is equal, the view documents' size
 in Redis (target under 1 KB) and Redis' memory, how long after the load ended Redis and the
-endpoint (a sample) equalled the view's SQL in PostgreSQL, and then whether the whole view topic
-does (read once: on the local broker reading it takes minutes).
+endpoint (a sample) equalled the view's SQL in PostgreSQL, then whether the whole view topic does
+(read once: on the local broker reading it takes minutes), and every table topic's latest state
+against its table. ``--fault pause`` stops the worker that owns the raw partition (``kill -STOP``)
+20 s into the load for 20 s, past its group session, then lets it go on (a zombie for a moment);
+``--fault kill`` kills it (``kill -9``) 20 s in and starts it again at once. Each worker's warnings
+about another writer's records are counted.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import random
+import signal
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg2
 import redis
 
-from bench import capture, views
+from bench import capture, fanout, views
 from bench.tables import rss_mb
 from bench.views import cpu_seconds
 from headwater import shop
-from headwater.reconcile import compare_docs, endpoint_view_docs, latest_view_docs, redis_view_docs, view_docs_sql
+from headwater.reconcile import (
+    compare,
+    compare_docs,
+    endpoint_view_docs,
+    latest_rows,
+    latest_view_docs,
+    redis_view_docs,
+    view_docs_sql,
+)
 from tables.registry import Registry
 from tables.views import TableShape, parse_views
 
 VIEW = "orders_enriched"
+FAULTS = ("pause", "kill")
 
 
 class Peak:
-    """The peak RSS of a process, sampled twice a second in a thread."""
+    """The peak RSS of a process (``pid()``: the one running now, after a restart too), sampled twice a second."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: Callable[[], int]) -> None:
         self.pid, self.peak, self.stop = pid, 0.0, threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
@@ -46,9 +64,9 @@ class Peak:
     def _sample(self) -> None:
         while not self.stop.wait(0.5):
             try:
-                self.peak = max(self.peak, rss_mb(self.pid))
+                self.peak = max(self.peak, rss_mb(self.pid()))
             except OSError:
-                return
+                continue  # killed by a fault: its successor is sampled next
 
     def take(self) -> float:
         """The peak so far, and start over."""
@@ -130,9 +148,68 @@ class Run:
     found: list[str] = field(default_factory=list)
     reading: float = 0.0
     on_topic: list[str] = field(default_factory=list)
+    tables: dict[str, int] = field(default_factory=dict)  # table -> rows in PostgreSQL
+    on_tables: list[str] = field(default_factory=list)
+    fault: str = "none"
+    warnings: list[str] = field(default_factory=list)
 
 
-def main(customers: int, orders: int, seconds: float, rate: float, workers: int = 1) -> None:
+@dataclass
+class Workers:
+    """The stream workers by number: the process running now (a fault may replace one) and the CPU-seconds of
+    the processes it replaced."""
+
+    procs: views.Procs
+    count: int
+    spawn: Callable[[int], Any]
+    gone_cpu: dict[int, float] = field(default_factory=dict)
+
+    def pid(self, i: int) -> int:
+        return self.procs[f"worker {i}"].pid
+
+    def cpu(self) -> list[float]:
+        return [cpu_seconds(self.pid(i)) + self.gone_cpu.get(i, 0.0) for i in range(self.count)]
+
+    def raw_owner(self, timeout: float = 60) -> int:
+        """The worker running the fan-out (it holds the raw partition): its ``/fanout/`` has counters."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in range(self.count):
+                if fanout._poll(views.PORT + i, "/fanout/", lambda a: int("changes" in a)):
+                    return i
+            time.sleep(0.5)
+        raise RuntimeError(f"no worker runs the fan-out after {timeout:.0f} s")
+
+    def kill(self, i: int) -> None:
+        """``kill -9`` worker ``i`` and start it again at once (same home, port and settings)."""
+        proc = self.procs[f"worker {i}"]
+        self.gone_cpu[i] = self.gone_cpu.get(i, 0.0) + cpu_seconds(proc.pid)
+        proc.kill()
+        proc.wait(timeout=60)
+        self.procs[f"worker {i}"] = self.spawn(i)
+
+
+def inject(fault: str, workers: Workers, at: float = 20.0, hold: float = 20.0) -> str:
+    """``fault`` done to the raw partition's owner ``at`` seconds from now: what was done."""
+    time.sleep(at)
+    i = workers.raw_owner()
+    started = time.strftime("%H:%M:%S")
+    if fault == "kill":
+        workers.kill(i)
+        return f"worker {i} (the raw partition's owner) killed (kill -9) at {started}, {at:g} s into the load, " \
+               f"and started again at once"  # fmt: skip
+    os.kill(workers.pid(i), signal.SIGSTOP)
+    try:
+        time.sleep(hold)
+    finally:
+        os.kill(workers.pid(i), signal.SIGCONT)
+    return f"worker {i} (the raw partition's owner) stopped (kill -STOP) at {started}, {at:g} s into the load, " \
+           f"for {hold:g} s"  # fmt: skip
+
+
+def main(customers: int, orders: int, seconds: float, rate: float, workers: int = 1, fault: str | None = None) -> None:
+    if fault is not None and fault not in FAULTS:
+        raise SystemExit(f"--fault {fault!r}: choose one of {', '.join(FAULTS)}")
     with capture.seeded_stack() as (cfg, dsn, work):
         print(f"seeding the shop: {customers} customers, {orders} orders ...", flush=True)
         conn = psycopg2.connect(dsn)
@@ -146,37 +223,83 @@ def main(customers: int, orders: int, seconds: float, rate: float, workers: int 
             order_rows, rows = cur.fetchone()  # type: ignore[misc]
         conn.close()
         with views.pipeline(cfg, dsn, work, workers=workers) as procs:
-            run = measure(cfg, dsn, [procs[f"worker {i}"].pid for i in range(workers)], order_rows, seconds, rate)
+            spawn = worker_spawner(cfg, work)
+            run = measure(cfg, dsn, Workers(procs, workers, spawn), order_rows, seconds, rate, fault)
+            run.warnings = other_writers(work, workers)
     print(f"\nshop view {VIEW}: {rows} rows ({order_rows} orders; seeded in {seeded:.1f} s: {counts}), "
           f"{workers} worker(s)")  # fmt: skip
     report(run, seconds, rate)
 
 
-def measure(cfg: Any, dsn: str, pids: list[int], order_rows: int, seconds: float, rate: float) -> Run:
-    """Build the view, load the shop, wait until Redis and the endpoint equal the SQL, read the view topic."""
+def worker_spawner(cfg: Any, work: Path) -> Callable[[int], Any]:
+    """Starts worker ``i`` again as ``views.pipeline`` started it."""
+    return lambda i: fanout.spawn_worker(cfg, work / f"worker{i}", "views", views.PORT + i, work / "views.toml")
+
+
+def other_writers(work: Path, workers: int) -> list[str]:
+    """The workers' warnings about records another writer put among theirs, ``worker i: <message>``."""
+    found = []
+    for i in range(workers):
+        for line in (work / f"worker{i}" / "worker.log").read_text(errors="replace").splitlines():
+            if "WARNING" in line and "another w" in line:
+                found.append(f"worker {i}: {line.partition('headwater.streams: ')[2][:300] or line[:300]}")
+    return found
+
+
+def measure(cfg: Any, dsn: str, workers: Workers, order_rows: int, seconds: float, rate: float,
+            fault: str | None = None) -> Run:  # fmt: skip
+    """Build the view, load the shop (with ``fault`` done to a worker), wait until Redis and the endpoint equal
+    the SQL, read the view topic and the table topics."""
     shapes = {f"public.{t}": TableShape(f"public.{t}", (), tuple(k)) for t, k in shop.KEYS.items()}
     sql = parse_views(tomllib.loads(shop.VIEWS_TOML), shop.VIEWS_TOML)[0].sql(shapes)
     client, run = redis.Redis.from_url(cfg.redis_url), Run()
-    peaks, cpu = [Peak(pid) for pid in pids], [cpu_seconds(pid) for pid in pids]
+    peaks, cpu = [Peak(functools.partial(workers.pid, i)) for i in range(workers.count)], workers.cpu()
     run.built = wait_rows(client, order_rows)
     run.build_peak = [p.take() for p in peaks]
-    run.build_cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu, strict=True)]
+    run.build_cpu = [now - then for now, then in zip(workers.cpu(), cpu, strict=True)]
     run.mean, run.largest = doc_sizes(client)
     run.memory = int(client.info("memory")["used_memory"]) / 2**20
     print(f"  view built: {run.built:.1f} s; peak RSS {', '.join(f'{p:.0f}' for p in run.build_peak)} MB; "
           f"loading the shop at {rate:g} tx/s for {seconds:g} s ...", flush=True)  # fmt: skip
-    cpu = [cpu_seconds(pid) for pid in pids]
-    shop.Workload(psycopg2.connect(dsn), rng_seed=3).run(rate=rate, duration=seconds)
+    cpu = workers.cpu()
+    run.fault = load(dsn, rate, seconds, fault, workers)
     run.load_peak = [p.take() for p in peaks]
     run.lag, run.found = converge(cfg, dsn, sql)
-    run.load_cpu = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu, strict=True)]
-    run.after = [max(p.take(), rss_mb(pid)) for p, pid in zip(peaks, pids, strict=True)]
+    run.load_cpu = [now - then for now, then in zip(workers.cpu(), cpu, strict=True)]
+    run.after = [max(p.take(), rss_mb(workers.pid(i))) for i, p in enumerate(peaks)]
     print(f"  Redis and the endpoint {'equal the SQL' if not run.found else 'differ'} {run.lag:.1f} s after the load "
-          f"ended; reading the view topic ...", flush=True)  # fmt: skip
+          f"ended; reading the view topic and the table topics ...", flush=True)  # fmt: skip
     run.reading, run.on_topic = topic_problems(cfg, dsn, sql)
+    run.tables, run.on_tables = table_problems(cfg, dsn)
     for p in peaks:
         p.stop.set()
     return run
+
+
+def load(dsn: str, rate: float, seconds: float, fault: str | None, workers: Workers) -> str:
+    """The shop's load, with ``fault`` done to the raw partition's owner meanwhile: what was done."""
+    done: list[str] = []
+    doer = threading.Thread(target=lambda: done.append(inject(fault, workers)), daemon=True) if fault else None
+    if doer is not None:
+        doer.start()
+    shop.Workload(psycopg2.connect(dsn), rng_seed=3).run(rate=rate, duration=seconds)
+    if doer is not None:
+        doer.join(timeout=120)
+    return done[0] if done else ("none" if fault is None else f"{fault}: not done (the load ended first?)")
+
+
+def table_problems(cfg: Any, dsn: str) -> tuple[dict[str, int], list[str]]:
+    """Every table topic's latest state (``views.<table>``) against its table: rows in each, differences."""
+    decode, conn = Registry(cfg.registry_url), psycopg2.connect(dsn)
+    counts, found = {}, []
+    try:
+        for table, key in shop.KEYS.items():
+            counts[table], problems = compare(conn, table, key, latest_rows(cfg.bootstrap, f"views.{table}", decode,
+                                                                           timeout=600))  # fmt: skip
+            found += problems
+    finally:
+        conn.close()
+    return counts, found
 
 
 def report(run: Run, seconds: float, rate: float) -> None:
@@ -190,8 +313,15 @@ def report(run: Run, seconds: float, rate: float) -> None:
           f"start until Redis was equal")  # fmt: skip
     print(f"  documents in Redis: mean {run.mean:.0f} B, largest {run.largest} B of a 2,000-row sample "
           f"(target < 1 KB); Redis used_memory {run.memory:.0f} MB")  # fmt: skip
+    print(f"  fault during the load: {run.fault}")
     verdict = "equal" if not run.found else f"{len(run.found)} differences, first: {run.found[0]}"
     print(f"  {rate:g} tx/s for {seconds:g} s, then Redis (every row) and 500 endpoint rows against the view's "
           f"SQL: {verdict} {run.lag:.1f} s after the load ended")  # fmt: skip
     verdict = "equal" if not run.on_topic else f"{len(run.on_topic)} differences, first: {run.on_topic[0]}"
     print(f"  then the whole view topic against the SQL: {verdict} (read in {run.reading:.0f} s)")
+    verdict = "equal" if not run.on_tables else f"{len(run.on_tables)} differences, first: {run.on_tables[0]}"
+    sizes = ", ".join(f"{table} {rows:,}" for table, rows in run.tables.items())
+    print(f"  every table topic's latest state against its table ({sizes} rows): {verdict}")
+    print(f"  warnings of records another writer put among a worker's: {len(run.warnings)}")
+    for line in run.warnings[:8]:
+        print(f"    {line}")

@@ -127,9 +127,9 @@ def _latest(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[bytes, by
     return {key: value for key, value in latest.items() if value is not None}
 
 
-def latest_rows(bootstrap: str, topic: str, decode: Registry) -> dict[bytes, dict[str, Any]]:
+def latest_rows(bootstrap: str, topic: str, decode: Registry, timeout: float = 30.0) -> dict[bytes, dict[str, Any]]:
     """A table topic's latest row per key (key bytes without frame); a tombstone removes the key."""
-    return {body(key): decode(value) for key, value in _latest(bootstrap, topic).items()}
+    return {body(key): decode(value) for key, value in _latest(bootstrap, topic, timeout).items()}
 
 
 def same_json(pg: Any, shown: Any) -> bool:
