@@ -152,6 +152,7 @@ class Run:
     on_tables: list[str] = field(default_factory=list)
     fault: str = "none"
     warnings: list[str] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)  # each worker's stages, from the load's start until equal
 
 
 @dataclass
@@ -261,10 +262,11 @@ def measure(cfg: Any, dsn: str, workers: Workers, order_rows: int, seconds: floa
     run.memory = int(client.info("memory")["used_memory"]) / 2**20
     print(f"  view built: {run.built:.1f} s; peak RSS {', '.join(f'{p:.0f}' for p in run.build_peak)} MB; "
           f"loading the shop at {rate:g} tx/s for {seconds:g} s ...", flush=True)  # fmt: skip
-    cpu = workers.cpu()
+    cpu, stages = workers.cpu(), counters(workers.count)
     run.fault = load(dsn, rate, seconds, fault, workers)
     run.load_peak = [p.take() for p in peaks]
     run.lag, run.found = converge(cfg, dsn, sql)
+    run.stages = views.stage_lines(stages, counters(workers.count))
     run.load_cpu = [now - then for now, then in zip(workers.cpu(), cpu, strict=True)]
     run.after = [max(p.take(), rss_mb(workers.pid(i))) for i, p in enumerate(peaks)]
     print(f"  Redis and the endpoint {'equal the SQL' if not run.found else 'differ'} {run.lag:.1f} s after the load "
@@ -274,6 +276,11 @@ def measure(cfg: Any, dsn: str, workers: Workers, order_rows: int, seconds: floa
     for p in peaks:
         p.stop.set()
     return run
+
+
+def counters(workers: int) -> views.Sample:
+    """The workers' stage counters (items, busy and CPU seconds) now."""
+    return views.Sample(time.monotonic(), {}, [views.scrape(views.PORT + i) for i in range(workers)])
 
 
 def load(dsn: str, rate: float, seconds: float, fault: str | None, workers: Workers) -> str:
@@ -313,6 +320,7 @@ def report(run: Run, seconds: float, rate: float) -> None:
           f"start until Redis was equal")  # fmt: skip
     print(f"  documents in Redis: mean {run.mean:.0f} B, largest {run.largest} B of a 2,000-row sample "
           f"(target < 1 KB); Redis used_memory {run.memory:.0f} MB")  # fmt: skip
+    print("  each worker's stages from the load's start until Redis was equal:", *run.stages, sep="\n")
     print(f"  fault during the load: {run.fault}")
     verdict = "equal" if not run.found else f"{len(run.found)} differences, first: {run.found[0]}"
     print(f"  {rate:g} tx/s for {seconds:g} s, then Redis (every row) and 500 endpoint rows against the view's "
