@@ -36,7 +36,7 @@ from streams import clients
 from streams.config import StreamsConfig
 from streams.fanout import header_lsn
 from streams.metrics import StreamsMetrics, clock
-from streams.rows import to_json
+from streams.rows import dumps, to_json
 from streams.viewtopic import ViewTopic
 from tables.kafka import reader, record, topic_ids
 from tables.registry import Registry, shown
@@ -267,6 +267,6 @@ class RedisMirror(threading.Thread):
             if value is not None:
                 decoded = self.decoder.decode(value)
                 decoded.pop(LSN_FIELD, None)
-                doc = json.dumps(to_json(decoded), separators=(",", ":")).encode()
+                doc = dumps(decoded)
             out.append(b"%d %d %d %d %s%s" % (partition, offset, lsn, len(row), row, doc))
         return out
