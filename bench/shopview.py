@@ -125,7 +125,10 @@ def topic_problems(cfg: Any, dsn: str, sql: str) -> tuple[float, list[str]]:
 def converge(cfg: Any, dsn: str, sql: str, timeout: float = 900) -> tuple[float, list[str]]:
     started = time.monotonic()
     while True:
-        found = problems(cfg, dsn, sql)
+        try:
+            found = problems(cfg, dsn, sql)
+        except redis.RedisError as exc:  # Redis held by a long cut (the mirror says so): asked again
+            found = [f"Redis did not answer: {exc!r}"]
         if not found or time.monotonic() - started > timeout:
             return time.monotonic() - started, found
         time.sleep(2)
@@ -153,6 +156,7 @@ class Run:
     fault: str = "none"
     warnings: list[str] = field(default_factory=list)
     stages: list[str] = field(default_factory=list)  # each worker's stages, from the load's start until equal
+    slow_cuts: list[str] = field(default_factory=list)  # cuts whose application held Redis over a second
 
 
 @dataclass
@@ -226,7 +230,8 @@ def main(customers: int, orders: int, seconds: float, rate: float, workers: int 
         with views.pipeline(cfg, dsn, work, workers=workers) as procs:
             spawn = worker_spawner(cfg, work)
             run = measure(cfg, dsn, Workers(procs, workers, spawn), order_rows, seconds, rate, fault)
-            run.warnings = other_writers(work, workers)
+            run.warnings = worker_warnings(work, workers, "another w")  # records another writer put among its own
+            run.slow_cuts = worker_warnings(work, workers, "Redis mirror: applying")
     print(f"\nshop view {VIEW}: {rows} rows ({order_rows} orders; seeded in {seeded:.1f} s: {counts}), "
           f"{workers} worker(s)")  # fmt: skip
     report(run, seconds, rate)
@@ -237,12 +242,12 @@ def worker_spawner(cfg: Any, work: Path) -> Callable[[int], Any]:
     return lambda i: fanout.spawn_worker(cfg, work / f"worker{i}", "views", views.PORT + i, work / "views.toml")
 
 
-def other_writers(work: Path, workers: int) -> list[str]:
-    """The workers' warnings about records another writer put among theirs, ``worker i: <message>``."""
+def worker_warnings(work: Path, workers: int, needle: str) -> list[str]:
+    """The workers' warnings holding ``needle``, ``worker i: <message>``."""
     found = []
     for i in range(workers):
         for line in (work / f"worker{i}" / "worker.log").read_text(errors="replace").splitlines():
-            if "WARNING" in line and "another w" in line:
+            if "WARNING" in line and needle in line:
                 found.append(f"worker {i}: {line.partition('headwater.streams: ')[2][:300] or line[:300]}")
     return found
 
@@ -332,4 +337,7 @@ def report(run: Run, seconds: float, rate: float) -> None:
     print(f"  every table topic's latest state against its table ({sizes} rows): {verdict}")
     print(f"  warnings of records another writer put among a worker's: {len(run.warnings)}")
     for line in run.warnings[:8]:
+        print(f"    {line}")
+    print(f"  cuts whose application held Redis over a second: {len(run.slow_cuts)}")
+    for line in run.slow_cuts[:8]:
         print(f"    {line}")

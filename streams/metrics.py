@@ -67,7 +67,7 @@ class StreamsMetrics:
     """The workers' metric families (see the module promise)."""
 
     def __init__(self, cut_warn_after: float = 300.0, servers: str = "") -> None:
-        from prometheus_client import CollectorRegistry, Counter, PlatformCollector, ProcessCollector
+        from prometheus_client import CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector
 
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
@@ -103,6 +103,9 @@ class StreamsMetrics:
                                     registry=r)  # fmt: skip
         self.redis_records = Counter("headwater_streams_redis_records", "view records the Redis mirror read and "
                                      "staged", registry=r)  # fmt: skip
+        self.redis_apply = Histogram("headwater_streams_redis_apply_seconds", "seconds one cut's application took "
+                                     "in Redis (one script: Redis answers no other client meanwhile)",
+                                     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)  # fmt: skip
         self.busy = Counter("headwater_streams_busy_seconds", "seconds each stage spent handling batches (not "
                             "waiting for them): its capacity is what it handled divided by this",
                             ["stage"], registry=r)  # fmt: skip

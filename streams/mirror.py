@@ -77,6 +77,7 @@ end
 redis.call('HSET', meta, 'offsets', ARGV[2], 'cut_lsn', ARGV[3], 'cut', ARGV[4])
 return 1
 """
+SLOW_APPLY = 1.0  # seconds of one cut's application that a warning tells
 STAGED_TTL = 3600  # seconds a mirror's staging list outlives its last write (a crashed mirror's goes away)
 Record = tuple[int, int, bytes, int, bytes | None]  # partition, offset, key, commit LSN, value
 
@@ -249,13 +250,25 @@ class RedisMirror(threading.Thread):
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
         args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"])]
         args += [n for p, o in sorted(ends.items()) for n in (p, o)]
-        if not self.apply(keys=[view_key(self.prefix, name), self._staging(name)], args=args):
+        if not self._apply(name, args, cut["commit_lsn"]):
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
             return
         self.held[name] = offsets
         cut["applied"] = True
         self.applied[name] = cut["commit_lsn"]
+
+    def _apply(self, name: str, args: list[Any], lsn: int) -> bool:
+        """Run the script applying ``name``'s staged records up to a cut: whether Redis held the offsets expected.
+        A cut's rows change together, so Redis serves no other client while it runs: a long one is said."""
+        started = time.monotonic()
+        applied = bool(self.apply(keys=[view_key(self.prefix, name), self._staging(name)], args=args))
+        took = time.monotonic() - started
+        self.metrics.redis_apply.observe(took)
+        if took > SLOW_APPLY:
+            log.warning("Redis mirror: applying view %s's cut at %s took %.1f s, during which Redis answered no "
+                        "other client (a cut's rows change together)", name, lsn_text(lsn), took)  # fmt: skip
+        return applied
 
     def _entries(self, name: str, records: list[Record]) -> list[bytes]:
         """Staging entries: ``<partition> <offset> <lsn> <key length> <Redis key><JSON or nothing>``."""
