@@ -81,6 +81,8 @@ class StreamsConfig:
         "seconds at least between two points the views publish at (the raw "
         "partition's owner waits longer while publications take longer)",
     )
+    view_cache_rows: int = setting(20_000, "rows the views keep decoded in memory, with as many encoded rows and "
+                                   "collected key lists (the rest are read from their store when needed)")  # fmt: skip
     cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
                                     "WARNING (0: never)")  # fmt: skip
     debezium: bool = setting(False, "also write every change as Debezium's PostgreSQL connector would, to "
@@ -102,7 +104,7 @@ class StreamsConfig:
                 raise InvalidSetting(key, f"must be letters, digits, '.', '_' or '-', got {value!r}")
         if self.broker_profile not in PROFILES:
             raise InvalidSetting("broker_profile", f"must be one of {', '.join(PROFILES)}, got {self.broker_profile!r}")
-        for key in ("partitions", "replication_factor", "batch_size"):
+        for key in ("partitions", "replication_factor", "batch_size", "view_cache_rows"):
             if getattr(self, key) < 1:
                 raise InvalidSetting(key, f"must be at least 1, got {getattr(self, key)}")
         if self.table_standby_replicas < 0:

@@ -151,7 +151,7 @@ class Materializer:
         self.store.open()
         self.joiner = joiner = Joiner([v.spec for v in self.views.values()], self.shapes, self.store,
                                       self.schemas.decode, encoders=self.encoders, partition_of=self._partition_of,
-                                      held=set(), partitions=self.cfg.partitions,
+                                      held=set(), partitions=self.cfg.partitions, cached=self.cfg.view_cache_rows,
                                       image_partition=self._image_partition)  # fmt: skip
         kept = set(json.loads(self.store.get(TABLES_KEY) or b"[]"))
         if kept and not joiner.tables <= kept:
