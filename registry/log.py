@@ -9,10 +9,9 @@ the records (acks=all) and this instance applied them, so what it acknowledges i
 served at once. When the broker stops answering (refuses connections, or leaves three
 probes in a row unanswered: one slow answer is a busy machine, not a lost log), or the
 topic is gone, emptied or recreated (the local broker keeps topics in memory only, so a
-restart empties it),
-writes answer 503 until the registry has reconnected, replayed the topic and, if it
-misses records this registry holds, rewritten all of them from memory in id order
-(ids and versions unchanged); reads are answered from memory throughout.
+restart empties it), writes answer 503 until the registry has reconnected, replayed the
+topic and, if it misses records this registry holds, rewritten all of them from memory in
+id order (ids and versions unchanged); reads are answered from memory throughout.
 """
 
 from __future__ import annotations

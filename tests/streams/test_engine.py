@@ -151,6 +151,8 @@ def test_the_engine_runs_without_a_host_tables_views_and_redis_follow_postgres(
         settled(shop_db, engine)
         assert engine.mirror is not None  # the raw partition's owner mirrors the views
         assert engine.mirror.staged >= len(view_docs_sql(shop_db, SQL))  # every row went through staging
+        applied = engine.metrics.registry.get_sample_value("headwater_streams_redis_apply_seconds_count")
+        assert applied is not None and applied >= 1, "no cut's application was timed"
         work = shop_writer(rate=200)
         wait_for(lambda: work.work.committed >= 400, 60)
         assert work.stop() >= 400
