@@ -271,7 +271,10 @@ def measure(cfg: Any, dsn: str, workers: Workers, order_rows: int, seconds: floa
     run.fault = load(dsn, rate, seconds, fault, workers)
     run.load_peak = [p.take() for p in peaks]
     run.lag, run.found = converge(cfg, dsn, sql)
-    run.stages = views.stage_lines(stages, counters(workers.count))
+    run.stages = [line for line in views.stage_lines(stages, counters(workers.count))
+                  if not any(line.startswith(f"    worker {i} ") for i in workers.gone_cpu)]  # fmt: skip
+    run.stages += [f"    worker {i}: restarted by the fault; its stages' counters began again, not shown"
+                   for i in workers.gone_cpu]  # fmt: skip
     run.load_cpu = [now - then for now, then in zip(workers.cpu(), cpu, strict=True)]
     run.after = [max(p.take(), rss_mb(workers.pid(i))) for i, p in enumerate(peaks)]
     print(f"  Redis and the endpoint {'equal the SQL' if not run.found else 'differ'} {run.lag:.1f} s after the load "
@@ -294,9 +297,11 @@ def load(dsn: str, rate: float, seconds: float, fault: str | None, workers: Work
     doer = threading.Thread(target=lambda: done.append(inject(fault, workers)), daemon=True) if fault else None
     if doer is not None:
         doer.start()
-    shop.Workload(psycopg2.connect(dsn), rng_seed=3).run(rate=rate, duration=seconds)
-    if doer is not None:
-        doer.join(timeout=120)
+    try:
+        shop.Workload(psycopg2.connect(dsn), rng_seed=3).run(rate=rate, duration=seconds)
+    finally:  # a worker the fault restarts is in ``procs`` before the pipeline stops them all
+        if doer is not None:
+            doer.join(timeout=120)
     return done[0] if done else ("none" if fault is None else f"{fault}: not done (the load ended first?)")
 
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 from aiokafka.structs import ConsumerRecord
 
 from registry import errors
@@ -38,7 +38,7 @@ log = logging.getLogger("headwater.registry")
 T = TypeVar("T")
 TOPIC_ALREADY_EXISTS = 36
 TROUBLE = (KafkaError, OSError, TimeoutError)
-SLOW = (TimeoutError, KafkaTimeoutError)
+SLOW = (TimeoutError, KafkaTimeoutError, RequestTimedOutError)  # the admin request's own 5 s may end first
 
 
 class LogTrouble(RetryableError):
@@ -112,6 +112,7 @@ class SchemaLog:
         if missing:
             await self._rebuild(missing)
         self._problem = None
+        self._missed = 0
 
     async def _connect(self, startup: bool) -> None:
         self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000)

@@ -110,6 +110,7 @@ class FanOutRun:
         kept = self.writer.ensure_topics(named, create=False)  # those still there; none made again
         tails = self.writer.tails([*sorted(self.served), self.cfg.dlq_topic, *kept])
         self.fanout = FanOut(self.cfg.partitions, watermark, tails, self.fan_key)
+        self.reported = (self.reported[0], 0)  # its counters start at 0
         self.ready = 1 + max((at[0] for at in tails.values()), default=-1)
         self.writer.landed.unexamined(saved.verified if saved else {})
         if self.debezium is not None:

@@ -262,13 +262,14 @@ class RedisMirror(threading.Thread):
         """Run the script applying ``name``'s staged records up to a cut: whether Redis held the offsets expected.
         A cut's rows change together, so Redis serves no other client while it runs: a long one is said."""
         started = time.monotonic()
-        applied = bool(self.apply(keys=[view_key(self.prefix, name), self._staging(name)], args=args))
-        took = time.monotonic() - started
-        self.metrics.redis_apply.observe(took)
-        if took > SLOW_APPLY:
-            log.warning("Redis mirror: applying view %s's cut at %s took %.1f s, during which Redis answered no "
-                        "other client (a cut's rows change together)", name, lsn_text(lsn), took)  # fmt: skip
-        return applied
+        try:
+            return bool(self.apply(keys=[view_key(self.prefix, name), self._staging(name)], args=args))
+        finally:  # a cut longer than the client's socket timeout is timed too (the script runs on in Redis)
+            took = time.monotonic() - started
+            self.metrics.redis_apply.observe(took)
+            if took > SLOW_APPLY:
+                log.warning("Redis mirror: applying view %s's cut at %s took %.1f s, during which Redis answered no "
+                            "other client (a cut's rows change together)", name, lsn_text(lsn), took)  # fmt: skip
 
     def _entries(self, name: str, records: list[Record]) -> list[bytes]:
         """Staging entries: ``<partition> <offset> <lsn> <key length> <Redis key><JSON or nothing>``."""
