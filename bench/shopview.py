@@ -228,18 +228,13 @@ def main(customers: int, orders: int, seconds: float, rate: float, workers: int 
             order_rows, rows = cur.fetchone()  # type: ignore[misc]
         conn.close()
         with views.pipeline(cfg, dsn, work, workers=workers) as procs:
-            spawn = worker_spawner(cfg, work)
+            spawn = functools.partial(views.start_worker, cfg, work)
             run = measure(cfg, dsn, Workers(procs, workers, spawn), order_rows, seconds, rate, fault)
             run.warnings = worker_warnings(work, workers, "another w")  # records another writer put among its own
             run.slow_cuts = worker_warnings(work, workers, "Redis mirror: applying")
     print(f"\nshop view {VIEW}: {rows} rows ({order_rows} orders; seeded in {seeded:.1f} s: {counts}), "
           f"{workers} worker(s)")  # fmt: skip
     report(run, seconds, rate)
-
-
-def worker_spawner(cfg: Any, work: Path) -> Callable[[int], Any]:
-    """Starts worker ``i`` again as ``views.pipeline`` started it."""
-    return lambda i: fanout.spawn_worker(cfg, work / f"worker{i}", "views", views.PORT + i, work / "views.toml")
 
 
 def worker_warnings(work: Path, workers: int, needle: str) -> list[str]:

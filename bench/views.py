@@ -307,9 +307,8 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int) -> Iter
     try:
         capture.wait_confirmed(dsn, "bench_views", procs["capture"])
         for i in range(workers):
-            home = work / f"worker{i}"
-            home.mkdir()
-            procs[f"worker {i}"] = spawn_worker(cfg, home, "views", PORT + i, config)
+            (work / f"worker{i}").mkdir()
+            procs[f"worker {i}"] = start_worker(cfg, work, i)
         yield procs
     finally:
         for proc in procs.values():
@@ -324,6 +323,11 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int) -> Iter
             for line in (work / f"worker{i}" / "worker.log").read_text(errors="replace").splitlines()[-400:]:
                 if "views at raw offset" in line or "fan-out at raw offset" in line:
                     print(f"  worker {i}:", line.split("] ")[-1])
+
+
+def start_worker(cfg: stack.StackConfig, work: Path, i: int) -> subprocess.Popen[bytes]:
+    """Worker ``i`` of ``pipeline`` (home ``work/worker<i>``, port ``PORT + i``), also when a fault restarts it."""
+    return spawn_worker(cfg, work / f"worker{i}", "views", PORT + i, work / "views.toml")
 
 
 @dataclass
