@@ -90,6 +90,7 @@ def capture_argv(cfg: stack.StackConfig, prefix: str, slot: str, state: Path, *e
         "--topic-prefix", prefix, "--state-dir", str(state), "--bootstrap", cfg.bootstrap,
         "--registry-url", cfg.registry_url, "--heartbeat-interval", "0",
         "--metrics-port", "0",  # counted as always, not served: a demo's capture may hold the default port
+        "--broker-profile", "tansu",  # the bench stack is a local stack on other ports: what auto picks on one
         *extra,
     ]  # fmt: skip
 

@@ -57,6 +57,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import capture
 from bench.fanout import spawn_worker
+from capture.producer import TANSU_LINGER_MS
 from headwater import shop, stack
 from tables.registry import Registry
 
@@ -420,6 +421,7 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     print("  CPU:")
     print("\n".join(cpu_lines(slow.before, slow.after, len(committed))))
     print(f"  {load_text()} (after)")
-    print("  capture: librdkafka idempotent acks=all linger 5 ms; worker: tansu profile (Faust fetch wait 10 ms),")
+    print(f"  capture: librdkafka idempotent acks=all, tansu profile (linger {TANSU_LINGER_MS} ms); worker: tansu "
+          "profile (Faust fetch wait 10 ms),")
     print("  batch wait 5 ms, view rows by librdkafka idempotent acks=all linger 5 ms (points, fragments, cuts: 0 ms);")
     print("  observers fetch wait 5 ms; the burst commits with synchronous_commit off, the steady load with it on")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tables.config import (
+    BROKER_PROFILE_HELP,
     InvalidSetting,
     Loaded,
     Secret,
@@ -26,10 +27,12 @@ from tables.config import (
     StackConfig,
     check_dsn,
     check_port,
+    check_profile,
     check_shared,
     config_path,
     load_component,
     masked_repr,
+    resolve_profile,
     setting,
 )
 from tables.topics import changes_topic
@@ -60,6 +63,7 @@ class CaptureConfig:
     producer: Settings = setting(
         Settings(), "librdkafka settings of its clients, over [pipeline] kafka (SASL, TLS, ...)"
     )
+    broker_profile: str = setting("auto", BROKER_PROFILE_HELP)
     topic_config: Settings = setting(Settings(), "settings for topics Headwater creates (e.g. retention.ms)")
     replication_factor: int = setting(1, "replication factor of topics Headwater creates")
     heartbeat_interval: float = setting(10.0, "seconds between heartbeats that keep the slot moving (0: off)")
@@ -83,6 +87,7 @@ class CaptureConfig:
     def __post_init__(self) -> None:
         check_dsn("dsn", self.dsn.reveal())
         check_shared(self.topic_prefix, self.registry_url)
+        check_profile(self.broker_profile)
         for key in ("slot", "publication"):
             if not NAME.match(getattr(self, key)):
                 raise InvalidSetting(
@@ -133,6 +138,10 @@ class CaptureConfig:
         return changes_topic(self.topic_prefix)
 
     @property
+    def tansu(self) -> bool:
+        return self.broker_profile == "tansu"
+
+    @property
     def nested(self) -> bool:
         """Row images go into the raw topic as nested Avro records (``raw_images = "nested"``)."""
         return self.format == "avro" and self.raw_images == "nested"
@@ -144,12 +153,13 @@ def load_capture(
     flags: Mapping[str, Any] | None = None,
     local: StackConfig | None = None,
 ) -> Loaded[CaptureConfig]:
-    """[capture] over [pipeline] (config file, environment, ``flags``), with where each value came from."""
+    """[capture] over [pipeline] (config file, environment, ``flags``), with where each value came from;
+    ``broker_profile = auto`` resolved against the local stack's broker."""
     env = os.environ if environ is None else environ
     path = config_path(explicit, env)
-    return load_component(
+    return resolve_profile(load_component(
         CaptureConfig, "capture", path=path, environ=env, flags=flags, local=local, renames={"producer": "kafka"}
-    )
+    ))
 
 
 def load_capture_config(

@@ -18,6 +18,11 @@ producer keeps one partition's order), so neither waits for Kafka between chunks
 ``ensure_changes_topic`` reads, and sets to 8 MiB on a topic it makes): fewer, larger requests.
 librdkafka's own lines, of every client here (``SnapshotSender`` included), go to the
 ``tables.logs.KAFKA_LOGGER`` logger, where its connection noise is gated.
+On the local broker (``broker_profile = tansu``) the producer lingers ``TANSU_LINGER_MS`` instead of
+5 ms: Tansu 0.6.0 lists every record batch of a partition for each fetch that finds records (its
+object-store engine keeps one object per batch), so a reader's cost grows with the raw topic's
+batches. At 5 ms a steady load writes up to 200 batches a second, and at 300 transactions a second
+the broker filled a core within a minute (``bench/RESULTS.md``); 50 ms writes a tenth of them.
 """
 
 from __future__ import annotations
@@ -76,11 +81,15 @@ DEFAULTS = {
 }
 
 
+TANSU_LINGER_MS = 50  # the local broker: fewer, larger batches on the raw topic (see the promise)
+
+
 def producer_settings(cfg: CaptureConfig) -> dict[str, Any]:
     # librdkafka's own log lines go through Python logging (served by poll), not straight to stderr
     return {
         "bootstrap.servers": cfg.bootstrap,
         **DEFAULTS,
+        **({"linger.ms": TANSU_LINGER_MS} if cfg.tansu else {}),
         **cfg.producer,
         "logger": kafka_log,
     }

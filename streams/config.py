@@ -17,16 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tables.config import (
+    BROKER_PROFILE_HELP,
     InvalidSetting,
     Loaded,
     Settings,
     Source,
     check_port,
+    check_profile,
     check_shared,
     config_path,
     load_component,
     masked_repr,
     read_file,
+    resolve_profile,
     setting,
 )
 from tables.topics import (
@@ -42,7 +45,6 @@ from tables.topics import (
 from tables.views import ViewSpec, parse_views
 
 APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
-PROFILES = ("auto", "tansu", "kafka")
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,7 @@ class StreamsConfig:
     partitions: int = setting(4, "partitions of the per-table topics and of the tables' changelogs")
     replication_factor: int = setting(1, "replication factor of the topics the workers create")
     topic_config: Settings = setting(Settings(), "extra settings for the per-table topics (e.g. min.insync.replicas)")
-    broker_profile: str = setting(
-        "auto", "tansu (the local broker's needs), kafka, or auto (tansu for the local stack)"
-    )
+    broker_profile: str = setting("auto", BROKER_PROFILE_HELP)
     kafka: Settings = setting(Settings(), "librdkafka-style client settings, over [pipeline] kafka (sasl.*, ssl.*)")
     table_standby_replicas: int = setting(0, "standby copies of each table partition kept by other workers")
     web_host: str = setting("127.0.0.1", "address the query endpoint binds to and advertises")
@@ -102,8 +102,7 @@ class StreamsConfig:
             value = getattr(self, key)
             if (value or key == "app_id") and not APP_ID.match(value):
                 raise InvalidSetting(key, f"must be letters, digits, '.', '_' or '-', got {value!r}")
-        if self.broker_profile not in PROFILES:
-            raise InvalidSetting("broker_profile", f"must be one of {', '.join(PROFILES)}, got {self.broker_profile!r}")
+        check_profile(self.broker_profile)
         for key in ("partitions", "replication_factor", "batch_size", "view_cache_rows"):
             if getattr(self, key) < 1:
                 raise InvalidSetting(key, f"must be at least 1, got {getattr(self, key)}")
@@ -177,10 +176,7 @@ def load_streams(environ: Mapping[str, str] | None = None, explicit: str | None 
     on_local = loaded.local is not None and loaded.config.bootstrap == loaded.local.bootstrap
     if on_local and loaded.local is not None and not loaded.config.debezium_database:
         loaded = loaded.replace("debezium_database", loaded.local.database, Source("stack", "database"))
-    if loaded.config.broker_profile != "auto" or loaded.local is None:
-        return loaded
-    why = "the broker is the local stack's" if on_local else "the broker is not the local stack's"
-    return loaded.replace("broker_profile", "tansu" if on_local else "kafka", Source("auto", why))
+    return resolve_profile(loaded)
 
 
 def load_streams_config(environ: Mapping[str, str] | None = None) -> StreamsConfig:

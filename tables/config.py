@@ -593,6 +593,10 @@ def check_dsn(name: str, dsn: str) -> None:
         raise InvalidSetting(name, f"not a valid PostgreSQL connection string: {problem} (expected {DSN_EXAMPLE})")
 
 
+BROKER_PROFILES = ("auto", "tansu", "kafka")
+BROKER_PROFILE_HELP = "tansu (what the local broker needs), kafka, or auto (tansu exactly for the local stack's broker)"
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     """What every component shares, written once ([pipeline] in headwater.toml, HEADWATER_PIPELINE_*):
@@ -603,11 +607,30 @@ class PipelineConfig:
     registry_url: str = setting("", "schema registry URL, basic auth as user:password@ (default: the local stack's)")
     redis_url: str = setting("", "Redis the workers mirror views into (default: the local stack's; 'none': off)")
     topic_prefix: str = setting(DEFAULT_PREFIX, "prefix of every topic: <prefix>.changes, <prefix>.<table>, ...")
+    broker_profile: str = setting("auto", BROKER_PROFILE_HELP)
 
     __repr__ = masked_repr
 
     def __post_init__(self) -> None:
         check_shared(self.topic_prefix, self.registry_url, self.redis_url)
+        check_profile(self.broker_profile)
+
+
+def check_profile(value: str) -> None:
+    """Raise InvalidSetting unless ``value`` names a broker profile."""
+    if value not in BROKER_PROFILES:
+        raise InvalidSetting("broker_profile", f"must be one of {', '.join(BROKER_PROFILES)}, got {value!r}")
+
+
+def resolve_profile(loaded: Loaded[T]) -> Loaded[T]:
+    """``broker_profile = auto`` made ``tansu`` exactly when the component's broker is the local stack's
+    (however it was named), else ``kafka``; an explicit profile is kept."""
+    config = cast(Any, loaded.config)
+    if config.broker_profile != "auto" or loaded.local is None:
+        return loaded
+    on_local = config.bootstrap == loaded.local.bootstrap
+    why = "the broker is the local stack's" if on_local else "the broker is not the local stack's"
+    return loaded.replace("broker_profile", "tansu" if on_local else "kafka", Source("auto", why))
 
 
 def check_shared(topic_prefix: str, registry_url: str, redis_url: str = "") -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from capture.config import CaptureConfig
+from capture.producer import DEFAULTS, TANSU_LINGER_MS, producer_settings
 from tables.config import Secret, Settings, load
 from tables.errors import ConfigError
 
@@ -34,6 +35,13 @@ def test_producer_settings_from_toml_table_and_from_text(tmp_path: Path) -> None
         load(CaptureConfig, "capture", environ={"HEADWATER_CAPTURE_PRODUCER": "nonsense"})
 
 
+def test_on_the_local_broker_the_producer_lingers_longer_unless_told() -> None:
+    assert producer_settings(CaptureConfig(broker_profile="kafka"))["linger.ms"] == DEFAULTS["linger.ms"]
+    assert producer_settings(CaptureConfig(broker_profile="tansu"))["linger.ms"] == TANSU_LINGER_MS
+    mine = CaptureConfig(broker_profile="tansu", producer=Settings({"linger.ms": "2"}))
+    assert producer_settings(mine)["linger.ms"] == "2"
+
+
 @pytest.mark.parametrize(
     ("text", "key"),
     [
@@ -44,6 +52,7 @@ def test_producer_settings_from_toml_table_and_from_text(tmp_path: Path) -> None
         ("snapshot_workers = 0", "snapshot_workers"),
         ("backfill_chunk_rows = 0", "backfill_chunk_rows"),
         ('signal_table = "a.b.c"', "signal_table"),
+        ('broker_profile = "local"', "broker_profile"),
         ('signal_table = "signals; DROP TABLE x"', "signal_table"),
     ],
 )

@@ -188,6 +188,13 @@ def test_what_nothing_sets_is_the_local_stacks_in_one_place(tmp_path: Path) -> N
     assert explicit.config.state_dir == Path("mine")  # only the default follows data_dir
     same = load_streams({"HEADWATER_CONFIG": str(path), "HEADWATER_PIPELINE_BOOTSTRAP": "127.0.0.1:29092"})
     assert same.config.broker_profile == "tansu"  # the local stack's broker, however it was named
+    assert (capture.config.broker_profile, capture.source("broker_profile")) == (
+        "tansu", "default, auto: the broker is the local stack's")  # fmt: skip
+    elsewhere = load_capture(str(path), {"HEADWATER_PIPELINE_BOOTSTRAP": "kafka.example.com:9092"})
+    assert elsewhere.config.broker_profile == "kafka"
+    pinned = write(tmp_path, '[stack]\nkafka_port = 29092\n[pipeline]\nbroker_profile = "kafka"\n')
+    assert load_capture(str(pinned), {}).config.broker_profile == "kafka"  # written once, for every component
+    assert load_streams({"HEADWATER_CONFIG": str(pinned)}).config.broker_profile == "kafka"
     assert load_capture(None, {}).config.state_dir == Path(".headwater/capture")  # data_dir's default
 
 
@@ -198,6 +205,7 @@ def test_what_nothing_sets_is_the_local_stacks_in_one_place(tmp_path: Path) -> N
         ('registry_url = "registry:8081"', "registry_url", "http/https URL"),
         ('redis_url = "localhost:6379"', "redis_url", "redis/rediss/unix URL"),
         ("bootstrap = 9092", "bootstrap", "expected a string"),
+        ('broker_profile = "redpanda"', "broker_profile", "one of auto, tansu, kafka"),
         ('bootsrap = "x:1"', "bootsrap", "known settings: bootstrap"),
     ],
 )
