@@ -18,11 +18,13 @@ producer keeps one partition's order), so neither waits for Kafka between chunks
 ``ensure_changes_topic`` reads, and sets to 8 MiB on a topic it makes): fewer, larger requests.
 librdkafka's own lines, of every client here (``SnapshotSender`` included), go to the
 ``tables.logs.KAFKA_LOGGER`` logger, where its connection noise is gated.
-On the local broker (``broker_profile = tansu``) the producer lingers ``TANSU_LINGER_MS`` instead of
-5 ms: Tansu 0.6.0 lists every record batch of a partition for each fetch that finds records (its
-object-store engine keeps one object per batch), so a reader's cost grows with the raw topic's
-batches. At 5 ms a steady load writes up to 200 batches a second, and at 300 transactions a second
-the broker filled a core within a minute (``bench/RESULTS.md``); 50 ms writes a tenth of them.
+On the local broker (``broker_profile = tansu``) the stream's producer lingers ``TANSU_LINGER_MS``
+instead of 5 ms: Tansu 0.6.0 lists every record batch of a partition for each fetch that finds
+records (its object-store engine keeps one object per batch), so a reader's cost grows with the raw
+topic's batches. At 5 ms a steady load writes up to 200 batches a second, and at 300 transactions a
+second the broker filled a core within a minute (``bench/RESULTS.md``); 50 ms writes a tenth of them.
+The C senders of snapshot and backfill chunks keep 5 ms: each chunk's last batch would wait the
+linger, and a backfill waits for its chunks in turn (2.3 s more a million rows at 50 ms).
 """
 
 from __future__ import annotations
@@ -84,12 +86,15 @@ DEFAULTS = {
 TANSU_LINGER_MS = 50  # the local broker: fewer, larger batches on the raw topic (see the promise)
 
 
-def producer_settings(cfg: CaptureConfig) -> dict[str, Any]:
+def producer_settings(cfg: CaptureConfig, *, stream: bool = False) -> dict[str, Any]:
+    """librdkafka settings of capture's clients; ``stream``: the stream's own producer, which lingers
+    longer on the local broker (the C senders of snapshot and backfill chunks do not: a chunk's last
+    batch would wait the linger, and a backfill waits for each chunk in turn)."""
     # librdkafka's own log lines go through Python logging (served by poll), not straight to stderr
     return {
         "bootstrap.servers": cfg.bootstrap,
         **DEFAULTS,
-        **({"linger.ms": TANSU_LINGER_MS} if cfg.tansu else {}),
+        **({"linger.ms": TANSU_LINGER_MS} if stream and cfg.tansu else {}),
         **cfg.producer,
         "logger": kafka_log,
     }
@@ -255,7 +260,7 @@ class ChangeProducer:
         self.chunks: Sender | None = None  # the backfills' chunks' own producer (``chunk_sender``, at session start)
         self.routed = False  # a chunk went through ``chunks``: everything after it goes there too, in order
         self._folded = 0  # ``chunks``' failed deliveries already counted in ``delivery_errors``
-        settings = producer_settings(cfg)
+        settings = producer_settings(cfg, stream=True)
         self.producer = Producer(
             {
                 **statistics(settings),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from capture.config import CaptureConfig
-from capture.producer import DEFAULTS, TANSU_LINGER_MS, producer_settings
+from capture.producer import DEFAULTS, TANSU_LINGER_MS, librdkafka_settings, producer_settings
 from tables.config import Secret, Settings, load
 from tables.errors import ConfigError
 
@@ -35,11 +35,13 @@ def test_producer_settings_from_toml_table_and_from_text(tmp_path: Path) -> None
         load(CaptureConfig, "capture", environ={"HEADWATER_CAPTURE_PRODUCER": "nonsense"})
 
 
-def test_on_the_local_broker_the_producer_lingers_longer_unless_told() -> None:
-    assert producer_settings(CaptureConfig(broker_profile="kafka"))["linger.ms"] == DEFAULTS["linger.ms"]
-    assert producer_settings(CaptureConfig(broker_profile="tansu"))["linger.ms"] == TANSU_LINGER_MS
+def test_on_the_local_broker_the_streams_producer_lingers_longer_unless_told() -> None:
+    tansu = CaptureConfig(broker_profile="tansu")
+    assert producer_settings(CaptureConfig(broker_profile="kafka"), stream=True)["linger.ms"] == DEFAULTS["linger.ms"]
+    assert producer_settings(tansu, stream=True)["linger.ms"] == TANSU_LINGER_MS
+    assert librdkafka_settings(tansu)["linger.ms"] == str(DEFAULTS["linger.ms"])  # the chunks' C senders
     mine = CaptureConfig(broker_profile="tansu", producer=Settings({"linger.ms": "2"}))
-    assert producer_settings(mine)["linger.ms"] == "2"
+    assert producer_settings(mine, stream=True)["linger.ms"] == "2"
 
 
 @pytest.mark.parametrize(
