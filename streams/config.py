@@ -28,6 +28,7 @@ from tables.config import (
     config_path,
     load_component,
     masked_repr,
+    on_local_broker,
     read_file,
     resolve_profile,
     setting,
@@ -173,8 +174,7 @@ def load_streams(environ: Mapping[str, str] | None = None, explicit: str | None 
     unset ``debezium_database`` is its database."""
     env = os.environ if environ is None else environ
     loaded = load_component(StreamsConfig, "streams", path=config_path(explicit, env), environ=env)
-    on_local = loaded.local is not None and loaded.config.bootstrap == loaded.local.bootstrap
-    if on_local and loaded.local is not None and not loaded.config.debezium_database:
+    if on_local_broker(loaded) and loaded.local is not None and not loaded.config.debezium_database:
         loaded = loaded.replace("debezium_database", loaded.local.database, Source("stack", "database"))
     return resolve_profile(loaded)
 

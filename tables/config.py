@@ -622,13 +622,17 @@ def check_profile(value: str) -> None:
         raise InvalidSetting("broker_profile", f"must be one of {', '.join(BROKER_PROFILES)}, got {value!r}")
 
 
+def on_local_broker(loaded: Loaded[Any]) -> bool:
+    """Whether the component's broker is the local stack's, however it was named."""
+    return loaded.local is not None and cast(Any, loaded.config).bootstrap == loaded.local.bootstrap
+
+
 def resolve_profile(loaded: Loaded[T]) -> Loaded[T]:
     """``broker_profile = auto`` made ``tansu`` exactly when the component's broker is the local stack's
-    (however it was named), else ``kafka``; an explicit profile is kept."""
-    config = cast(Any, loaded.config)
-    if config.broker_profile != "auto" or loaded.local is None:
+    (``on_local_broker``), else ``kafka``; an explicit profile is kept."""
+    if cast(Any, loaded.config).broker_profile != "auto" or loaded.local is None:
         return loaded
-    on_local = config.bootstrap == loaded.local.bootstrap
+    on_local = on_local_broker(loaded)
     why = "the broker is the local stack's" if on_local else "the broker is not the local stack's"
     return loaded.replace("broker_profile", "tansu" if on_local else "kafka", Source("auto", why))
 
