@@ -6,8 +6,8 @@ interrupted and is being started over, or the stream of an earlier slot — ``Li
 applies them in order, keys only (``earlier_keys`` reads them, up to the end the topic had
 before the new snapshot wrote anything), and ``missing`` asks PostgreSQL, inside the new
 snapshot's exported snapshot, which of those keys its tables do not hold. Capture writes a
-DELETE for each of them as part of the snapshot (commit LSN = the snapshot's consistent
-point, after its READ rows and before SNAPSHOT_END), so every consumer that applies the raw
+DELETE for each of them as part of the snapshot (the snapshot's commit LSN, one below
+the consistent point, after its READ rows and before SNAPSHOT_END), so every consumer that applies the raw
 topic in order — the fan-out, the views, reconciliation, Spark — ends equal to the tables,
 and a cut at SNAPSHOT_END holds no phantom row. Keys are compared by value (decoded with
 the schema their bytes name), so a key written under an older key schema is still matched.

@@ -4,7 +4,8 @@ Promise: the tables are copied with ``COPY ... TO STDOUT`` under the slot's expo
 snapshot — by worker processes, each importing the snapshot on its own connection
 and writing with its own producer, when the snapshot is big (big tables are split
 into ranges of heap pages, so they go in parallel); each row becomes a READ change
-on the raw topic with the slot's consistent point as its commit LSN and a position
+on the raw topic with one below the slot's consistent point as its commit LSN
+(``changes.snapshot_commit_lsn``) and a position
 unique within the snapshot. In the Avro format on a UTF8 server the COPY text goes
 straight into the compiled ``capture._copier.Copier``, which writes whole messages
 and sends them itself through a ``SnapshotSender`` (librdkafka driven from C); rows

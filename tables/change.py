@@ -16,8 +16,9 @@ capture agent that writes them and the stream agents that read them. Row images
 
 ``ChangeReader`` reads messages of either encoding as records with framed images, the form
 the fan-out, the views and reconciliation work on.
-``(commit_lsn, position)`` identifies a change; snapshot rows carry the slot's
-consistent point as ``commit_lsn`` and a ``position`` unique within the snapshot.
+``(commit_lsn, position)`` identifies a change; snapshot rows carry one below the slot's
+consistent point as ``commit_lsn`` (a streamed transaction may commit at the point itself)
+and a ``position`` unique within the snapshot.
 A backfill (an incremental snapshot of one table while the stream runs) writes each
 chunk as one transaction of READ rows (and of DELETEs for keys the table no longer
 holds) at its high watermark's commit: ``commit_lsn``, ``xid`` and ``commit_time`` of
@@ -59,7 +60,8 @@ CHANGE_VALUE_SCHEMA: Final[dict[str, Any]] = {
         {"name": "schema", "type": "string"},
         {"name": "table", "type": "string"},
         {"name": "topic", "type": "string", "doc": "the table's own topic"},
-        {"name": "commit_lsn", "type": "long", "doc": "LSN of the commit record (snapshot: consistent point)"},
+        {"name": "commit_lsn", "type": "long",
+         "doc": "LSN of the commit record (snapshot: one below the consistent point)"},
         {"name": "xid", "type": "long"},
         {"name": "commit_time", "type": {"type": "long", "logicalType": "timestamp-micros"}},
         {"name": "position", "type": "int", "doc": "0-based place of this change in its transaction"},
