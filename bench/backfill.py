@@ -10,12 +10,13 @@ snapshot TABLE`` backfills the table while the load goes on. Printed, from one r
   (median of 3 each), and the backfill's rate (capture's own figure: from the backfill's start
   to its end, every chunk written; the last acknowledged) as a share of each;
 - capture's CPU seconds (every thread, and by thread) while it ran, and how busy every core was;
-- the lag of the load's changes before the backfill and during it — every 50 ms, how far the
+- the lag of the load's changes before the backfill, during it and after both backfills — every 50 ms, how far the
   raw topic's newest change lies behind its commit (the load commits every few ms, and the
   topic is in commit order): the stream goes on while the table is chunked. Sampling reads
   one batch a time, not the million messages a full consumer would read on the same cores;
 - then a small table of the same set backfilled, with the time its retraction's read of the whole
-  raw topic (by then the big table's million rows and the load's changes) took.
+  raw topic (by then the big table's million rows and the load's changes) took. After it the lag
+  is the stream's own producer's again (on the local broker it lingers 50 ms; a backfill's chunks 5 ms).
 """
 
 from __future__ import annotations
@@ -276,6 +277,7 @@ class Run:
     cpu: float = 0.0
     usage: Usage = field(default_factory=Usage)
     before: tuple[float, float] = (0.0, 0.0)
+    after: tuple[float, float] = (0.0, 0.0)  # the load's last 5 s, after both backfills
     lags: Lags = field(default_factory=Lags)
     done: Backfill | None = None
     raw: int = 0  # the raw topic's changes as the small table's backfill started
@@ -312,7 +314,8 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
         measured.raw = raw_changes(cfg)
         ask(work, scenario.small)
         backfilled(work)
-        time.sleep(1.0)
+        time.sleep(5.0)
+        measured.after = (time.time() - 5.0, time.time())
     finally:
         if load is not None:
             load.terminate()
@@ -367,6 +370,7 @@ def report(measured: Run, log: Path) -> None:
     print(describe("before the backfill (5 s)", lags.between(*measured.before)))
     print(describe(f"during the backfill ({done.finished_at - done.started_at:.1f} s)",
                    lags.between(done.started_at, done.finished_at)))  # fmt: skip
+    print(describe("after both backfills (5 s; the stream's own producer again)", lags.between(*measured.after)))
     print(f"  (the sampler's CPU: {lags.cpu:.2f} s)")
     reads = re.findall(r"the raw topic holds \d+ changes from before backfill #\d+ \(\d+ keys of its tables, read in"
                        r" ([\d.]+) s\)", log.read_text())  # fmt: skip

@@ -605,6 +605,8 @@ class Backfiller:
         self._stop_reading(backfill.id)
         self._abandon(backfill.id)
         if status == "done":
+            if not self.backfills:
+                self.sink.producer.unroute()  # just flushed: the stream may go back to its own producer
             self.pending.append((self.last_end, dataclasses.replace(backfill)))
             elapsed = backfill.finished_at - (backfill.started_at or backfill.finished_at)
             log.info("backfill #%d of %s done: %d rows in %.2f s, %d keys the table no longer holds retracted",

@@ -251,7 +251,8 @@ class ChangeProducer:
     and since the idempotent producer delivers one partition's messages in order,
     everything sent minus what is still queued or in flight has been acknowledged. That holds
     across the two producers too: the first backfill chunk waits until the first one is
-    acknowledged, and from then on only the chunks' producer is sent to.
+    acknowledged, and from then on only the chunks' producer is sent to, until ``unroute`` (no
+    backfill left, the chunks' producer all acknowledged) hands the stream back to the first.
     """
 
     def __init__(self, cfg: CaptureConfig) -> None:
@@ -435,6 +436,15 @@ class ChangeProducer:
             told = self._room(sender, CHUNK_SLICE, told)
             send_envelopes(sender, kafka_key, head, size, rows[first : first + CHUNK_SLICE], tail, first, nested)
             self._sent += min(CHUNK_SLICE, len(rows) - first)
+
+    def unroute(self) -> None:
+        """No backfill is left: the stream's messages go back to its own producer (which lingers on the local
+        broker, ``producer_settings``), once everything sent through the chunks' producer is acknowledged (else
+        they stay routed: the order holds either way). Without this, one backfill left the stream on the chunks'
+        5 ms linger for the rest of the session, writing a batch per commit into a broker whose reads cost more
+        with every batch (README, "The local stack")."""
+        if self.routed and self.chunks is not None and not len(self.chunks) and not self._failed():
+            self.routed = False
 
     def _send_routed(self, records: Iterable[tuple[bytes, bytes]]) -> None:
         """The stream's messages once chunks went through ``chunks``: behind them, by the same producer."""

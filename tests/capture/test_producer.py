@@ -217,6 +217,32 @@ def test_chunks_and_the_stream_around_them_keep_send_order_without_waiting_for_k
     producer.abandon()
 
 
+def test_the_stream_goes_back_to_its_own_producer_once_the_chunks_are_acknowledged(
+    local_stack: StackConfig, unique_name: str
+) -> None:
+    """After the backfills (``unroute``), the stream's messages leave through its own producer again, and the topic
+    still holds everything in send order; while a chunk is unacknowledged they stay behind it."""
+    cfg = config(local_stack.bootstrap, unique_name, **{"linger.ms": "200"})
+    ensure_changes_topic(cfg)
+    producer = ChangeProducer(cfg)
+    sender = producer.chunk_sender()
+    assert sender is not None
+    rows: list[tuple[bytes | None, bytes | None]] = [(b"key %d" % i, b"row %d" % i) for i in range(100)]
+    producer.send_chunk(sender, b"k", b"head", b"\x02", rows, b"tail", False)
+    producer.unroute()
+    assert producer.routed, "left the chunks' producer with a chunk unacknowledged"
+    producer.flush(30.0)
+    producer.unroute()
+    assert not producer.routed
+    producer.send_all((b"k", b"stream %d" % i) for i in range(10))
+    # (len() of a confluent-kafka producer counts its pending events, statistics included, with its messages)
+    assert len(producer.producer) >= 10 and not len(sender), "the stream's messages went through the chunks' producer"
+    producer.flush(30.0)
+    expected = [*envelopes(b"head", b"\x02", rows, b"tail"), *(b"stream %d" % i for i in range(10))]
+    assert [r.value for r in read_topic(local_stack.bootstrap, cfg.changes_topic)] == expected
+    producer.abandon()
+
+
 KAFKA_DEFAULT_LIMIT = 1_048_588  # Apache Kafka's message.max.bytes unless a broker is configured otherwise
 
 
