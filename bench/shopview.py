@@ -266,8 +266,7 @@ def measure(cfg: Any, dsn: str, workers: Workers, order_rows: int, seconds: floa
     run.fault = load(dsn, rate, seconds, fault, workers)
     run.load_peak = [p.take() for p in peaks]
     run.lag, run.found = converge(cfg, dsn, sql)
-    run.stages = [line for line in views.stage_lines(stages, counters(workers.count))
-                  if not any(line.startswith(f"    worker {i} ") for i in workers.gone_cpu)]  # fmt: skip
+    run.stages = views.stage_lines(stages, counters(workers.count), hidden=workers.gone_cpu)
     run.stages += [f"    worker {i}: restarted by the fault; its stages' counters began again, not shown"
                    for i in workers.gone_cpu]  # fmt: skip
     run.load_cpu = [now - then for now, then in zip(workers.cpu(), cpu, strict=True)]

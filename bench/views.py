@@ -43,7 +43,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,13 +259,13 @@ def sample(procs: Procs, workers: int) -> Sample:
                   [scrape(PORT + i) for i in range(workers)])  # fmt: skip
 
 
-def stage_lines(before: Sample, after: Sample) -> list[str]:
-    """Per worker and stage: items handled, seconds busy (share of the span), capacity at 100% busy, and
-    the stage thread's CPU seconds with the capacity they give (items per CPU-second)."""
+def stage_lines(before: Sample, after: Sample, hidden: Collection[int] = ()) -> list[str]:
+    """Per worker (but the ``hidden`` ones) and stage: items handled, seconds busy (share of the span), capacity
+    at 100% busy, and the stage thread's CPU seconds with the capacity they give (items per CPU-second)."""
     span = after.at - before.at
     lines = []
     for i, (old, new) in enumerate(zip(before.counters, after.counters, strict=True)):
-        for stage in STAGES:
+        for stage in () if i in hidden else STAGES:
             items = new.get(stage, 0) - old.get(stage, 0)
             busy = new.get(f"{stage}_busy", 0) - old.get(f"{stage}_busy", 0)
             cpu = new.get(f"{stage}_cpu", 0) - old.get(f"{stage}_cpu", 0)

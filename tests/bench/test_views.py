@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.views import Seen, latencies, until_shown
+from bench.views import STAGES, Sample, Seen, latencies, stage_lines, until_shown
 
 pytestmark = pytest.mark.unit
 
@@ -26,3 +26,14 @@ def test_an_overwritten_commit_counts_until_its_successor_shows() -> None:
 
 def test_a_commit_nothing_after_showed_is_not_timed() -> None:
     assert until_shown({"a1": (0.0, 1), "a2": (0.1, 1)}, seen_at({"a1": 0.3})) == (pytest.approx([300.0]), 0)
+
+
+def test_a_hidden_workers_stages_are_left_out() -> None:
+    """A worker restarted by a fault counts from 0 again: its lines are left out, the others' kept."""
+    stage = next(iter(STAGES))
+    counts = {stage: 100.0, f"{stage}_busy": 2.0, f"{stage}_cpu": 1.0}
+    before = Sample(0.0, {}, [{}, {}, {}])
+    after = Sample(10.0, {}, [counts, counts, counts])
+    shown = stage_lines(before, after, hidden={1: 3.5})
+    assert [line.split(":")[0].strip() for line in shown] == [f"worker 0 {stage}", f"worker 2 {stage}"]
+    assert "capacity      50/s" in shown[0] and "100/CPU-s" in shown[0]
