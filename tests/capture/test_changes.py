@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,8 @@ class Recorder:
     def send(self, key: bytes, value: bytes) -> None:
         self.values.append(json.loads(value))
 
-    def send_all(self, records: object) -> None:
-        for key, value in records:  # type: ignore[attr-defined]
+    def send_all(self, records: Iterable[tuple[bytes, bytes]]) -> None:
+        for key, value in records:
             self.send(key, value)
 
     def mark(self, lsn: int) -> None:
