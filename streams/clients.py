@@ -9,7 +9,8 @@ each fetch (its object-store engine, 0.6.0): the table topics hold many small ba
 1 MB a fetch a 5M-row load (1.25M rows a partition) fell to a few hundred rows a second and
 stalled. The raw topic's batches are capture's (up to 4 MiB of changes each, lz4), few and large:
 its readers keep 1 MB fetches, which is what bounds their memory. The fan-out lingers 20 ms
-(Kafka Streams: 100 ms), so a table topic gets fewer, larger batches. The Faust app's own
+(Kafka Streams: 100 ms), so a table topic gets fewer, larger batches, and never asks the broker to
+make a topic by writing to it (``streams.errors.refused`` names a topic the broker lost). The Faust app's own
 settings are the host's (``streams.profile``). Nothing here imports Faust.
 """
 
@@ -28,6 +29,9 @@ TABLE_PRODUCER: dict[str, Any] = {
     "batch.num.messages": 10000,
     "partitioner": "murmur2_random",  # Java-compatible; the fan-out names partitions itself anyway
     "message.timeout.ms": 0,  # never give a record up: a broker outage stalls, it does not lose
+    # a topic the broker lost is not made again by a write (with 1 partition, by the local broker): its records
+    # fail with an unknown partition once the broker's metadata shows it missing, and the workers say it is gone
+    "allow.auto.create.topics": False,
 }
 
 TANSU_FETCH_WAIT_MS = 10

@@ -29,6 +29,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from streams.errors import refused
 from streams.writer import Pending, produce
 from tables.errors import FatalError
 
@@ -85,7 +86,7 @@ class Cuts:
         self.lock = threading.Lock()  # guards ends and handed
         self.handed: int | None = None  # commit LSN of the last point handed on
         self.found: list[Stray] = []  # records of another writer found among this worker's, not yet taken
-        self.failed: KafkaError | None = None
+        self.failed: FatalError | None = None
         self.pending: deque[Point] = deque()
         self.current = Delivered()
         self.stopping = threading.Event()
@@ -93,8 +94,7 @@ class Cuts:
 
     def write(self, topic: str, partition: int, key: bytes, value: bytes | None, headers: list[Any]) -> None:
         if self.failed is not None:
-            raise FatalError(f"Kafka refused a view row: {self.failed}",
-                             hint="check the broker log and the view topics' settings")  # fmt: skip
+            raise self.failed
         self.current.outstanding += 1
         produce(self.producer, topic, partition, key, value, headers, self.current.delivered)
 
@@ -140,8 +140,9 @@ class Cuts:
             while self.pending and self.pending[0].delivered.outstanding <= 0:
                 point = self.pending[0]
                 if point.delivered.failed is not None:
-                    self.failed = point.delivered.failed
-                    log.error("Kafka refused a view row (%s): no more points are published", self.failed)
+                    self.failed = refused(point.delivered.failed, point.delivered.failed_topic, "a view row",
+                                          hint="check the broker log and the view topics' settings")  # fmt: skip
+                    log.error("%s: no more points are published", self.failed)
                     return
                 self._hand_on(point)
                 self.pending.popleft()

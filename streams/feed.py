@@ -26,13 +26,13 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streams.cursor import Raw
+from streams.errors import GONE, gone
 from tables.errors import FatalError, RetryableError
 from tables.kafka import Stalled, StallWatch, bounds, reader
 from tables.logs import facts
 
 log = logging.getLogger("headwater.streams")
 MAX_PAUSE = 30.0
-GONE = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
 
 
 class Follower(threading.Thread):
@@ -200,10 +200,3 @@ class ViewFeed(Feed):
                 raise RetryableError(f"reading {m.topic()}: {error}")
         return changes, points
 
-
-def gone(topic: str, detail: str) -> FatalError:
-    return FatalError(
-        f"the broker no longer has {topic}: it was restarted or emptied, and the changes on it are gone ({detail})",
-        hint="rebuild from a fresh snapshot: drop capture's slot and state (capture says how), start capture, "
-        "then start the workers again: they see that the topics are new (Kafka's topic ids) and rebuild their state",
-    )

@@ -27,8 +27,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from streams.errors import GONE, gone
 from streams.fanout import header_lsn
-from streams.feed import GONE, Follower, gone
+from streams.feed import Follower
 from streams.store import Record, TableStore
 from tables.errors import FatalError, RetryableError
 from tables.kafka import StallWatch, bounds, reader

@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from streams import clients
 from streams.config import StreamsConfig
-from streams.errors import TopicLayoutError
+from streams.errors import TopicLayoutError, refused
 from streams.fanout import Output, Position, header_position
 from tables.errors import FatalError, RetryableError
 from tables.kafka import Record, create_topics, partition_counts, read_on, read_to_end, reader, record, topic_ids
@@ -188,20 +188,21 @@ class Landed:
 class Pending:
     """The records written for a run of raw offsets, counted down as Kafka acknowledges them."""
 
-    __slots__ = ("end", "failed", "landed", "outstanding", "strays", "watermark")
+    __slots__ = ("end", "failed", "failed_topic", "landed", "outstanding", "strays", "watermark")
 
     def __init__(self, landed: Landed | None = None) -> None:
         self.end = -1  # raw offset after the last one handled; -1 while still being written
         self.watermark = (-1, -1)
         self.outstanding = 0
         self.failed: KafkaError | None = None
+        self.failed_topic = ""  # where the refused record went
         self.landed = landed
         self.strays: tuple[Stray, ...] = ()  # what this batch writes over (``FanOutRun.mend``)
 
     def delivered(self, error: KafkaError | None, msg: Any) -> None:
         self.outstanding -= 1
         if error is not None:
-            self.failed = error
+            self.failed, self.failed_topic = error, str(msg.topic())
         elif self.landed is not None:
             self.landed.landed(msg.topic(), msg.partition(), msg.offset())
 
@@ -218,7 +219,7 @@ class TableWriter:
         self.checkpoint_frame: bytes | None = None
         self.registry: Registry | None = None
         self.landed = Landed()
-        self.refused: KafkaError | None = None  # a record Kafka refused: no batch after it settles any more
+        self.refused: FatalError | None = None  # a record Kafka refused: no batch after it settles any more
 
     # ---- topics ---------------------------------------------------------------------
     def ensure_topics(self, topics: Iterable[str], *, partitions: int | None = None, compact: bool = True,
@@ -278,11 +279,12 @@ class TableWriter:
         done = None
         while self.refused is None and self.ledger and self.ledger[0].end >= 0 and self.ledger[0].outstanding <= 0:
             done = self.ledger.popleft()
-            self.refused = done.failed
+            if done.failed is not None:
+                self.refused = refused(done.failed, done.failed_topic, "a record",
+                                       hint="check the broker log and the topic settings")  # fmt: skip
             self.landed.release(done.strays)
         if self.refused is not None:
-            raise FatalError(f"Kafka refused a record: {self.refused}",
-                             hint="check the broker log and the topic settings")  # fmt: skip
+            raise self.refused
         if done is not None:
             self.landed.thaw(done.end)
         return done

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import fastavro
 import pytest
 from confluent_kafka import KafkaError
 
+from streams.fanout import Output
 from streams.writer import CHECKPOINT_SCHEMA, Checkpoint, TableWriter
 from tables.config import StackConfig
 from tables.errors import FatalError
 from tables.registry import Registry
 from tables.wire import avro_body, frame
+from tests.plugins.stack import BrokerProcess
 from tests.streams.test_engine import engine_config
 
 
@@ -48,3 +52,29 @@ def test_after_a_batch_kafka_refused_no_later_batch_counts_as_written(
         with pytest.raises(FatalError, match="Kafka refused a record"):
             writer.settle()
     assert list(writer.ledger) == [later], "the batch after the refused one never counts as written"
+
+
+@pytest.mark.slow
+def test_a_record_refused_because_the_broker_lost_its_topic_names_the_topic_as_gone(
+    local_stack: StackConfig, unique_name: str, tmp_path: Path, broker_factory: Callable[[], BrokerProcess]
+) -> None:  # fmt: skip
+    """A broker restarted without its data fails the records in flight for an unknown topic: the fan-out says the
+    broker no longer has that topic (what to do about it), not just that Kafka refused a record."""
+    broker = broker_factory()
+    cfg = engine_config(local_stack, unique_name, tmp_path, bootstrap=broker.bootstrap)
+    writer, topic = TableWriter(cfg), f"{unique_name}.items"
+    writer.ensure_topics([topic])
+    first = writer.open_batch()
+    writer.write([Output(topic, 0, b"k", b"v", [])], first)
+    first.end = 1
+    writer.flush()
+    assert writer.settle() is first
+    broker.restart()
+    second = writer.open_batch()
+    writer.write([Output(topic, 0, b"k", b"w", [])], second)
+    second.end = 2
+    deadline = time.monotonic() + 90
+    with pytest.raises(FatalError) as refused:
+        while time.monotonic() < deadline and writer.settle() is None:
+            time.sleep(0.2)
+    assert f"the broker no longer has {topic}" in str(refused.value)
