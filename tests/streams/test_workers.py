@@ -48,6 +48,12 @@ def problems(conn: Any, capture: Capture, workers: list[Worker]) -> list[str]:
     return found
 
 
+def sent_twice(capture: Capture) -> int:
+    """How many streamed changes the raw topic holds more than once (same commit LSN and position)."""
+    idents = [(c["commit_lsn"], c["position"]) for c in capture.changes() if c["op"] != "READ"]
+    return len(idents) - len(set(idents))
+
+
 def second_copies(capture: Capture) -> list[tuple[Any, ...]]:
     """Records written twice for the same change: same topic, key, commit LSN and position."""
     seen: Counter[tuple[Any, ...]] = Counter()
@@ -264,14 +270,15 @@ def test_capture_killed_and_replaying_adds_no_second_copies(
     worker = worker_factory(capture.cfg.topic_prefix).start()
     load = shop_writer(rate=200)
     replayed = 0
-    for _ in range(6):  # until capture has sent some changes twice (it replays from the last confirmed commit)
+    for _ in range(10):  # until capture has sent some changes twice (it replays from the last confirmed commit)
         time.sleep(random.uniform(1.0, 2.5))
         assert capture.process is not None
         capture.process.kill()
         capture.process.wait()
-        capture.spawn()
-        idents = [(c["commit_lsn"], c["position"]) for c in capture.changes() if c["op"] != "READ"]
-        replayed = len(idents) - len(set(idents))
+        sent = len(capture.changes())
+        capture.spawn()  # its first sends are the replay: wait for them, or a slow start is killed before them
+        assert wait_for(lambda sent=sent: len(capture.changes()) > sent, 60, every=0.5), "capture did not stream again"
+        replayed = sent_twice(capture)
         if replayed:
             break
     load.stop()
