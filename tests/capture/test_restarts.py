@@ -351,7 +351,8 @@ def test_a_broker_restarted_without_its_topics_is_named_by_capture_and_the_worke
     broker_factory: Callable[[], BrokerProcess], shop_writer: Callable[..., ShopWriter],
 ) -> None:
     """The local broker keeps topics in memory: a restart empties it. Capture (even with on_error = log)
-    and the worker say so and stop; nobody creates the raw topic again through auto-create."""
+    and the worker say so and stop; nobody creates the raw topic, nor any other topic of theirs, again through
+    auto-create."""
     broker = broker_factory()
     capture = capture_factory(pg_database, bootstrap=broker.bootstrap, on_error="log")
     process = capture.spawn()
@@ -370,6 +371,8 @@ def test_a_broker_restarted_without_its_topics_is_named_by_capture_and_the_worke
     assert f"the broker no longer has {capture.cfg.topic_prefix}." in worker.log.read_text()  # raw or table topic
     topics = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
     assert capture.cfg.changes_topic not in topics, "the raw topic was created again by auto-create"
+    again = [t for t in topics if t.startswith(f"{capture.cfg.topic_prefix}.")]
+    assert not again, f"topics made again on the emptied broker (a write's auto-create): {again}"
 
 
 @pytest.mark.slow
