@@ -1,20 +1,21 @@
-"""``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics|lookups] [--changes N] [--rows N]
-[--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--messages N] [--customers N]
-[--orders N] [--fault pause|kill]`` (or ``./dev bench``); ``capture`` runs the backfill benchmark after its own."""
+"""``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics|lookups|brokerfetch]
+[--changes N] [--rows N] [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N]
+[--messages N] [--customers N] [--orders N] [--fault pause|kill]`` (or ``./dev bench``); ``capture`` runs the
+backfill benchmark after its own."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import analytics, backfill, capture, debezium, fanout, lookups, shopview, tables, views
+from bench import analytics, backfill, brokerfetch, capture, debezium, fanout, lookups, shopview, tables, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("which", nargs="?", default="all",
                         choices=["all", "capture", "backfill", "fanout", "debezium", "tables", "views", "shopview",
-                                 "analytics", "lookups"])  # fmt: skip
+                                 "analytics", "lookups", "brokerfetch"])  # fmt: skip
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000,
                         help="rows to snapshot, orders to backfill, keys of the lookups benchmark")  # fmt: skip
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         analytics.main(messages=args.messages)
     if args.which in ("all", "lookups"):
         lookups.main(rows=args.rows)
+    if args.which in ("all", "brokerfetch"):
+        brokerfetch.main()
     return 0
 
 
