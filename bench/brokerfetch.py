@@ -11,7 +11,8 @@ stack's raw topic gets there after minutes of small transactions.
 For each batch size, one partition of 40,000 300-byte records is written in batches of
 that many records, then read with the workers' reader settings from the middle and from ten
 records before the end: at the workers' 10 ms wait, and at 100 ms (the baseline). Printed: the
-seconds each read took, or how far it got in 20 s. Only the broker runs (the benchmarks' fixed port).
+seconds each read took, or how far it got in 20 s, and the ratio of the two. Only the broker runs
+(the benchmarks' fixed port).
 """
 
 from __future__ import annotations
@@ -62,14 +63,21 @@ def shown(got: int, seconds: float, want: int) -> str:
     return f"{seconds:5.2f} s" if got >= want else f"{got} of {want} in {seconds:.0f} s"
 
 
+def ratio(ours: tuple[int, float], base: tuple[int, float], want: int) -> str:
+    """Our read's time against the baseline's, or that ours did not finish."""
+    if ours[0] < want:
+        return "ours unfinished"
+    return f"{ours[1] / base[1]:.1f}x" if base[0] >= want else "baseline unfinished"
+
+
 def main(messages: int = 40_000) -> None:
     work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
     cfg = stack.StackConfig(data_dir=work / "stack", kafka_port=29092)
     broker = stack.Broker(cfg)
-    broker.start()
     print(f"\nlocal broker: one partition of {messages} records; seconds to read its second half, then its last 10")
     print(f"  (the workers' {TANSU_FETCH_WAIT_MS} ms fetch wait against {BASELINE_WAIT_MS} ms; {LIMIT:.0f} s at most)")
     try:
+        broker.start()
         for per_batch in (300, 30, 10, 6, 3):
             topic = f"fetch-{per_batch}"
             batches = write(cfg.bootstrap, topic, messages, per_batch)
@@ -78,7 +86,8 @@ def main(messages: int = 40_000) -> None:
                 ours = read(cfg.bootstrap, topic, start, messages, TANSU_FETCH_WAIT_MS)
                 base = read(cfg.bootstrap, topic, start, messages, BASELINE_WAIT_MS)
                 print(f"  {batches:6} batches of {per_batch:3}, {name:>11}: {shown(*ours, want):>22} at "
-                      f"{TANSU_FETCH_WAIT_MS} ms, {shown(*base, want):>22} at {BASELINE_WAIT_MS} ms")  # fmt: skip
+                      f"{TANSU_FETCH_WAIT_MS} ms, {shown(*base, want):>22} at {BASELINE_WAIT_MS} ms, "
+                      f"{ratio(ours, base, want)}")  # fmt: skip
     finally:
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
