@@ -3,7 +3,8 @@
 Promise: ``producer_settings``, ``reader_settings`` and ``kafka_client`` are the whole of what
 the engine (fan-out, table feed, views, mirror) asks of its Kafka clients; the broker-profile
 part is two lines: on the local broker (``tansu``) readers wait 10 ms per fetch, because Tansu
-holds a fetch for its whole ``fetch.wait.max.ms`` even when records arrive meanwhile; and the
+holds a fetch for its whole ``fetch.wait.max.ms`` even when records arrive meanwhile (the
+long-lived ones grow it when their fetches come back empty: ``tables.kafka.FetchWait``); and the
 table feed fetches up to 16 MB at once there, because Tansu lists every batch of a partition for
 each fetch (its object-store engine, 0.6.0): the table topics hold many small batches, and at
 1 MB a fetch a 5M-row load (1.25M rows a partition) fell to a few hundred rows a second and

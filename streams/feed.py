@@ -11,9 +11,11 @@ the views' points topic (``streams.frontier``). ``stop()`` returns once the batc
 done, so nothing is handled after a revocation returns. A raw topic the broker no longer has
 is a ``FatalError`` naming it (the broker was restarted without its data). A batch that fails
 is not skipped: a ``FatalError`` goes to ``on_fatal`` and the feed ends; a reader stuck below a
-known end (``tables.kafka.Stalled``) is replaced at once; any other error is logged and the feed
-starts over from ``start()`` (which reloads its consumer's state) after a pause that doubles up
-to 30 s while nothing is read, and is 1 s again once something was.
+known end (``tables.kafka.Stalled``) is replaced at once, with a longer fetch wait when its fetches
+came back empty there (``tables.kafka.FetchWait``: the local broker's fetch sees no further than its
+wait lets it); any other error is logged and the feed starts over from ``start()`` (which reloads
+its consumer's state) after a pause that doubles up to 30 s while nothing is read, and is 1 s again
+once something was.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from streams.cursor import Raw
 from streams.errors import GONE, gone
 from tables.errors import FatalError, RetryableError
-from tables.kafka import Stalled, StallWatch, bounds, reader
+from tables.kafka import FetchWait, Stalled, StallWatch, bounds, reader
 from tables.logs import facts
 
 log = logging.getLogger("headwater.streams")
@@ -81,14 +83,14 @@ class Feed(Follower):
                  on_fatal: Callable[[FatalError], None], batch_size: int, wait: float) -> None:  # fmt: skip
         super().__init__(name, on_fatal)
         self.topic = self.what = topic
-        self.settings = settings
+        self.settings, self.fetch_wait = settings, FetchWait(settings)
         self.start_at, self.handle, self.idle = start, handle, idle
         self.batch_size = batch_size
         self.wait = wait
         self.end = 0  # the topic's end as the last fetch reported it (streams.metrics)
 
     def _follow(self) -> None:
-        consumer = reader(self.settings)
+        consumer = reader(self.fetch_wait.applied(self.settings))
         try:
             self._check(consumer)
             position = self.start_at()
@@ -96,7 +98,7 @@ class Feed(Follower):
             consumer.assign([partition])
             log.info("%s: reading %s from offset %d", self.name, self.topic, position,
                      extra=facts(topic=self.topic, offset=position))  # fmt: skip
-            watch = StallWatch()  # below a known end with nothing delivered: a seek, then a new consumer
+            watch = StallWatch(wait=self.fetch_wait)  # below a known end with nothing: a seek, a new consumer
             while not self.stopping.is_set():
                 batch = self._batch(consumer.consume(self.batch_size, self.wait))
                 if self.stopping.is_set():
@@ -154,7 +156,7 @@ class ViewFeed(Feed):
         self.points_topic, self.handle_both, self.crowded = points_topic, handle, crowded
 
     def _follow(self) -> None:
-        consumer = reader(self.settings)
+        consumer = reader(self.fetch_wait.applied(self.settings))
         try:
             self._check(consumer)
             position = self.start_at()
@@ -168,7 +170,7 @@ class ViewFeed(Feed):
             consumer.close()
 
     def _read(self, consumer: Any, raw: TopicPartition) -> None:
-        watch, paused = StallWatch(), False
+        watch, paused = StallWatch(wait=self.fetch_wait), False
         while not self.stopping.is_set():
             changes, points = self._split(consumer.consume(self.batch_size, self.wait))
             if self.stopping.is_set():

@@ -16,6 +16,8 @@ its offsets when Redis is back (a Redis that lost its data is filled again from 
 topics). The view's hash also holds ``topic_id``, the Kafka id of the view topic its offsets are
 in: a view topic deleted and made again (or by a broker that lost its data) has another, and the
 mirror then removes the view's rows and offsets from Redis and fills them again from the new topic.
+Its reader's fetches coming back empty below the known end (the local broker, on a long view topic)
+get a new consumer with a longer wait (``tables.kafka.FetchWait``), reading on from Redis's offsets.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from streams.fanout import header_lsn
 from streams.metrics import StreamsMetrics, clock
 from streams.rows import dumps, to_json
 from streams.viewtopic import ViewTopic
-from tables.kafka import reader, record, topic_ids
+from tables.kafka import FetchWait, Stalled, StallWatch, reader, record, topic_ids
 from tables.registry import Registry, shown
 from tables.topics import CUTS_PARTITION, view_key, view_staging_key
 from tables.views import LSN_FIELD, decode_cut, last_cuts_start
@@ -106,35 +108,56 @@ class RedisMirror(threading.Thread):
         self.assigned = False
         self.mirror = uuid.uuid4().hex[:12]  # names this mirror's staging lists
         self.stopping = threading.Event()
+        self.fetch_wait = FetchWait(clients.reader_settings(cfg))
         self.client = redis.Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.apply = self.client.register_script(APPLY)
         self.warned = 0.0
 
     def run(self) -> None:
-        consumer = reader(clients.reader_settings(self.cfg))
         try:
             while not self.stopping.is_set():
+                consumer = reader(self.fetch_wait.applied(clients.reader_settings(self.cfg)))
                 try:
-                    if not self.assigned:
-                        self._assign(consumer)
-                    self._consume(consumer)
-                    started = clock()
-                    for name in self.views:
-                        self.sync(name)
-                    self.metrics.spent("mirror", started)
-                except redis.RedisError as exc:
-                    self.metrics.redis_errors.inc()
-                    self._warn(f"Redis at {shown(self.cfg.redis_url)} is unavailable ({exc}); the views keep flowing "
-                               "to their topics and Redis catches up when it is back")  # fmt: skip
-                    self._unassign(consumer)
-                    self.stopping.wait(1.0)
-                except Exception:
-                    log.exception("the Redis mirror failed; retrying in 1 s")
-                    self._unassign(consumer)
-                    self.stopping.wait(1.0)
+                    self._mirror(consumer)
+                finally:
+                    consumer.close()
+                    self.assigned = False
         finally:
-            consumer.close()
             self._drop_staged()
+
+    def _mirror(self, consumer: Consumer) -> None:
+        """Mirror with ``consumer`` until stopped, or until its fetches need a longer wait (``Stalled``)."""
+        watch = StallWatch(wait=self.fetch_wait)
+        while not self.stopping.is_set():
+            try:
+                if not self.assigned:
+                    self._assign(consumer)
+                    watch = StallWatch(wait=self.fetch_wait)
+                self._watch(watch, consumer, self._consume(consumer))
+                started = clock()
+                for name in self.views:
+                    self.sync(name)
+                self.metrics.spent("mirror", started)
+            except Stalled as exc:
+                log.warning("the Redis mirror: %s; reading on with a new consumer", exc)
+                return
+            except redis.RedisError as exc:
+                self.metrics.redis_errors.inc()
+                self._warn(f"Redis at {shown(self.cfg.redis_url)} is unavailable ({exc}); the views keep flowing "
+                           "to their topics and Redis catches up when it is back")  # fmt: skip
+                self._unassign(consumer)
+                self.stopping.wait(1.0)
+            except Exception:
+                log.exception("the Redis mirror failed; retrying in 1 s")
+                self._unassign(consumer)
+                self.stopping.wait(1.0)
+
+    def _watch(self, watch: StallWatch, consumer: Consumer, read: int) -> None:
+        """``read`` messages came: a stall watch's news (a new consumer with a longer wait when ``Stalled``)."""
+        if read:
+            watch.seen()
+        else:
+            watch.check(consumer, {(tp.topic, tp.partition) for tp in consumer.assignment()})
 
     def _warn(self, message: str) -> None:
         if time.monotonic() - self.warned > 30:
@@ -197,7 +220,8 @@ class RedisMirror(threading.Thread):
                 batch.clear()
         self.client.unlink(*batch, meta)
 
-    def _consume(self, consumer: Consumer) -> None:
+    def _consume(self, consumer: Consumer) -> int:
+        """Stage what one read brought (view records, cuts); how many messages it brought."""
         read: dict[str, list[Record]] = {}
         messages = consumer.consume(1000, timeout=0.02)
         started = clock()
@@ -225,6 +249,7 @@ class RedisMirror(threading.Thread):
         for name, records in read.items():
             self._stage(name, records)
         self.metrics.spent("mirror", started)
+        return len(messages)
 
     def _stage(self, name: str, records: list[Record]) -> None:
         """Append a read's records to this mirror's staging list of the view, in offset order."""

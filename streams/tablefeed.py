@@ -32,7 +32,7 @@ from streams.fanout import header_lsn
 from streams.feed import Follower
 from streams.store import Record, TableStore
 from tables.errors import FatalError, RetryableError
-from tables.kafka import StallWatch, bounds, reader
+from tables.kafka import FetchWait, StallWatch, bounds, reader
 
 log = logging.getLogger("headwater.streams")
 Part = tuple[str, int]  # (table topic, partition)
@@ -67,18 +67,18 @@ class TableFeed(Follower):
                  wait: float, on_fatal: Callable[[FatalError], None], report_every: float = 10.0) -> None:  # fmt: skip
         super().__init__("tables", on_fatal)
         self.store = store
-        self.settings = settings
+        self.settings, self.fetch_wait = settings, FetchWait(settings)
         self.progress: dict[Part, Progress] = {part: Progress() for part in sorted(parts)}
         self.batch_size, self.wait = batch_size, wait
         self.report_every = report_every
         self.reported = time.monotonic()
 
     def _follow(self) -> None:
-        consumer = reader(self.settings)
+        consumer = reader(self.fetch_wait.applied(self.settings))
         try:
             consumer.assign([TopicPartition(t, p, self._start(consumer, t, p)) for t, p in self.progress])
             log.info("%s: reading %d table-topic partitions into %s", self.name, len(self.progress), self.store.path)
-            watch = StallWatch()  # behind a known end with nothing delivered: a seek, then a new consumer
+            watch = StallWatch(wait=self.fetch_wait)  # behind a known end with nothing: a seek, a new consumer
             while not self.stopping.is_set():
                 messages = consumer.consume(self.batch_size, self.wait)
                 if self.stopping.is_set():

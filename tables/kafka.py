@@ -11,6 +11,8 @@ again, or made again by a broker that lost its data, has a new one), which local
 topic keeps to tell that topic from a later one of the same name.
 ``Registry`` decodes Confluent-framed Avro with schemas fetched once per id from the registry;
 ``avro_body`` / ``read_framed`` encode and read with a schema the caller holds.
+``FetchWait`` is a long-lived reader's fetch wait, grown (by ``StallWatch``) when its fetches come back
+empty below a known end.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ READER_FETCH_WAIT_MS = 10
 READER_QUEUE_BACKOFF_MS = 20
 CONSUME_BATCH = 500  # messages taken from librdkafka's queue at once by ``read_to_end``
 STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
+DRY = 1.0  # seconds of empty fetches below a known end, since the reader was last at its end, before its wait grows
+MOST_WAIT_MS = 1000  # the longest fetch wait FetchWait grows to
 
 
 @dataclass(frozen=True)
@@ -126,21 +130,56 @@ class Stalled(RetryableError):
     """A reader delivered nothing below an end it knows, even after a seek: read again with a new consumer."""
 
 
+class FetchWait:
+    """The fetch wait (``fetch.wait.max.ms``) a long-lived reader's next consumer gets, doubled by ``grow``.
+
+    Why it grows, measured (``./dev bench brokerfetch``): the local broker (Tansu 0.6.0's memory engine)
+    lists a partition's batches in offset order for every fetch and stops listing when the fetch's wait
+    is up; a reader whose offset the listing does not reach in time gets nothing, even at the tail. The
+    listing reaches further the longer the wait: at 10 ms about 5,000 batches on this machine, fewer on a
+    busy one, and a local stack's partitions only grow. A longer wait costs latency at the tail (the
+    broker holds an empty fetch for its whole wait), so a reader starts short and ``StallWatch`` doubles
+    it, up to ``MOST_WAIT_MS``, once fetches come back empty below the end they report. ``settings``
+    without a fetch wait (librdkafka's default, a real Kafka's long poll) never grow."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        wait = settings.get("fetch.wait.max.ms")
+        self.ms: int | None = None if wait is None else int(wait)
+
+    def applied(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """``settings`` with the wait as it stands now."""
+        return {**settings} if self.ms is None else {**settings, "fetch.wait.max.ms": self.ms}
+
+    def grow(self) -> bool:
+        """Double the wait (up to ``MOST_WAIT_MS``); False when it cannot grow."""
+        if self.ms is None or self.ms >= MOST_WAIT_MS:
+            return False
+        self.ms = min(self.ms * 2, MOST_WAIT_MS)
+        return True
+
+
 class StallWatch:
     """Notices a reader stuck below a partition's known end: after ``STALL`` s without a message it
     ``nudge``s the reader; after another ``STALL`` s it raises ``Stalled`` (a new consumer reads on).
     ``until_eof``: the reader waits for partition EOF, so any silence that long is a stall, whatever
-    the (cached, possibly stale) high watermark says."""
+    the (cached, possibly stale) high watermark says. With a ``wait``, empty reads below the known end
+    are timed from when the reader was last at its end (messages read meanwhile do not reset it: on a
+    long partition a short wait lets a fetch through now and then); past ``DRY`` seconds the wait grows
+    and ``Stalled`` asks for a new consumer with it."""
 
-    def __init__(self, *, until_eof: bool = False) -> None:
-        self.last = time.monotonic()
+    def __init__(self, *, until_eof: bool = False, wait: FetchWait | None = None) -> None:
+        self.last = self.polled = time.monotonic()
         self.nudged = False
         self.until_eof = until_eof
+        self.wait, self.dry = wait, 0.0
 
     def seen(self) -> None:
-        self.last, self.nudged = time.monotonic(), False
+        self.last = self.polled = time.monotonic()
+        self.nudged = False
 
     def check(self, consumer: Consumer, parts: set[tuple[str, int]]) -> None:
+        if self.wait is not None:
+            self._dry(consumer, parts)
         if time.monotonic() - self.last <= STALL:
             return
         if self.nudged:
@@ -148,19 +187,37 @@ class StallWatch:
         self.nudged = nudge(consumer, parts, force=self.until_eof) or self.until_eof
         self.last = time.monotonic()
 
+    def _dry(self, consumer: Consumer, parts: set[tuple[str, int]]) -> None:
+        now = time.monotonic()
+        self.dry = self.dry + min(now - self.polled, 0.5) if behind(consumer, parts) else 0.0
+        self.polled = now
+        if self.dry >= DRY and self.wait is not None and self.wait.grow():
+            raise Stalled(f"fetches of {sorted(parts)} came back empty below the known end for {self.dry:.1f} s; "
+                          f"the broker lists a partition's batches within a fetch's wait: {self.wait.ms} ms now")
+
+
+def behind(consumer: Consumer, parts: set[tuple[str, int]]) -> list[TopicPartition]:
+    """Each of ``parts`` whose position (the offset it was assigned at, before it delivered anything) is
+    below the high watermark the last fetch reported."""
+    assigned = {(tp.topic, tp.partition): tp.offset for tp in consumer.assignment()}
+    late = []
+    for tp in consumer.position([TopicPartition(t, p) for t, p in sorted(parts)]):
+        at = tp.offset if tp.offset >= 0 else assigned.get((tp.topic, tp.partition), -1)
+        if 0 <= at < consumer.get_watermark_offsets(tp, cached=True)[1]:
+            late.append(TopicPartition(tp.topic, tp.partition, at))
+    return late
+
 
 def nudge(consumer: Consumer, parts: set[tuple[str, int]], *, force: bool = False) -> bool:
     """Seek each of ``parts`` that is behind its known end (each with a position, when ``force``) to
     where it stands: librdkafka fetches it afresh. On the local broker a reader sometimes stops short
     of the end it knows (position below the high watermark, nothing delivered, while a new reader at
     that offset reads on); a seek gets it going again. True if any was sought."""
-    behind = False
-    for tp in consumer.position([TopicPartition(t, p) for t, p in sorted(parts)]):
-        _, high = consumer.get_watermark_offsets(tp, cached=True)
-        if 0 <= tp.offset < high or (force and tp.offset >= 0):
+    late = consumer.position([TopicPartition(t, p) for t, p in sorted(parts)]) if force else behind(consumer, parts)
+    for tp in late:
+        if tp.offset >= 0:
             consumer.seek(tp)
-            behind = True
-    return behind
+    return any(tp.offset >= 0 for tp in late)
 
 
 def fetched_ends(consumer: Consumer, reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0

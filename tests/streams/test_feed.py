@@ -1,17 +1,24 @@
 """The feeds' retry loop: a stalled reader is replaced at once, other failures pause, and the pause
-grows only while nothing is read."""
+grows only while nothing is read. A feed on a partition of many batches, whose fetches the local broker
+answers empty at a short wait, grows its wait and reads to the end."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.feed import Follower
+from headwater.stack import StackConfig
+from streams.cursor import Raw
+from streams.feed import Feed, Follower
 from tables.errors import FatalError
-from tables.kafka import Stalled
+from tables.kafka import FetchWait, Stalled, create_topics
 
-pytestmark = pytest.mark.unit
+BATCHES = 20_000  # one record each: at a 10 ms fetch wait the local broker's listing stops short of the end
 
 
 class Script(Follower):
@@ -41,11 +48,59 @@ def gaps(steps: list[str]) -> list[float]:
     return [b - a for a, b in zip(follower.starts, follower.starts[1:], strict=False)]
 
 
+@pytest.mark.unit
 def test_a_stalled_reader_is_replaced_without_a_pause() -> None:
     assert all(gap < 0.5 for gap in gaps(["stall", "stall", "stall", "stop"]))
 
 
+@pytest.mark.unit
 def test_the_pause_doubles_while_nothing_is_read_and_starts_again_after_a_read() -> None:
     first, second, third = gaps(["fail", "fail", "read+fail", "stop"])
     assert 0.9 < first < 1.5 and 1.9 < second < 2.5  # 1 s, then 2 s: nothing read
     assert 0.9 < third < 1.5  # the run read something before failing: back to 1 s
+
+
+@pytest.mark.unit
+def test_a_fetch_wait_doubles_up_to_a_second_and_one_never_set_does_not_grow() -> None:
+    wait = FetchWait({"fetch.wait.max.ms": 300})
+    assert wait.grow() and wait.applied({"a": 1}) == {"a": 1, "fetch.wait.max.ms": 600}
+    assert wait.grow() and wait.ms == 1000
+    assert not wait.grow() and wait.ms == 1000
+    unset = FetchWait({})
+    assert not unset.grow() and unset.applied({"a": 1}) == {"a": 1}
+
+
+def single_record_batches(bootstrap: str, topic: str, count: int) -> None:
+    create_topics(AdminClient({"bootstrap.servers": bootstrap}), [NewTopic(topic, 1, 1)])
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+    for i in range(count):
+        producer.produce(topic, b"%d" % i, partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+@pytest.mark.slow
+def test_a_feed_on_a_partition_of_many_batches_grows_its_fetch_wait_and_reads_to_the_end(
+    local_stack: StackConfig, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    single_record_batches(local_stack.bootstrap, unique_name, BATCHES)
+    got: list[int] = []
+    done, fatal = threading.Event(), []
+
+    def handle(batch: list[Raw]) -> None:
+        got.extend(offset for offset, _, _ in batch)
+        if got[-1] == BATCHES - 1:
+            done.set()
+
+    settings = {"bootstrap.servers": local_stack.bootstrap, "fetch.wait.max.ms": 10}
+    feed = Feed("waits", unique_name, settings, start=lambda: got[-1] + 1 if got else BATCHES - 100, handle=handle,
+                on_fatal=fatal.append, batch_size=500, wait=0.005)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="headwater.streams"):
+        feed.start()
+        try:
+            assert done.wait(90), f"read {len(got)} of the last 100 records; fetch wait {feed.fetch_wait.ms} ms"
+        finally:
+            feed.stop()
+    assert got == list(range(BATCHES - 100, BATCHES)) and not fatal
+    assert feed.fetch_wait.ms is not None and feed.fetch_wait.ms > 10
+    assert any("came back empty below the known end" in r.getMessage() for r in caplog.records)
