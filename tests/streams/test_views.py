@@ -170,6 +170,9 @@ def test_worker_killed_mid_workload_restarts_and_a_replay_changes_nothing(
     assert len(read_topic(capture.cfg.bootstrap, topic)) == before
 
 
+# 600 s: its twelve restarts each wait for the worker to be ready (5-6 s here, 115 s in all; more on a busy
+# CI leg, where the whole outran the default 300 s), then the views get 120 s to converge
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("workers", [2, pytest.param(3, marks=pytest.mark.heavy)])
 def test_workers_killed_twelve_times_under_load_converge(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
