@@ -10,15 +10,19 @@ stack's raw topic gets there after minutes of small transactions.
 
 For each batch size, one partition of 40,000 300-byte records is written in batches of
 that many records, then read with the workers' reader settings from the middle and from ten
-records before the end: at the workers' 10 ms wait, and at 100 ms (the baseline). Printed: the
-seconds each read took, or how far it got in 20 s, and the ratio of the two. Only the broker runs
-(the benchmarks' fixed port).
+records before the end: at the workers' 10 ms wait, at 100 ms (the baseline), and by the workers'
+feed (``streams.feed.Feed``), which starts at 10 ms and grows its wait when fetches come back empty
+(``tables.kafka.FetchWait``). Printed: the seconds each read took, or how far it got in 20 s, the
+ratio of the first to the baseline, and the feed's time and the wait it ended with. Only the broker
+runs (the benchmarks' fixed port).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +31,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater import stack
 from streams.clients import READER_MEMORY, TANSU_FETCH_WAIT_MS
+from streams.cursor import Raw
+from streams.feed import Feed
 from tables.kafka import reader
 
 BASELINE_WAIT_MS, LIMIT = 100, 20.0
@@ -59,6 +65,27 @@ def read(bootstrap: str, topic: str, start: int, end: int, wait_ms: int) -> tupl
         consumer.close()
 
 
+def fed(bootstrap: str, topic: str, start: int, end: int) -> tuple[int, float, int]:
+    """(records, seconds, the wait it ended with) reading ``start`` to ``end`` (``LIMIT`` s at most) with the
+    workers' feed, from 10 ms and growing its wait; a replaced reader goes on after what was handled."""
+    got, done = [start - 1], threading.Event()
+
+    def handle(batch: list[Raw]) -> None:
+        got.append(batch[-1][0])
+        if got[-1] >= end - 1:
+            done.set()
+
+    settings = {**READER_MEMORY, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS, "bootstrap.servers": bootstrap}
+    feed = Feed("bench", topic, settings, start=lambda: got[-1] + 1, handle=handle, on_fatal=lambda exc: done.set(),
+                batch_size=500, wait=0.005)  # fmt: skip
+    began = time.monotonic()
+    feed.start()
+    done.wait(LIMIT)
+    seconds = time.monotonic() - began
+    feed.stop()
+    return got[-1] + 1 - start, seconds, int(feed.fetch_wait.ms or 0)
+
+
 def shown(got: int, seconds: float, want: int) -> str:
     return f"{seconds:5.2f} s" if got >= want else f"{got} of {want} in {seconds:.0f} s"
 
@@ -76,6 +103,7 @@ def main(messages: int = 40_000) -> None:
     broker = stack.Broker(cfg)
     print(f"\nlocal broker: one partition of {messages} records; seconds to read its second half, then its last 10")
     print(f"  (the workers' {TANSU_FETCH_WAIT_MS} ms fetch wait against {BASELINE_WAIT_MS} ms; {LIMIT:.0f} s at most)")
+    logging.getLogger("headwater.streams").setLevel(logging.ERROR)  # the feed's growth warnings: the wait is printed
     try:
         broker.start()
         for per_batch in (300, 30, 10, 6, 3):
@@ -85,9 +113,11 @@ def main(messages: int = 40_000) -> None:
                 want = messages - start
                 ours = read(cfg.bootstrap, topic, start, messages, TANSU_FETCH_WAIT_MS)
                 base = read(cfg.bootstrap, topic, start, messages, BASELINE_WAIT_MS)
+                got, seconds, wait = fed(cfg.bootstrap, topic, start, messages)
                 print(f"  {batches:6} batches of {per_batch:3}, {name:>11}: {shown(*ours, want):>22} at "
                       f"{TANSU_FETCH_WAIT_MS} ms, {shown(*base, want):>22} at {BASELINE_WAIT_MS} ms, "
-                      f"{ratio(ours, base, want)}")  # fmt: skip
+                      f"{ratio(ours, base, want)}; the feed {shown(got, seconds, want)}, "
+                      f"{ratio((got, seconds), base, want)}, ending at {wait} ms")  # fmt: skip
     finally:
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
