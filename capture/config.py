@@ -22,6 +22,7 @@ from tables.config import (
     BROKER_PROFILE_HELP,
     InvalidSetting,
     Loaded,
+    OnBroker,
     Secret,
     Settings,
     StackConfig,
@@ -42,7 +43,7 @@ SIGNAL_TABLE = re.compile(r"^([A-Za-z_][A-Za-z0-9_$]*\.)?[A-Za-z_][A-Za-z0-9_$]*
 
 
 @dataclass(frozen=True)
-class CaptureConfig:
+class CaptureConfig(OnBroker):
     """How to read PostgreSQL and where to write (see the README's configuration table)."""
 
     dsn: Secret = setting(Secret(""), "libpq connection string or URL (default: the local stack's database)")
@@ -136,10 +137,6 @@ class CaptureConfig:
     @property
     def changes_topic(self) -> str:
         return changes_topic(self.topic_prefix)
-
-    @property
-    def tansu(self) -> bool:
-        return self.broker_profile == "tansu"
 
     @property
     def nested(self) -> bool:

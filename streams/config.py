@@ -20,6 +20,7 @@ from tables.config import (
     BROKER_PROFILE_HELP,
     InvalidSetting,
     Loaded,
+    OnBroker,
     Settings,
     Source,
     check_port,
@@ -49,7 +50,7 @@ APP_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 @dataclass(frozen=True)
-class StreamsConfig:
+class StreamsConfig(OnBroker):
     """How the Faust workers read the raw topic and what they build (see the README's table)."""
 
     app_id: str = setting("headwater-streams", "Faust app id: consumer group and changelog topic prefix")
@@ -162,10 +163,6 @@ class StreamsConfig:
     @property
     def table_names(self) -> list[str]:
         return [t.strip() for t in self.tables.split(",") if t.strip()]
-
-    @property
-    def tansu(self) -> bool:
-        return self.broker_profile == "tansu"
 
 
 def load_streams(environ: Mapping[str, str] | None = None, explicit: str | None = None) -> Loaded[StreamsConfig]:

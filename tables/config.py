@@ -616,6 +616,17 @@ class PipelineConfig:
         check_profile(self.broker_profile)
 
 
+class OnBroker:
+    """A component's configuration read for its broker profile (``broker_profile``, resolved)."""
+
+    broker_profile: str
+
+    @property
+    def tansu(self) -> bool:
+        """Whether the local broker's profile is in force."""
+        return self.broker_profile == "tansu"
+
+
 def check_profile(value: str) -> None:
     """Raise InvalidSetting unless ``value`` names a broker profile."""
     if value not in BROKER_PROFILES:
