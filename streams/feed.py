@@ -179,10 +179,9 @@ class ViewFeed(Feed):
             if changes or points:
                 self.handle_both(changes, points)
                 watch.seen()
-            else:
+            else:  # the points partition grows too: its fetches may need a longer wait as well
                 self.idle()
-                if not paused:
-                    watch.check(consumer, {(self.topic, 0)})
+                watch.check(consumer, {(self.points_topic, 0), *(() if paused else [(self.topic, 0)])})
             if self.crowded() != paused:
                 paused = not paused
                 (consumer.pause if paused else consumer.resume)([TopicPartition(self.topic, 0)])
