@@ -117,10 +117,16 @@ def test_a_view_stream_ends_every_batch_at_a_cut_and_its_batches_add_up_to_the_v
     cuts = {int(c["commit_lsn"]): {str(e["partition"]): e["offset"] for e in c["ends"]}
             for c in published if c["topic"] == topic}  # fmt: skip
     ends = [p["sources"][0]["endOffset"] for p in listener.seen]
-    assert len(ends) >= 5, ends  # bounded: the workload's changes came in many batches
+    # bounded: several batches, and one over the bound (100) only where no cut lay inside it. How many depends on
+    # how many view records the workers' cuts coalesced: a CI leg got 316 records in 4 batches, the fewest possible
+    assert len(ends) >= 2, ends
+    before = 0
     for end in ends:  # every batch ends exactly at a cut the workers published
         lsn = end["cut"]["commit_lsn"]
         assert lsn in cuts and {p: end[topic][p] for p in cuts[lsn]} == cuts[lsn], end
+        if sum(end[topic].values()) - sum(cuts.get(before, {}).values()) > 100:
+            assert not [c for c in cuts if before < c < lsn], (end, sorted(cuts))
+        before = lsn
     assert sum(p["numInputRows"] for p in listener.seen) > 300
 
     batches = spark.read.parquet(str(kept))
