@@ -178,7 +178,7 @@ class StallWatch:
         self.nudged = False
 
     def check(self, consumer: Consumer, parts: set[tuple[str, int]]) -> None:
-        if self.wait is not None:
+        if self.wait is not None and self.wait.ms is not None:  # a wait that can grow: watch for empty fetches
             self._dry(consumer, parts)
         if time.monotonic() - self.last <= STALL:
             return
