@@ -231,13 +231,11 @@ def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     capture = shop_pipeline(pg_database, shop_db, capture_factory, backfill_chunk_rows=300)
     writer = shop_writer(rate=80)
     capture.snapshot("orders", "order_items", "--wait", "30")
-    started = wait_for(lambda: _chunking(capture, "public.order_items", 300), 180, every=0.1)
+    started = wait_for(lambda: _chunking(capture, "public.order_items", 300), 180, every=0.05)
     assert started is not None, f"order_items never chunked: {[b.describe() for b in capture.backfills()]}"
-    status = status_of(capture)
-    assert re.search(r"backfills: 1 not finished, 1 finished.*\n    #2 public.order_items: running, \d+/~\d+ rows,"
-                     r" \d+ rows/s(, ETA \d+ s)?", status), status  # fmt: skip
-    # killed as soon as 3,000 more rows are saved, not after `headwater status` (a process of its own, seconds on
-    # a loaded machine, while the ~30,000 rows are chunked): a kill after the last chunk tests nothing
+    assert started.phase == "chunks", f"order_items chunked before it was seen: {started.describe()}"
+    # killed as soon as 3,000 more rows are saved, with nothing in between: `headwater status` (a process of its
+    # own, seconds on a loaded machine) once stood here and CI's leg finished the ~30,000 rows meanwhile
     saved = wait_for(lambda: _chunking(capture, "public.order_items", started.rows + 3000), 180, every=0.05)
     assert saved is not None, f"order_items stopped chunking: {[b.describe() for b in capture.backfills()]}"
     assert capture.process is not None
@@ -246,6 +244,10 @@ def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     killed_at = len(capture.changes())  # nothing is written while capture is dead
     at_kill = next(b for b in capture.backfills() if b.table == "public.order_items")
     assert at_kill.status == "running" and at_kill.cursor is not None and at_kill.rows >= saved.rows
+    assert at_kill.phase == "chunks", f"killed after its last chunk, nothing to go on from: {at_kill.describe()}"
+    status = status_of(capture)  # what a user reads after the crash: the progress saved, as it stood
+    assert re.search(r"backfills: 1 not finished, 1 finished.*\n    #2 public.order_items: running,"
+                     rf" {at_kill.rows}/~\d+ rows, \d+ rows/s(, ETA \d+ s)?", status), status  # fmt: skip
     capture.spawn()
     capture.wait_backfilled(pg_database, count=2, timeout=300)
     committed = writer.stop()
@@ -276,8 +278,11 @@ def status_of(capture: Capture) -> str:
 
 
 def _chunking(capture: Capture, table: str, rows: int) -> Backfill | None:
-    found = [b for b in capture.backfills() if b.table == table and b.status == "running" and b.rows >= rows]
-    return found[0] if found else None
+    """The table's backfill once it saved ``rows`` rows, or once it is past chunking (so a miss fails at once)."""
+    found = [b for b in capture.backfills() if b.table == table and b.status != "queued"]
+    if found and (found[0].rows >= rows or found[0].status != "running" or found[0].phase != "chunks"):
+        return found[0]
+    return None
 
 
 # ---- tables that join the captured set --------------------------------------------------------
