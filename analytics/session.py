@@ -5,13 +5,20 @@ Python workers run this interpreter, whose SQL time zone is UTC (dates of timest
 are UTC dates, as in the topics), and which binds to 127.0.0.1 with its web UI off
 when the master is local — nothing listens beyond this machine unless the ``spark``
 settings say so. The JVM logs warnings and errors only (``log4j2.properties``).
+Spark's scratch files (shuffle blocks hold table rows; the JVM's own temporary files) go
+to a directory of this process's, readable by its owner only and removed when the process
+exits, unless the ``spark`` settings name a ``spark.local.dir`` (Spark's default, the
+shared ``/tmp``, makes them world-readable and leaves directories behind).
 ``cfg.spark`` settings are applied last.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from importlib import resources
 
 from pyspark.sql import SparkSession
@@ -24,13 +31,14 @@ LOCAL_DEFAULTS = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.enabled": "false",
 }
+LOG4J = f"-Dlog4j2.configurationFile={resources.files('analytics') / 'log4j2.properties'}"
 DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "8",
     "spark.ui.showConsoleProgress": "false",
     "spark.pyspark.python": sys.executable,
     "spark.pyspark.driver.python": sys.executable,
-    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={resources.files('analytics') / 'log4j2.properties'}",
+    "spark.driver.extraJavaOptions": LOG4J,
 }
 
 
@@ -40,9 +48,17 @@ def spark_session(cfg: AnalyticsConfig, app_name: str = "headwater") -> SparkSes
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "hostname resolves to a loopback" warning
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(cfg.master).appName(app_name)
-    for key, value in {**DEFAULTS, **(LOCAL_DEFAULTS if local else {}), **cfg.spark}.items():
+    scratch = {} if "spark.local.dir" in cfg.spark or SparkSession.getActiveSession() else _scratch()
+    for key, value in {**DEFAULTS, **(LOCAL_DEFAULTS if local else {}), **scratch, **cfg.spark}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("HEADWATER_SPARK_LOG_LEVEL", "ERROR"))
     register(spark)
     return spark
+
+
+def _scratch() -> dict[str, str]:
+    """A private directory for Spark's local files and the driver JVM's temporary ones, removed at exit."""
+    path = tempfile.mkdtemp(prefix="headwater-spark-")  # mode 0700
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return {"spark.local.dir": path, "spark.driver.extraJavaOptions": f"{LOG4J} -Djava.io.tmpdir={path}"}
