@@ -35,6 +35,7 @@ CONSUME_BATCH = 500  # messages taken from librdkafka's queue at once by ``read_
 STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
 DRY = 1.0  # seconds of empty fetches below a known end, since the reader was last at its end, before its wait grows
 MOST_WAIT_MS = 1000  # the longest fetch wait FetchWait grows to
+ANSWER_S = 2.0  # how long a reader about to grow its wait waits for the broker to answer a ListOffsets
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,12 @@ class FetchWait:
         """``settings`` with the wait as it stands now."""
         return {**settings} if self.ms is None else {**settings, "fetch.wait.max.ms": self.ms}
 
+    def can_grow(self) -> bool:
+        return self.ms is not None and self.ms < MOST_WAIT_MS
+
     def grow(self) -> bool:
         """Double the wait (up to ``MOST_WAIT_MS``); False when it cannot grow."""
-        if self.ms is None or self.ms >= MOST_WAIT_MS:
+        if self.ms is None or not self.can_grow():
             return False
         self.ms = min(self.ms * 2, MOST_WAIT_MS)
         return True
@@ -165,7 +169,8 @@ class StallWatch:
     the (cached, possibly stale) high watermark says. With a ``wait``, empty reads below the known end
     are timed from when the reader was last at its end (messages read meanwhile do not reset it: on a
     long partition a short wait lets a fetch through now and then); past ``DRY`` seconds the wait grows
-    and ``Stalled`` asks for a new consumer with it."""
+    and ``Stalled`` asks for a new consumer with it — if the broker answers: silence from a broker paused
+    or restarting is not an empty fetch (the dry time starts again, the wait stays)."""
 
     def __init__(self, *, until_eof: bool = False, wait: FetchWait | None = None) -> None:
         self.last = self.polled = time.monotonic()
@@ -189,11 +194,28 @@ class StallWatch:
 
     def _dry(self, consumer: Consumer, parts: set[tuple[str, int]]) -> None:
         now = time.monotonic()
-        self.dry = self.dry + min(now - self.polled, 0.5) if behind(consumer, parts) else 0.0
+        late = behind(consumer, parts)
+        self.dry = self.dry + min(now - self.polled, 0.5) if late else 0.0
         self.polled = now
-        if self.dry >= DRY and self.wait is not None and self.wait.grow():
-            raise Stalled(f"fetches of {sorted(parts)} came back empty below the known end for {self.dry:.1f} s; "
-                          f"the broker lists a partition's batches within a fetch's wait: {self.wait.ms} ms now")
+        if self.dry < DRY or self.wait is None or not self.wait.can_grow():
+            return
+        if not answers(consumer, late[0]):  # the broker's silence (its other signs are logged elsewhere)
+            log.debug("fetches of %s not answered: the fetch wait stays %s ms", sorted(parts), self.wait.ms)
+            self.dry = 0.0
+            return
+        self.wait.grow()
+        raise Stalled(f"fetches of {sorted(parts)} came back empty below the known end for {self.dry:.1f} s; "
+                      f"the broker lists a partition's batches within a fetch's wait: {self.wait.ms} ms now")
+
+
+def answers(consumer: Consumer, tp: TopicPartition) -> bool:
+    """Whether the broker answers a ListOffsets for ``tp`` within ``ANSWER_S`` (on the consumer's own connections,
+    which its fetches use too)."""
+    try:
+        consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=ANSWER_S, cached=False)
+    except KafkaException:
+        return False
+    return True
 
 
 def behind(consumer: Consumer, parts: set[tuple[str, int]]) -> list[TopicPartition]:

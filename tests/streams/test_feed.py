@@ -1,10 +1,13 @@
 """The feeds' retry loop: a stalled reader is replaced at once, other failures pause, and the pause
 grows only while nothing is read. A feed on a partition of many batches, whose fetches the local broker
-answers empty at a short wait, grows its wait and reads to the end."""
+answers empty at a short wait, grows its wait and reads to the end; a broker that does not answer at all
+(paused) leaves the wait as it was."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -12,7 +15,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headwater.stack import StackConfig
+from headwater.stack import Broker, StackConfig
 from streams.cursor import Raw
 from streams.feed import Feed, Follower
 from tables.errors import FatalError
@@ -104,3 +107,52 @@ def test_a_feed_on_a_partition_of_many_batches_grows_its_fetch_wait_and_reads_to
     assert got == list(range(BATCHES - 100, BATCHES)) and not fatal
     assert feed.fetch_wait.ms is not None and feed.fetch_wait.ms > 10
     assert any("came back empty below the known end" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_a_feed_behind_while_the_broker_is_paused_keeps_its_fetch_wait_and_reads_on(
+    local_stack: StackConfig, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Silence is not an empty fetch: a wait grown by a pause would stay for the worker's life."""
+    records = 20_000
+    create_topics(AdminClient({"bootstrap.servers": local_stack.bootstrap}), [NewTopic(unique_name, 1, 1)])
+    producer = Producer({"bootstrap.servers": local_stack.bootstrap, "linger.ms": 20, "batch.num.messages": 500})
+    for i in range(records):
+        producer.produce(unique_name, b"%d" % i, partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    del producer  # its connection must not outlive the test (nor see the broker paused)
+    got: list[int] = []
+    entered, release, done, fatal = threading.Event(), threading.Event(), threading.Event(), []
+
+    def handle(batch: list[Raw]) -> None:
+        entered.set()
+        release.wait(30)  # the first batch holds the feed while the broker is paused: it is behind then
+        got.extend(offset for offset, _, _ in batch)
+        if got[-1] == records - 1:
+            done.set()
+
+    small = {"queued.max.messages.kbytes": 16, "fetch.max.bytes": 65536, "message.max.bytes": 65536,
+             "max.partition.fetch.bytes": 16384}  # fmt: skip
+    settings = {"bootstrap.servers": local_stack.bootstrap, "fetch.wait.max.ms": 10, **small}
+    feed = Feed("paused", unique_name, settings, start=lambda: got[-1] + 1 if got else 0, handle=handle,
+                on_fatal=fatal.append, batch_size=100, wait=0.005)  # fmt: skip
+    broker = Broker(local_stack).pid()
+    assert broker is not None
+    with caplog.at_level(logging.WARNING, logger="headwater.streams"):
+        feed.start()
+        resume = threading.Timer(8.0, os.kill, (broker, signal.SIGCONT))
+        try:
+            assert entered.wait(30), "the feed read nothing"
+            os.kill(broker, signal.SIGSTOP)
+            resume.start()
+            release.set()
+            assert done.wait(120), f"read {len(got)} of {records}; fetch wait {feed.fetch_wait.ms} ms"
+        finally:
+            release.set()
+            resume.cancel()
+            os.kill(broker, signal.SIGCONT)
+            feed.stop()
+    assert got == list(range(records)) and not fatal
+    assert feed.fetch_wait.ms == 10, f"the pause grew the wait to {feed.fetch_wait.ms} ms"
+    assert not any("came back empty" in r.getMessage() for r in caplog.records)
