@@ -16,6 +16,7 @@ task with a ``SourceError`` naming topic, partition and offset.
 from __future__ import annotations
 
 import io
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ from analytics.plan import Request, Slice, ValueSchema
 from analytics.types import Field, arrow_schema, column_array, record_fields
 from tables.avro import plain
 from tables.errors import RetryableError
-from tables.kafka import reader
+from tables.kafka import FetchWait, Stalled, StallWatch, reader
 from tables.registry import Registry
 from tables.wire import HEADER_LSN, HEADER_OP, UndecodableMessage, body, schema_id
 
+log = logging.getLogger("headwater.analytics")
 BATCH_ROWS = 20_000  # rows per Arrow batch handed to Spark
 POLL_MESSAGES = 5_000
 META = {"_op": T.StringType(), "_partition": T.IntegerType(), "_offset": T.LongType(), "_commit_lsn": T.LongType()}
@@ -141,16 +143,26 @@ class SliceReader:
                 yield self.row(msg, where)
 
     def _messages(self, where: Slice) -> Iterator[Message]:
-        consumer = self._consumer(where)
-        try:
-            yield from _until_end(consumer, where, self.req.timeout)
-        finally:
-            consumer.close()
+        """``_until_end``, by a new consumer from where the last stood when one stalls (with a longer fetch wait
+        when its fetches came back empty below the end: the local broker on a partition of many batches)."""
+        wait, at = FetchWait(self.req.kafka), where.start
+        deadline = time.monotonic() + self.req.timeout
+        while True:
+            consumer = self._consumer(where, at, wait)
+            try:
+                for msg in _until_end(consumer, where, at, deadline, wait):
+                    at = int(msg.offset() or 0) + 1
+                    yield msg
+                return
+            except Stalled as exc:
+                log.warning("%s: reading on from offset %d with a new consumer", exc, at)
+            finally:
+                consumer.close()
 
-    def _consumer(self, where: Slice) -> Consumer:
+    def _consumer(self, where: Slice, at: int, wait: FetchWait) -> Consumer:
         try:
-            consumer = reader(self.req.kafka)
-            consumer.assign([TopicPartition(where.topic, where.partition, where.start)])
+            consumer = reader(wait.applied(self.req.kafka))
+            consumer.assign([TopicPartition(where.topic, where.partition, at)])
         except KafkaException as exc:
             raise SourceError(f"cannot read: {exc}", topic=where.topic, partition=where.partition) from exc
         return consumer
@@ -195,16 +207,21 @@ def _headers(headers: Any) -> tuple[str | None, int | None]:
     return op, lsn
 
 
-def _until_end(consumer: Consumer, where: Slice, timeout: float) -> Iterator[Message]:
-    """Messages from ``where.start`` to ``where.end - 1``; stops at partition EOF if the end is a gap."""
-    deadline = time.monotonic() + timeout
-    at = where.start
+def _until_end(consumer: Consumer, where: Slice, at: int, deadline: float, wait: FetchWait) -> Iterator[Message]:
+    """Messages from ``at`` to ``where.end - 1``; stops at partition EOF if the end is a gap; ``Stalled``
+    when the consumer stalls below it."""
+    watch = StallWatch(until_eof=True, wait=wait)
     while at < where.end:
         if time.monotonic() > deadline:
-            raise SourceUnavailable(f"did not reach the planned end {where.end} within {timeout:.0f} s",
+            raise SourceUnavailable(f"did not reach the planned end {where.end} in time",
                                     topic=where.topic, partition=where.partition, offset=at,
                                     hint="raise the 'timeout' option or check the broker")  # fmt: skip
-        for msg in consumer.consume(min(POLL_MESSAGES, where.end - at), 0.5):  # returns once it has them all
+        messages = consumer.consume(min(POLL_MESSAGES, where.end - at), 0.5)  # returns once it has them all
+        if not messages:
+            watch.check(consumer, {(where.topic, where.partition)})
+            continue
+        watch.seen()
+        for msg in messages:
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:

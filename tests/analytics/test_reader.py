@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -129,6 +130,31 @@ def test_a_reader_stops_at_its_planned_end_and_at_a_gap_before_it(
     gap = Slice(things.topic, 0, planned[0].end, end + 50)
     got = [o for batch in reader.read(gap) for o in batch.column("_offset").to_pylist()]
     assert got == list(range(planned[0].end, end))
+
+
+def test_a_task_reading_near_the_end_of_a_partition_of_many_batches_grows_its_fetch_wait(
+    local_stack: StackConfig, topic_factory: Callable[..., str], analytics_config: Callable[..., AnalyticsConfig],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The local broker lists a partition's batches within a fetch's wait: at 10 ms it does not reach the last
+    of 20,000 one-record batches, and a task reading them got nothing until its timeout."""
+    count = 20_000
+    things = Things(local_stack, topic_factory("many"))
+    things.producer = Producer({"bootstrap.servers": local_stack.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+    for n in range(count):
+        things.put(n, framed(things.v1, V1, {"id": n, "name": f"v1-{n}"}), 0)
+        things.producer.poll(0)
+    assert things.producer.flush(60) == 0
+    del things.producer
+    things.registrar.close()
+    cfg = analytics_config("", timeout=60)
+    req = Request.from_options({**cfg.source_options(), "topic": things.topic, "metadata": "true",
+                                "kafka.fetch.wait.max.ms": "10"})  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="headwater.analytics"):
+        batches = SliceReader(req, value_schema(req)).read(Slice(things.topic, 0, count - 50, count))
+        offsets = [o for batch in batches for o in batch.column("_offset").to_pylist()]
+    assert offsets == list(range(count - 50, count))
+    assert any("came back empty below the known end" in r.getMessage() for r in caplog.records)
 
 
 def error_of(call: Callable[[], Any]) -> HeadwaterError:
