@@ -25,7 +25,7 @@ from pyspark.sql.datasource import InputPartition
 from analytics.config import AnalyticsConfig, load_analytics_config
 from analytics.errors import SourceError, SourceUnavailable
 from tables.errors import HeadwaterError, RetryableError
-from tables.kafka import fetched_ends, read_to_end, reader
+from tables.kafka import fetched_ends, read_on, reader
 from tables.registry import Registry
 from tables.topics import cuts_topic, table_topic, view_topic
 from tables.views import decode_cut
@@ -221,7 +221,7 @@ def plan(req: Request) -> list[Slice]:
             ends = find_cut(req, consumer).ends
         else:
             reported = {(req.topic, p): high for p, (_, high) in marks.items()}
-            ends = {p: end for (_, p), end in fetched_ends(consumer, reported, timeout=req.timeout).items()}
+            ends = {p: end for (_, p), end in fetched_ends(req.kafka, reported, timeout=req.timeout).items()}
     except (KafkaException, RetryableError) as exc:
         raise SourceUnavailable(f"cannot find the partitions' offsets: {exc}", topic=req.topic) from exc
     finally:
@@ -277,8 +277,7 @@ def _all(consumer: Consumer, topic: str, req: Request) -> list[Any]:
         metadata = consumer.list_topics(timeout=15).topics.get(topic)
         if metadata is None:
             return []
-        assignments = [TopicPartition(topic, p, 0) for p in metadata.partitions]
-        return list(read_to_end(consumer, assignments, timeout=req.timeout))
+        return list(read_on(req.kafka, {(topic, p): 0 for p in metadata.partitions}, timeout=req.timeout))
     except (KafkaException, RetryableError) as exc:
         raise SourceUnavailable(f"cannot read the cuts on {topic}: {exc}", topic=req.topic) from exc
 

@@ -40,7 +40,7 @@ from analytics.offsets import (
 from analytics.plan import Request, Slice, number, open_consumer, partitions, split
 from analytics.reader import SliceReader
 from tables.errors import RetryableError
-from tables.kafka import bounds, fetched_ends, read_to_end
+from tables.kafka import bounds, fetched_ends, read_on
 from tables.topics import CUTS_PARTITION, cuts_topic
 from tables.views import decode_cut
 
@@ -141,7 +141,7 @@ class TopicStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         numbers = partitions(self.req, consumer)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(self.req.topic, p), timeout=15) for p in numbers}
         reported = {(self.req.topic, p): high for p, (_, high) in marks.items()}
-        ends = fetched_ends(consumer, reported, timeout=self.req.timeout)
+        ends = fetched_ends(self.req.kafka, reported, timeout=self.req.timeout)
         return {p: low for p, (low, _) in marks.items()}, {p: ends[(self.req.topic, p)] for p in numbers}
 
     def _guarded(self, step: Callable[[], Position]) -> Position:
@@ -174,8 +174,8 @@ class ViewStream(TopicStream):
     def newest(self) -> Position:
         """availableNow's target: the cuts published so far (up to the cuts topic's end now)."""
         where = cuts_topic(self.req.prefix)
-        consumer = self.consumer()
-        end = bounds(consumer, where, CUTS_PARTITION)[1] if where in consumer.list_topics(timeout=15).topics else 0
+        listed = self.consumer().list_topics(timeout=15).topics
+        end = bounds(self.req.kafka, where, CUTS_PARTITION)[1] if where in listed else 0
         return Position(self.req.topic, {}, CutAt(0, {}, end))
 
     def advance(self, at: Position, limit: int | None) -> Position:
@@ -205,8 +205,7 @@ class ViewStream(TopicStream):
         if where not in consumer.list_topics(timeout=15).topics:
             return []
         found = []
-        for msg in read_to_end(consumer, [TopicPartition(where, CUTS_PARTITION, self.read_to)],
-                               timeout=self.req.timeout):  # fmt: skip
+        for msg in read_on(self.req.kafka, {(where, CUTS_PARTITION): self.read_to}, timeout=self.req.timeout):
             self.read_to = int(msg.offset() or 0) + 1
             value = msg.value()
             cut = decode_cut(value) if value is not None else None

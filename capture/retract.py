@@ -100,7 +100,7 @@ def raw_end(cfg: CaptureConfig) -> int:
         listed = consumer.list_topics(cfg.changes_topic, timeout=10).topics.get(cfg.changes_topic)
         if listed is None or listed.error is not None or not listed.partitions:
             return 0
-        return bounds(consumer, cfg.changes_topic, 0)[1]
+        return bounds(_settings(cfg), cfg.changes_topic, 0)[1]
     finally:
         consumer.close()
 

@@ -21,12 +21,12 @@ import io
 import logging
 import time
 from collections.abc import Callable, Collection
+from contextlib import closing
 from decimal import Decimal
 from importlib import metadata
 from typing import Any
 
 import fastavro
-from confluent_kafka import TopicPartition
 
 from streams import clients
 from streams.config import StreamsConfig
@@ -34,7 +34,7 @@ from streams.debezium import TX_KEY_SCHEMA, TX_VALUE_SCHEMA, Debezium, envelope_
 from streams.fanout import Change, FanOut
 from streams.writer import Pending, TableWriter
 from tables.errors import FatalError
-from tables.kafka import read_to_end, reader
+from tables.kafka import read_on
 from tables.registry import Registry
 from tables.topics import debezium_topic, debezium_transaction_topic, key_subject, value_subject
 from tables.wire import avro_body, body, schema_id
@@ -119,18 +119,15 @@ class DebeziumRun:
         """The changes of ``change``'s transaction before it, read back from the raw topic (duplicates once)."""
         log.info("Debezium topics: counting transaction %d:%d from raw offset %d (met at its change %d)",
                  change.xid, change.commit_lsn, offset - change.position, change.position)  # fmt: skip
-        consumer = reader(clients.reader_settings(self.cfg))
         found: dict[int, Change] = {}
-        try:
-            start = TopicPartition(self.cfg.changes_topic, 0, max(offset - change.position, 0))
-            for msg in read_to_end(consumer, [start], timeout=60):
+        start = {(self.cfg.changes_topic, 0): max(offset - change.position, 0)}
+        with closing(read_on(clients.reader_settings(self.cfg), start, timeout=60)) as reading:
+            for msg in reading:  # closed when left: its consumer now, not when the generator is collected
                 if int(msg.offset() or 0) >= offset:
                     break
                 seen = self.decode(msg.value())
                 if (seen.commit_lsn, seen.xid) == (change.commit_lsn, change.xid) and seen.position < change.position:
                     found[seen.position] = seen
-        finally:
-            consumer.close()
         return [found[p] for p in sorted(found)]
 
 

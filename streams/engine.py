@@ -51,7 +51,7 @@ from streams.viewstore import ViewStore
 from streams.viewtopic import ViewTopic, setup_views
 from streams.writer import TableWriter
 from tables.errors import FatalError
-from tables.kafka import bounds, reader
+from tables.kafka import bounds
 from tables.logs import facts
 from tables.registry import Registry
 from tables.views import CAPTURED_WHEN, TableShape, ViewSpec
@@ -357,11 +357,7 @@ class Engine:
 
     def raw_end(self) -> int:
         """The raw topic's true end (fetched: the local broker's ListOffsets can answer short)."""
-        consumer = reader(reader_settings(self.cfg))
-        try:
-            return bounds(consumer, self.cfg.changes_topic, 0)[1]
-        finally:
-            consumer.close()
+        return bounds(reader_settings(self.cfg), self.cfg.changes_topic, 0)[1]
 
     def fanned(self) -> int:
         """The raw offset the fan-out's checkpoint says it wrote everything below."""

@@ -160,7 +160,7 @@ class ViewFeed(Feed):
         try:
             self._check(consumer)
             position = self.start_at()
-            low, end = bounds(consumer, self.points_topic, 0)
+            low, end = bounds(self.fetch_wait.applied(self.settings), self.points_topic, 0)
             raw = TopicPartition(self.topic, 0, position)
             consumer.assign([raw, TopicPartition(self.points_topic, 0, max(low, end - self.POINTS_BACK))])
             log.info("%s: reading %s from offset %d", self.name, self.topic, position,

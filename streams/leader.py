@@ -34,7 +34,7 @@ from streams.feed import Follower
 from streams.frontier import FRAGMENT_SCHEMA, POINT_SCHEMA, Assembly, Cut, Pace, point_value, read_fragment
 from streams.writer import produce
 from tables.errors import FatalError
-from tables.kafka import bounds, read_to_end, reader
+from tables.kafka import bounds, read_on, reader
 from tables.registry import Registry
 from tables.topics import CUTS_PARTITION
 from tables.views import CUT_PARSED, CUT_SCHEMA, decode_cut, last_cuts_start
@@ -139,8 +139,8 @@ class Assembler(Follower):
     def _follow(self) -> None:
         consumer = reader(reader_settings(self.cfg))
         try:
-            self._read_cuts(consumer)
-            low, end = bounds(consumer, self.cfg.fragments_topic, 0)
+            self._read_cuts()
+            low, end = bounds(reader_settings(self.cfg), self.cfg.fragments_topic, 0)
             consumer.assign([TopicPartition(self.cfg.fragments_topic, 0, max(low, end - WINDOW))])
             while not self.stopping.is_set():
                 for msg in consumer.consume(1000, self.cfg.batch_wait):
@@ -154,17 +154,16 @@ class Assembler(Follower):
         finally:
             consumer.close()
 
-    def _read_cuts(self, consumer: Any) -> None:
+    def _read_cuts(self) -> None:
         """The cuts published so far (the last records of the cuts topic): cuts never go back."""
-        low, end = bounds(consumer, self.cfg.cuts_topic, CUTS_PARTITION)
-        start = TopicPartition(self.cfg.cuts_topic, CUTS_PARTITION, last_cuts_start(low, end, len(self.views)))
-        for msg in read_to_end(consumer, [start], timeout=60):
+        low, end = bounds(reader_settings(self.cfg), self.cfg.cuts_topic, CUTS_PARTITION)
+        start = {(self.cfg.cuts_topic, CUTS_PARTITION): last_cuts_start(low, end, len(self.views))}
+        for msg in read_on(reader_settings(self.cfg), start, timeout=60):
             value = msg.value()
             if value is not None:
                 cut = decode_cut(value)
                 with self.lock:
                     self.assembly.seen(cut["view"], cut["commit_lsn"])
-        consumer.unassign()
 
     def _publish(self, cut: Cut) -> None:
         value_frame, key_frame = self.subjects.cut()

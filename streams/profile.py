@@ -33,7 +33,7 @@ from faust.types import TP, Message
 from streams.clients import TANSU_FETCH_WAIT_MS
 from streams.config import StreamsConfig
 from tables.errors import FatalError
-from tables.kafka import fetched_ends, reader
+from tables.kafka import fetched_ends
 
 KAFKA_FAUST: dict[str, Any] = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 3.0}
 TANSU_FAUST: dict[str, Any] = {
@@ -99,11 +99,8 @@ def true_ends(servers: str, reported: Mapping[TP, int]) -> dict[TP, int]:
     """Each partition's end found by fetching (``tables.kafka.fetched_ends``)."""
     if not any(end > 0 for end in reported.values()):
         return dict(reported)
-    consumer = reader({"bootstrap.servers": servers, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS})
-    try:
-        found = fetched_ends(consumer, cast(Mapping[tuple[str, int], int], reported))
-    finally:
-        consumer.close()
+    settings = {"bootstrap.servers": servers, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS}
+    found = fetched_ends(settings, cast(Mapping[tuple[str, int], int], reported))
     return {tp: found[tp] for tp in reported}
 
 

@@ -76,7 +76,7 @@ class TableFeed(Follower):
     def _follow(self) -> None:
         consumer = reader(self.fetch_wait.applied(self.settings))
         try:
-            consumer.assign([TopicPartition(t, p, self._start(consumer, t, p)) for t, p in self.progress])
+            consumer.assign([TopicPartition(t, p, self._start(t, p)) for t, p in self.progress])
             log.info("%s: reading %d table-topic partitions into %s", self.name, len(self.progress), self.store.path)
             watch = StallWatch(wait=self.fetch_wait)  # behind a known end with nothing: a seek, a new consumer
             while not self.stopping.is_set():
@@ -93,9 +93,9 @@ class TableFeed(Follower):
         finally:
             consumer.close()
 
-    def _start(self, consumer: Consumer, topic: str, partition: int) -> int:
+    def _start(self, topic: str, partition: int) -> int:
         """Where to read ``(topic, partition)`` from: the store's offset, or the start if it lies outside."""
-        low, end = bounds(consumer, topic, partition)
+        low, end = bounds(self.fetch_wait.applied(self.settings), topic, partition)
         offset = self.store.offset(topic, partition)
         if offset < low or offset > end:
             log.warning("%s[%d]: the store read up to offset %d, outside the topic's %d..%d: reading it again",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import closing
 from typing import Any, NamedTuple, cast
 
@@ -34,7 +34,7 @@ from streams.config import StreamsConfig
 from streams.errors import TopicLayoutError, refused
 from streams.fanout import Output, Position, header_position
 from tables.errors import FatalError, RetryableError
-from tables.kafka import Record, create_topics, partition_counts, read_on, read_to_end, reader, record, topic_ids
+from tables.kafka import Record, create_topics, partition_counts, read_on, reader, record, topic_ids
 from tables.registry import Registry
 from tables.wire import avro_body, frame
 
@@ -325,11 +325,8 @@ class TableWriter:
         return reader(clients.reader_settings(self.cfg))
 
     def _read(self, assignments: list[TopicPartition], timeout: float = 60.0) -> Iterator[Record]:
-        consumer = self._consumer()
-        try:
-            yield from map(record, read_to_end(consumer, assignments, timeout=timeout))
-        finally:
-            consumer.close()
+        starts = {(a.topic, a.partition): a.offset for a in assignments}
+        yield from map(record, read_on(clients.reader_settings(self.cfg), starts, timeout=timeout))
 
     def _ends(self, topics: Iterable[str], empty: dict[tuple[str, int], int] | None = None) -> list[TopicPartition]:
         """From each partition's reported end minus one (Tansu reports a batch's base + 1); the ends of
@@ -409,7 +406,7 @@ class TableWriter:
             yield r.offset, r.key, r.value
 
     def _upto(self, starts: dict[tuple[str, int], int], stop: int) -> Iterator[Record]:
-        messages = cast(Generator[Any, None, None], read_on(clients.reader_settings(self.cfg), starts, timeout=120.0))
+        messages = read_on(clients.reader_settings(self.cfg), starts, timeout=120.0)
         with closing(messages):
             for r in map(record, messages):
                 if r.offset >= stop:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -96,17 +96,19 @@ def reader(settings: Mapping[str, Any]) -> Consumer:
     })  # fmt: skip
 
 
-def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeout: float) -> Iterator[Message]:
+def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeout: float,
+                wait: FetchWait | None = None) -> Iterator[Message]:  # fmt: skip
     """Messages of the assigned partitions, each from its offset to the partition EOF fetches report.
     Taken in batches of what librdkafka holds already (``consume(n, 0)``), waiting (up to 0.5 s) only for
     one when it holds none: measured on Tansu, 1M messages read in 1.0 s, against 6.4-7.2 s by ``poll``
-    (one call, and one GIL round, a message)."""
+    (one call, and one GIL round, a message). ``Stalled`` when the reader stalls (with ``wait``, the
+    consumer's fetch wait, grown first if its fetches came back empty below the end): ``read_on`` reads on."""
     if not assignments:
         return
     consumer.assign(assignments)
     waiting = {(a.topic, a.partition) for a in assignments}
     deadline = time.monotonic() + timeout
-    watch = StallWatch(until_eof=True)
+    watch = StallWatch(until_eof=True, wait=wait)
     while waiting:
         if time.monotonic() > deadline:
             raise RetryableError(f"no end of {sorted(waiting)} within {timeout:.0f} s")
@@ -242,25 +244,36 @@ def nudge(consumer: Consumer, parts: set[tuple[str, int]], *, force: bool = Fals
     return any(tp.offset >= 0 for tp in late)
 
 
-def fetched_ends(consumer: Consumer, reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0
-                 ) -> dict[tuple[str, int], int]:  # fmt: skip
-    """Each partition's end found by fetching from its reported end minus one to partition EOF.
+def fetched_ends(settings: Mapping[str, Any], reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0,
+                 consumer: Consumer | None = None) -> dict[tuple[str, int], int]:  # fmt: skip
+    """Each partition's end found by fetching from its reported end minus one to partition EOF (``read_on``
+    with ``settings``, by ``consumer`` first if given; it is closed).
 
     Tansu's ListOffsets answers a multi-record batch's base offset + 1; on Kafka the fetch
     finds the reported end again. Costs at most one batch per partition.
     """
     ends = dict(reported)
-    todo = [TopicPartition(topic, partition, end - 1) for (topic, partition), end in reported.items() if end > 0]
-    for msg in read_to_end(consumer, todo, timeout=timeout):
+    starts = {at: end - 1 for at, end in reported.items() if end > 0}
+    if not starts:
+        if consumer is not None:
+            consumer.close()
+        return ends
+    for msg in read_on(settings, starts, timeout=timeout, consumer=consumer):
         at = (str(msg.topic()), int(msg.partition() or 0))
         ends[at] = max(ends[at], int(msg.offset() or 0) + 1)
     return ends
 
 
-def bounds(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-    """(first offset, true end) of one partition: the end as ``fetched_ends`` finds it."""
-    low, reported = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-    return int(low), fetched_ends(consumer, {(topic, partition): int(reported)})[(topic, partition)]
+def bounds(settings: Mapping[str, Any], topic: str, partition: int) -> tuple[int, int]:
+    """(first offset, true end) of one partition, read by a ``reader`` of ``settings`` of its own: the end as
+    ``fetched_ends`` finds it."""
+    consumer = reader(settings)
+    try:
+        low, reported = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    except BaseException:
+        consumer.close()
+        raise
+    return int(low), fetched_ends(settings, {(topic, partition): int(reported)}, consumer=consumer)[(topic, partition)]
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Record]:
@@ -283,25 +296,27 @@ def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float =
 
 
 def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float,
-            consumer: Consumer | None = None) -> Iterator[Message]:  # fmt: skip
+            consumer: Consumer | None = None) -> Generator[Message, None, None]:  # fmt: skip
     """``read_to_end`` of partitions from offsets (``starts``, kept up to date as messages are yielded), by
     ``consumer`` (a ``reader`` of ``settings``; one is made if None) and closed at the end; a reader that stalls
-    is replaced by a new one from where it stood."""
+    is replaced by a new one from where it stood, with a longer fetch wait when its fetches came back empty
+    below the end (``FetchWait``: on the local broker a one-shot read of a long partition needs it too)."""
     deadline = time.monotonic() + timeout
+    wait = FetchWait({"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings})
     consumer = reader(settings) if consumer is None else consumer
     try:
         while True:
             try:
                 left = max(deadline - time.monotonic(), 1.0)
                 assignments = [TopicPartition(t, p, o) for (t, p), o in starts.items()]
-                for msg in read_to_end(consumer, assignments, timeout=left):
+                for msg in read_to_end(consumer, assignments, timeout=left, wait=wait):
                     starts[(str(msg.topic()), int(msg.partition() or 0))] = int(msg.offset() or 0) + 1
                     yield msg
                 return
             except Stalled as exc:
                 log.warning("%s: reading on from %s with a new consumer", exc, starts)
                 consumer.close()
-                consumer = reader(settings)
+                consumer = reader(wait.applied(settings))
     finally:
         consumer.close()
 

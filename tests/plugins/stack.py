@@ -25,9 +25,11 @@ from typing import TypeVar
 import httpx
 import psycopg2
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater import shop, stack
+from tables.kafka import create_topics
 
 T = TypeVar("T")
 
@@ -36,6 +38,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def one_record_batches(bootstrap: str, topic: str, count: int) -> None:
+    """``topic`` made with one partition and ``count`` records written to it, each in a batch of its own: on
+    the local broker a fetch lists a partition's batches within its wait (``tables.kafka.FetchWait``)."""
+    create_topics(AdminClient({"bootstrap.servers": bootstrap}), [NewTopic(topic, 1, 1)])
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+    for i in range(count):
+        producer.produce(topic, b"%d" % i, partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
 
 
 def free_ports(count: int) -> list[int]:

@@ -20,6 +20,7 @@ from streams.cursor import Raw
 from streams.feed import Feed, Follower
 from tables.errors import FatalError
 from tables.kafka import FetchWait, Stalled, create_topics
+from tests.plugins.stack import one_record_batches
 
 BATCHES = 20_000  # one record each: at a 10 ms fetch wait the local broker's listing stops short of the end
 
@@ -73,20 +74,11 @@ def test_a_fetch_wait_doubles_up_to_a_second_and_one_never_set_does_not_grow() -
     assert not unset.grow() and unset.applied({"a": 1}) == {"a": 1}
 
 
-def single_record_batches(bootstrap: str, topic: str, count: int) -> None:
-    create_topics(AdminClient({"bootstrap.servers": bootstrap}), [NewTopic(topic, 1, 1)])
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
-    for i in range(count):
-        producer.produce(topic, b"%d" % i, partition=0)
-        producer.poll(0)
-    assert producer.flush(60) == 0
-
-
 @pytest.mark.slow
 def test_a_feed_on_a_partition_of_many_batches_grows_its_fetch_wait_and_reads_to_the_end(
     local_stack: StackConfig, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    single_record_batches(local_stack.bootstrap, unique_name, BATCHES)
+    one_record_batches(local_stack.bootstrap, unique_name, BATCHES)
     got: list[int] = []
     done, fatal = threading.Event(), []
 

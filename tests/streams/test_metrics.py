@@ -149,7 +149,7 @@ def topic_ends(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
     consumer = reader({"bootstrap.servers": bootstrap})
     try:
         found = consumer.list_topics(timeout=10).topics
-        return {(t, p): bounds(consumer, t, p)[1] for t in topics for p in found[t].partitions}
+        return {(t, p): bounds({"bootstrap.servers": bootstrap}, t, p)[1] for t in topics for p in found[t].partitions}
     finally:
         consumer.close()
 

@@ -1,5 +1,7 @@
 """Reading topics back: a reader that stalls (the broker paused) is replaced by a new one that reads on from
-where the first stood, every record once, in order. A topic made again is told apart by its id."""
+where the first stood, every record once, in order. One-shot reads of a partition of many batches (a
+partition's end, its last records) grow their fetch wait on the local broker and finish. A topic made again
+is told apart by its id."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.stack import Broker, StackConfig
-from tables.kafka import create_topics, read_on, topic_ids
+from tables.kafka import bounds, create_topics, read_on, topic_ids
+from tests.plugins.stack import one_record_batches
 
 RECORDS = 30_000
 
@@ -51,6 +54,23 @@ def test_a_reader_that_stalls_is_replaced_and_reads_on_from_where_it_stood(
     assert offsets == list(range(RECORDS))
     assert starts == {(unique_name, 0): RECORDS}
     assert any("reading on from" in r.getMessage() for r in caplog.records), "the reader never stalled"
+
+
+@pytest.mark.slow
+def test_one_shot_reads_of_a_partition_of_many_batches_grow_their_fetch_wait_and_finish(
+    local_stack: StackConfig, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the workers' 10 ms the local broker's listing of 20,000 one-record batches does not reach the end:
+    ``bounds`` (a worker's start, the table feed's, the leader's, capture's) stalled there for good."""
+    batches = 20_000
+    one_record_batches(local_stack.bootstrap, unique_name, batches)
+    settings = {"bootstrap.servers": local_stack.bootstrap, "fetch.wait.max.ms": 10}
+    with caplog.at_level(logging.WARNING, logger="tables.kafka"):
+        assert bounds(settings, unique_name, 0) == (0, batches)
+        last = [int(m.offset() or 0) for m in read_on(settings, {(unique_name, 0): batches - 50}, timeout=60)]
+    assert last == list(range(batches - 50, batches))
+    grown = [r.getMessage() for r in caplog.records if "came back empty below the known end" in r.getMessage()]
+    assert grown, "the reads never needed a longer wait: the partition is too short to show it"
 
 
 def test_a_topic_made_again_has_another_id_and_a_missing_one_none(
