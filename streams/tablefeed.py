@@ -32,7 +32,7 @@ from streams.fanout import header_lsn
 from streams.feed import Follower
 from streams.store import Record, TableStore
 from tables.errors import FatalError, RetryableError
-from tables.kafka import FetchWait, StallWatch, bounds, reader
+from tables.kafka import FetchWait, StallWatch, bounds_of, reader
 
 log = logging.getLogger("headwater.streams")
 Part = tuple[str, int]  # (table topic, partition)
@@ -76,7 +76,8 @@ class TableFeed(Follower):
     def _follow(self) -> None:
         consumer = reader(self.fetch_wait.applied(self.settings))
         try:
-            consumer.assign([TopicPartition(t, p, self._start(t, p)) for t, p in self.progress])
+            found = bounds_of(self.fetch_wait.applied(self.settings), list(self.progress))
+            consumer.assign([TopicPartition(t, p, self._start((t, p), *found[(t, p)])) for t, p in self.progress])
             log.info("%s: reading %d table-topic partitions into %s", self.name, len(self.progress), self.store.path)
             watch = StallWatch(wait=self.fetch_wait)  # behind a known end with nothing: a seek, a new consumer
             while not self.stopping.is_set():
@@ -93,9 +94,9 @@ class TableFeed(Follower):
         finally:
             consumer.close()
 
-    def _start(self, topic: str, partition: int) -> int:
-        """Where to read ``(topic, partition)`` from: the store's offset, or the start if it lies outside."""
-        low, end = bounds(self.fetch_wait.applied(self.settings), topic, partition)
+    def _start(self, part: Part, low: int, end: int) -> int:
+        """Where to read ``part`` from: the store's offset, or the start if it lies outside ``low``..``end``."""
+        topic, partition = part
         offset = self.store.offset(topic, partition)
         if offset < low or offset > end:
             log.warning("%s[%d]: the store read up to offset %d, outside the topic's %d..%d: reading it again",

@@ -265,15 +265,22 @@ def fetched_ends(settings: Mapping[str, Any], reported: Mapping[tuple[str, int],
 
 
 def bounds(settings: Mapping[str, Any], topic: str, partition: int) -> tuple[int, int]:
-    """(first offset, true end) of one partition, read by a ``reader`` of ``settings`` of its own: the end as
-    ``fetched_ends`` finds it."""
+    """(first offset, true end) of one partition (``bounds_of``)."""
+    return bounds_of(settings, [(topic, partition)])[(topic, partition)]
+
+
+def bounds_of(settings: Mapping[str, Any], parts: Collection[tuple[str, int]]
+              ) -> dict[tuple[str, int], tuple[int, int]]:  # fmt: skip
+    """(first offset, true end) of each of ``parts``, read by one ``reader`` of ``settings`` of its own: the
+    ends as ``fetched_ends`` finds them, all in one read."""
     consumer = reader(settings)
     try:
-        low, reported = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        marks = {part: consumer.get_watermark_offsets(TopicPartition(*part), timeout=10) for part in parts}
     except BaseException:
         consumer.close()
         raise
-    return int(low), fetched_ends(settings, {(topic, partition): int(reported)}, consumer=consumer)[(topic, partition)]
+    ends = fetched_ends(settings, {part: int(high) for part, (_, high) in marks.items()}, consumer=consumer)
+    return {part: (int(low), ends[part]) for part, (low, _) in marks.items()}
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[Record]:
