@@ -1,7 +1,9 @@
 """The batch jobs ``headwater analytics <job>`` runs, and how their failures read.
 
 Promise: every job reads Headwater topics through the ``headwater`` data source only,
-prints its result as a table and writes it as Parquet under ``cfg.output/<job>``.
+prints its result as a table and writes it as Parquet under ``cfg.output/<job>``; ``output``
+makes that directory, when missing, readable by its owner only (the Parquet holds table data,
+and Spark writes its files world-readable under the usual umask).
 ``shop-report``: revenue, orders and units by day (UTC), customer region and product
 category, from the ``orders_enriched`` view read exactly at its newest cut (so no
 source transaction is half in it); cancelled orders do not count. ``REPORT_SQL`` is the
@@ -97,10 +99,16 @@ def report_of(parts: DataFrame) -> DataFrame:
     )
 
 
+def output(cfg: AnalyticsConfig) -> Path:
+    """``cfg.output``, made with mode 0700 if missing (a directory the user made is left as it is)."""
+    cfg.output.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return cfg.output
+
+
 def shop_report(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
     cut = report_cut(cfg)
     frame = shop_report_frame(spark, cfg, cut).cache()
-    path = cfg.output / "shop-report"
+    path = output(cfg) / "shop-report"
     frame.write.mode("overwrite").parquet(str(path))
     title = f"revenue by day, region and category from {cut.topic} at commit LSN {cut.lsn}"
     return [Result(title, frame, path)]
@@ -116,7 +124,7 @@ def tables(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
     out = []
     for topic in table_topics(cfg):
         frame = read(spark, cfg, topic=topic, mode="latest").cache()
-        path = cfg.output / "tables" / topic
+        path = output(cfg) / "tables" / topic
         frame.write.mode("overwrite").parquet(str(path))
         out.append(Result(f"{topic}: {frame.count()} rows (latest state)", frame.limit(5), path))
     if not out:

@@ -28,7 +28,7 @@ from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.window import Window
 
 from analytics.config import AnalyticsConfig
-from analytics.jobs import REPORT_VIEW, Result, contributions, report_of, table_topics
+from analytics.jobs import REPORT_VIEW, Result, contributions, output, report_of, table_topics
 from tables.errors import FatalError
 from tables.registry import shown
 
@@ -80,7 +80,7 @@ def changes(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
         raise FatalError(f"no table topics under the prefix {cfg.topic_prefix!r} in {shown(cfg.registry_url)}",
                          hint="run capture first, or set topic_prefix in [pipeline] or [analytics]")  # fmt: skip
     frames = {t: stream(spark, cfg, topic=t, metadata="true") for t in topics}
-    paths = {t: cfg.output / "changes" / t for t in topics}
+    paths = {t: output(cfg) / "changes" / t for t in topics}
     queries = {t: start(f.writeStream.format("parquet").option("path", str(paths[t])), cfg, "changes", t)
                for t, f in frames.items()}  # fmt: skip
     wait(spark, list(queries.values()))
@@ -133,7 +133,7 @@ class ReportKeeper:
 
 
 def shop_report_stream(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
-    home = cfg.output / "shop-report-stream"
+    home = output(cfg) / "shop-report-stream"
     keeper = ReportKeeper(spark, home)
     frame = stream(spark, cfg, view=REPORT_VIEW, metadata="true")
     query = start(frame.writeStream.foreachBatch(keeper.apply), cfg, "shop-report-stream", REPORT_VIEW)

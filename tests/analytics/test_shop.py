@@ -4,6 +4,7 @@ orders and order_items backfilled again under load on the way, whose rows Spark 
 from __future__ import annotations
 
 import signal
+import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -92,7 +93,9 @@ def test_spark_reads_every_table_the_view_at_its_cut_and_the_report_as_postgres_
     then_docs = {(str(r.id),): to_json(plain(r)) for r in then}
     assert not compare_docs(first_docs, then_docs, "spark"), compare_docs(first_docs, then_docs, "spark")[:10]
 
+    assert not cfg.output.exists()
     results = JOBS["tables"](spark, cfg)
+    assert stat.S_IMODE(cfg.output.stat().st_mode) == 0o700, "table data readable by others"
     for table in shop.TABLES:
         stored = pq.read_table(cfg.output / "tables" / f"{cfg.topic_prefix}.{table}")
         assert stored.num_rows == shop.counts(shop_db)[table]
