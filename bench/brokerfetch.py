@@ -13,8 +13,10 @@ that many records, then read with the workers' reader settings from the middle a
 records before the end: at the workers' 10 ms wait, at 100 ms (the baseline), and by the workers'
 feed (``streams.feed.Feed``), which starts at 10 ms and grows its wait when fetches come back empty
 (``tables.kafka.FetchWait``). Printed: the seconds each read took, or how far it got in 20 s, the
-ratio of the first to the baseline, and the feed's time and the wait it ended with. Only the broker
-runs (the benchmarks' fixed port).
+ratio of the first to the baseline, and the feed's time and the wait it ended with. Then, per
+partition, how long ``tables.kafka.bounds`` takes at the workers' settings (a worker's start, its table
+feed's, its leader's: one-shot reads that grow their wait the same way). Only the broker runs (the
+benchmarks' fixed port).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from headwater import stack
 from streams.clients import READER_MEMORY, TANSU_FETCH_WAIT_MS
 from streams.cursor import Raw
 from streams.feed import Feed
-from tables.kafka import reader
+from tables.kafka import bounds, reader
 
 BASELINE_WAIT_MS, LIMIT = 100, 20.0
 
@@ -118,6 +120,10 @@ def main(messages: int = 40_000) -> None:
                       f"{TANSU_FETCH_WAIT_MS} ms, {shown(*base, want):>22} at {BASELINE_WAIT_MS} ms, "
                       f"{ratio(ours, base, want)}; the feed {shown(got, seconds, want)}, "
                       f"{ratio((got, seconds), base, want)}, ending at {wait} ms")  # fmt: skip
+            settings = {**READER_MEMORY, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS, "bootstrap.servers": cfg.bootstrap}
+            began = time.monotonic()
+            found = bounds(settings, topic, 0)
+            print(f"  {batches:6} batches of {per_batch:3}: bounds {found} in {time.monotonic() - began:.2f} s")
     finally:
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
