@@ -28,7 +28,7 @@ from streams.viewstore import ViewStore
 from streams.writer import TableWriter
 from tables.config import StackConfig
 from tables.errors import FatalError
-from tables.kafka import bounds, read_topic, reader
+from tables.kafka import bounds_of, read_topic
 from tables.registry import Registry
 from tables.topics import debezium_topic
 from tables.views import decode_cut, parse_views
@@ -201,11 +201,8 @@ def test_a_revocation_returns_only_once_kafka_has_every_view_row_written(
             cuts = engine.views.cuts  # the points' ends, and of a publication the revocation stopped part way
             ends = {p: max(end, cuts.current.ends.get((topic, p), 0))
                     for p, end in cuts.ends["orders_enriched"].items()}  # fmt: skip
-            consumer = reader({"bootstrap.servers": cfg.bootstrap})
-            try:
-                assert {p: bounds(consumer, topic, p)[1] for p in ends} == ends
-            finally:
-                consumer.close()
+            ends_of = bounds_of({"bootstrap.servers": cfg.bootstrap}, [(topic, p) for p in ends])
+            assert {p: ends_of[(topic, p)][1] for p in ends} == ends
             engine.revoked()
             engine.assigned(parts)
         load.stop()
