@@ -77,6 +77,12 @@ class Worker:
     def counters(self) -> dict[str, Any]:
         return dict(self.get("/fanout/").json())
 
+    def synced(self) -> bool:
+        """Whether the last group join its log shows was followed by a sync: a member paused while it joins waits
+        in the join (the rebalance's timeout), not past its session."""
+        text = self.log.read_text(errors="replace")
+        return text.rfind("Successfully synced group") > text.rfind("(Re-)joining group")
+
     def pause(self, seconds: float) -> None:
         """Stop the process (SIGSTOP) for ``seconds``, then let it go on (SIGCONT): paused past its group session,
         the worker comes back not knowing that the group gave its partitions to others meanwhile."""
