@@ -1,12 +1,14 @@
 """A local Spark session for the analytics tests, and settings pointing it at the test stack.
 
 ``spark`` starts one ``local[2]`` session per test session (the JVM takes seconds to
-start) through the same ``analytics.session`` code users run, and stops it at the end.
+start) through the same ``analytics.session`` code users run, and stops it at the end
+(and removes its scratch directory).
 ``analytics_config(prefix)`` is an ``AnalyticsConfig`` for the test stack and a prefix.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,8 +23,11 @@ from tables.config import StackConfig
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session = spark_session(AnalyticsConfig(master="local[2]"), "headwater-tests")
+    scratch = session.conf.get("spark.local.dir")
     yield session
     session.stop()
+    if scratch:  # removed at exit too, but an xdist worker process ends without running atexit
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture
