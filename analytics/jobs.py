@@ -121,10 +121,10 @@ def table_topics(cfg: AnalyticsConfig) -> list[str]:
 
 
 def tables(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
-    out = []
+    out, base = [], output(cfg) / "tables"
     for topic in table_topics(cfg):
         frame = read(spark, cfg, topic=topic, mode="latest").cache()
-        path = output(cfg) / "tables" / topic
+        path = base / topic
         frame.write.mode("overwrite").parquet(str(path))
         out.append(Result(f"{topic}: {frame.count()} rows (latest state)", frame.limit(5), path))
     if not out:
