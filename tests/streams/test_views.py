@@ -263,6 +263,7 @@ def test_a_transaction_is_never_half_visible_at_a_published_cut(
                       for _ in range(workers - 1))]  # fmt: skip
     client = redis.Redis.from_url(local_stack.redis_url)
     seen: list[tuple[int, list[list[str]]]] = []
+    cuts: set[int] = set()
     stop = threading.Event()
 
     def sample() -> None:  # read Redis atomically, as the README tells readers to
@@ -274,13 +275,19 @@ def test_a_transaction_is_never_half_visible_at_a_published_cut(
             cut, *docs = pipe.execute()
             if cut is not None and all(docs):
                 seen.append((int(cut), [generations(json.loads(d)) for d in docs]))
+                cuts.add(int(cut))
 
     generation = [0]
     enough = threading.Event()
 
+    def more(until: float) -> bool:  # until the kills are done, then until 150 generations and 11 cuts (120 s)
+        few = generation[0] < 150 or len(cuts) <= 10
+        return not enough.is_set() or (few and time.monotonic() < until)
+
     def load() -> None:
         conn = psycopg2.connect(pg_database)
-        while not enough.is_set() or generation[0] < 150:  # one transaction: all move to the next generation
+        until = time.monotonic() + 120
+        while more(until):  # one transaction: all move to the next generation
             n = generation[0] + 1
             with conn, conn.cursor() as cur:
                 cur.execute("UPDATE customers SET name = %s WHERE id = %s", (f"gen-{n}", customer))
