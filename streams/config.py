@@ -85,6 +85,8 @@ class StreamsConfig(OnBroker):
     )
     view_cache_rows: int = setting(20_000, "rows the views keep decoded in memory, with as many encoded rows and "
                                    "collected key lists (the rest are read from their store when needed)")  # fmt: skip
+    redis_fill_rows: int = setting(10_000, "view rows the mirror writes per Redis script while it fills a view "
+                                   "Redis shows no cut of yet (a cut's own rows go in one script)")  # fmt: skip
     cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
                                     "WARNING (0: never)")  # fmt: skip
     debezium: bool = setting(False, "also write every change as Debezium's PostgreSQL connector would, to "
@@ -105,7 +107,7 @@ class StreamsConfig(OnBroker):
             if (value or key == "app_id") and not APP_ID.match(value):
                 raise InvalidSetting(key, f"must be letters, digits, '.', '_' or '-', got {value!r}")
         check_profile(self.broker_profile)
-        for key in ("partitions", "replication_factor", "batch_size", "view_cache_rows"):
+        for key in ("partitions", "replication_factor", "batch_size", "view_cache_rows", "redis_fill_rows"):
             if getattr(self, key) < 1:
                 raise InvalidSetting(key, f"must be at least 1, got {getattr(self, key)}")
         if self.table_standby_replicas < 0:

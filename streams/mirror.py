@@ -48,39 +48,59 @@ from tables.wire import lsn_text
 
 log = logging.getLogger("headwater.streams")
 
-APPLY = """
-local meta, staged = KEYS[1], KEYS[2]
-if (redis.call('HGET', meta, 'offsets') or '{}') ~= ARGV[1] then
-  redis.call('DEL', staged)
-  return 0
-end
-local ends = {}
-for i = 5, #ARGV, 2 do ends[tonumber(ARGV[i])] = tonumber(ARGV[i + 1]) end
-local later = {}
-for _, entry in ipairs(redis.call('LRANGE', staged, 0, -1)) do
+STAGED_TTL = 3600  # seconds a mirror's staging list outlives its last write (a crashed mirror's goes away)
+ROW = """
+local function row(entry, ends)
   local p, o, lsn, n, at = string.match(entry, '^(%d+) (%d+) (%d+) (%d+) ()')
-  if tonumber(o) < (ends[tonumber(p)] or 0) then
-    local key, doc = string.sub(entry, at, at + tonumber(n) - 1), string.sub(entry, at + tonumber(n))
-    if tonumber(lsn) >= tonumber(redis.call('HGET', key, 'lsn') or '-1') then
-      if doc == '' then
-        redis.call('DEL', key)
-      else
-        redis.call('HSET', key, 'doc', doc, 'lsn', lsn)
-      end
+  if tonumber(o) >= (ends[tonumber(p)] or 0) then return false end
+  local key, doc = string.sub(entry, at, at + tonumber(n) - 1), string.sub(entry, at + tonumber(n))
+  if tonumber(lsn) >= tonumber(redis.call('HGET', key, 'lsn') or '-1') then
+    if doc == '' then
+      redis.call('DEL', key)
+    else
+      redis.call('HSET', key, 'doc', doc, 'lsn', lsn)
     end
-  else
-    later[#later + 1] = entry
+  end
+  return true
+end
+local function ends_from(first)
+  local ends = {}
+  for i = first, #ARGV, 2 do ends[tonumber(ARGV[i])] = tonumber(ARGV[i + 1]) end
+  return ends
+end
+local function push(list, entries)
+  for i = 1, #entries, 1000 do
+    redis.call('RPUSH', list, unpack(entries, i, math.min(i + 999, #entries)))
   end
 end
-redis.call('DEL', staged)
-for i = 1, #later, 1000 do
-  redis.call('RPUSH', staged, unpack(later, i, math.min(i + 999, #later)))
+local meta, staged, carried = KEYS[1], KEYS[2], KEYS[3]
+if (redis.call('HGET', meta, 'offsets') or '{}') ~= ARGV[1] then
+  redis.call('DEL', staged, carried)
+  return -1
 end
+"""
+APPLY = ROW + """
+local ends, later = ends_from(5), {}
+for _, entry in ipairs(redis.call('LRANGE', staged, 0, -1)) do
+  if not row(entry, ends) then later[#later + 1] = entry end
+end
+redis.call('DEL', staged)
+if redis.call('EXISTS', carried) == 1 then redis.call('RENAME', carried, staged) end
+push(staged, later)
 redis.call('HSET', meta, 'offsets', ARGV[2], 'cut_lsn', ARGV[3], 'cut', ARGV[4])
 return 1
 """
+FILL = ROW + """
+local ends, later, n = ends_from(3), {}, tonumber(ARGV[2])
+for _, entry in ipairs(redis.call('LRANGE', staged, 0, n - 1)) do
+  if not row(entry, ends) then later[#later + 1] = entry end
+end
+redis.call('LTRIM', staged, n, -1)
+push(carried, later)
+redis.call('EXPIRE', carried, STAGED_TTL)
+return redis.call('LLEN', staged)
+""".replace("STAGED_TTL", str(STAGED_TTL))
 SLOW_APPLY = 1.0  # seconds of one cut's application that a warning tells
-STAGED_TTL = 3600  # seconds a mirror's staging list outlives its last write (a crashed mirror's goes away)
 Record = tuple[int, int, bytes, int, bytes | None]  # partition, offset, key, commit LSN, value
 
 
@@ -111,6 +131,7 @@ class RedisMirror(threading.Thread):
         self.fetch_wait = FetchWait(clients.reader_settings(cfg))
         self.client = redis.Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.apply = self.client.register_script(APPLY)
+        self.fill = self.client.register_script(FILL)
         self.warned = 0.0
 
     def run(self) -> None:
@@ -173,10 +194,14 @@ class RedisMirror(threading.Thread):
     def _drop_staged(self) -> None:
         """Remove this mirror's staging lists (best effort: they expire anyway)."""
         with contextlib.suppress(redis.RedisError):
-            self.client.delete(*(self._staging(name) for name in self.views))
+            self.client.delete(*(key for name in self.views for key in self._lists(name)))
 
     def _staging(self, name: str) -> str:
         return view_staging_key(self.prefix, name, self.mirror)
+
+    def _lists(self, name: str) -> list[str]:
+        """This mirror's staging list of view ``name``, and the one a first fill carries later entries in."""
+        return [self._staging(name), f"{self._staging(name)}#carried"]
 
     def _assign(self, consumer: Consumer) -> None:
         """Read the cuts topic from its last records and each view topic from the offsets Redis holds."""
@@ -189,7 +214,7 @@ class RedisMirror(threading.Thread):
             self.held[name] = held.decode() if isinstance(held, bytes) else "{}"
             offsets = {int(p): int(o) for p, o in json.loads(self.held[name]).items()}
             self.read[name] = {p: offsets.get(p, 0) for p in range(self.cfg.partitions)}
-            self.client.delete(self._staging(name))  # what this mirror staged before it stopped reading
+            self.client.delete(*self._lists(name))  # what this mirror staged before it stopped reading
             todo += [TopicPartition(view.topic, p, o) for p, o in self.read[name].items()]
         consumer.assign(todo)
         self.assigned = True
@@ -275,7 +300,7 @@ class RedisMirror(threading.Thread):
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
         args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"])]
         args += [n for p, o in sorted(ends.items()) for n in (p, o)]
-        if not self._apply(name, args, cut["commit_lsn"]):
+        if not (self._fill(name, args) and self._apply(name, args, cut["commit_lsn"])):
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
             return
@@ -283,12 +308,24 @@ class RedisMirror(threading.Thread):
         cut["applied"] = True
         self.applied[name] = cut["commit_lsn"]
 
+    def _fill(self, name: str, args: list[Any]) -> bool:
+        """Before a view's first cut in Redis (no offsets held: a first fill, or a fill again), apply its staged
+        entries ``redis_fill_rows`` per script, so that Redis answers other clients between them (it shows no cut
+        yet); the cut's own script applies the rest. Whether Redis held the offsets expected."""
+        if self.held[name] != "{}":
+            return True
+        keys, rows = [view_key(self.prefix, name), *self._lists(name)], self.cfg.redis_fill_rows
+        while self.client.llen(keys[1]) > rows:
+            if int(self.fill(keys=keys, args=[args[0], rows, *args[4:]])) < 0:
+                return False
+        return True
+
     def _apply(self, name: str, args: list[Any], lsn: int) -> bool:
         """Run the script applying ``name``'s staged records up to a cut: whether Redis held the offsets expected.
         A cut's rows change together, so Redis serves no other client while it runs: a long one is said."""
         started = time.monotonic()
         try:
-            return bool(self.apply(keys=[view_key(self.prefix, name), self._staging(name)], args=args))
+            return int(self.apply(keys=[view_key(self.prefix, name), *self._lists(name)], args=args)) == 1
         finally:  # a cut longer than the client's socket timeout is timed too (the script runs on in Redis)
             took = time.monotonic() - started
             self.metrics.redis_apply.observe(took)

@@ -378,6 +378,62 @@ def test_redis_away_the_view_topic_flows_and_redis_catches_up_when_it_returns(
         server.wait(timeout=30)
 
 
+def test_a_first_fill_under_load_goes_in_pieces_before_any_cut_and_a_redis_that_lost_its_data_is_filled_again(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    tmp_path: Any, shop_writer: Callable[..., ShopWriter],
+) -> None:  # fmt: skip
+    """A view Redis holds no cut of is written ``redis_fill_rows`` rows per script (Redis answers others between
+    them): rows appear before the view's hash names a cut; under load (entries past the cut carried in order)
+    and after a FLUSHALL, Redis ends equal to the SQL join."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory, redis_url=url, redis_fill_rows=10)
+    loosen(pg_database)
+    writer = shop_writer(rate=100)
+    time.sleep(3)  # the view topic grows while Redis is away: its first fill is of some thousand records
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)  # fmt: skip
+    client = redis.Redis.from_url(url)
+    meta = f"{capture.cfg.topic_prefix}:orders_enriched"
+    try:
+        assert wait_for(lambda: ping(client), 30)
+        for fill in range(2):  # the first fill, then one after Redis lost its data
+            samples = samples_until_cut(client, meta)
+            assert any(rows > 10 for rows in samples), samples[-20:]  # rows of more than one piece, no cut yet
+            unruly(pg_database, 20, seed=fill)
+            client.flushall()
+        writer.stop()
+        views_reconciled(shop_db, capture, worker, url)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert "Redis holds other offsets" in worker.log.read_text()
+
+
+def ping(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def samples_until_cut(client: redis.Redis, meta: str, timeout: float = 90) -> list[int]:
+    """The view's rows in Redis (keys but the view's hash and the mirror's lists), sampled atomically until the
+    view's hash names a cut."""
+    samples: list[int] = []
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        pipe = client.pipeline(transaction=True)
+        pipe.hexists(meta, "cut_lsn")
+        pipe.dbsize()
+        pipe.exists(meta)
+        cut, size, hashes = pipe.execute()
+        if cut:
+            return samples
+        samples.append(max(size - hashes - 2, 0))
+    raise AssertionError(f"no cut in Redis within {timeout} s: {samples[-20:]}")
+
+
 def test_an_invalid_view_spec_stops_the_worker_at_start_naming_the_line(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
 ) -> None:  # fmt: skip
