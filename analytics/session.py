@@ -8,18 +8,24 @@ settings say so. The JVM logs warnings and errors only (``log4j2.properties``).
 Spark's scratch files (shuffle blocks hold table rows; the JVM's own temporary files) go
 to a directory of this process's, readable by its owner only and removed when the process
 exits, unless the ``spark`` settings name a ``spark.local.dir`` (Spark's default, the
-shared ``/tmp``, makes them world-readable and leaves directories behind).
+shared ``/tmp``, makes them world-readable and leaves directories behind). A process killed
+before its exit cannot remove its directory; the next session made on this machine removes
+it: each directory's ``.lock`` is held (``flock``) by its process while it lives, so a lock
+that can be taken names a directory whose process is gone.
 ``cfg.spark`` settings are applied last.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import sys
 import tempfile
 from importlib import resources
+from pathlib import Path
+from typing import IO
 
 from pyspark.sql import SparkSession
 
@@ -40,6 +46,8 @@ DEFAULTS = {
     "spark.pyspark.driver.python": sys.executable,
     "spark.driver.extraJavaOptions": LOG4J,
 }
+SCRATCH = "headwater-spark-"
+_HELD: list[IO[bytes]] = []  # the locks of this process's scratch directories, held until it exits
 
 
 def spark_session(cfg: AnalyticsConfig, app_name: str = "headwater") -> SparkSession:
@@ -59,6 +67,34 @@ def spark_session(cfg: AnalyticsConfig, app_name: str = "headwater") -> SparkSes
 
 def _scratch() -> dict[str, str]:
     """A private directory for Spark's local files and the driver JVM's temporary ones, removed at exit."""
-    path = tempfile.mkdtemp(prefix="headwater-spark-")  # mode 0700
+    sweep(Path(tempfile.gettempdir()))
+    path = tempfile.mkdtemp(prefix=SCRATCH)  # mode 0700
     atexit.register(shutil.rmtree, path, ignore_errors=True)
+    _HELD.append(_hold(Path(path)))
     return {"spark.local.dir": path, "spark.driver.extraJavaOptions": f"{LOG4J} -Djava.io.tmpdir={path}"}
+
+
+def _hold(path: Path) -> IO[bytes]:
+    """Lock ``path/.lock`` for this process's life: locked before it has its name, so no sweep sees it free."""
+    lock = (path / ".lock-new").open("wb")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    (path / ".lock-new").rename(path / ".lock")
+    return lock
+
+
+def sweep(tmp: Path) -> list[Path]:
+    """Remove the scratch directories under ``tmp`` of this user's processes that are gone (killed before exit)."""
+    gone = [d for d in tmp.glob(f"{SCRATCH}*") if d.is_dir() and d.stat().st_uid == os.getuid() and _free(d)]
+    for directory in gone:
+        shutil.rmtree(directory, ignore_errors=True)
+    return gone
+
+
+def _free(directory: Path) -> bool:
+    """Whether ``directory``'s lock can be taken: the process that held it is gone."""
+    try:
+        with (directory / ".lock").open("rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (FileNotFoundError, BlockingIOError):
+        return False  # not locked yet (just made, or made before locks) or held by a live process
+    return True

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from analytics.config import AnalyticsConfig
+from analytics.session import sweep
 from headwater.cli import main
 from tables.config import StackConfig
 from tests.analytics.test_reader import V1, Things, error_of, framed
@@ -155,6 +157,7 @@ def test_the_changes_job_killed_mid_run_and_run_again_writes_every_change_once(
             os.killpg(job.pid, signal.SIGKILL)
         job.wait(60)
         log.close()
+        sweep(Path(tempfile.gettempdir()))  # the killed job's scratch (a job started later would sweep it)
     sink = cfg.output / "changes" / many.topic
     before = spark.read.parquet(str(sink)).count()
     assert 0 < before < 33_000, (tmp_path / "job.log").read_text()[-3000:]
