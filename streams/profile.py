@@ -13,7 +13,9 @@ times out, and on Kafka 3.6 its restarted self served again only after 60 s. ``[
 group_instance_id`` turns on static membership (KIP-345) for workers restarted in place. SASL/TLS
 settings in librdkafka names map onto Faust's credentials. On both profiles the app's consumer
 never delivers the topics named in ``App.direct`` (the raw topic and the table topics): Faust
-assigns them, the engine reads them itself (``streams.feed``, ``streams.tablefeed``); and no
+assigns them, the engine reads them itself (``streams.feed``, ``streams.tablefeed``), and with
+nothing to deliver the consumer still polls (aiokafka would count the worker idle and leave the
+group for good after ``broker_max_poll_interval``); and no
 worker client asks the broker to auto-create a topic (``app_class``).
 """
 
@@ -27,6 +29,7 @@ from typing import Any, cast
 import faust
 from aiokafka import client as aiokafka_client
 from aiokafka.protocol.metadata import MetadataRequest
+from faust.transport.consumer import RecordMap
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP, Message
 
@@ -42,6 +45,8 @@ TANSU_FAUST: dict[str, Any] = {
     "broker_heartbeat_interval": 1.0,
 }
 
+NOTHING = TP("", -1)  # a partition of no topic: what a worker's poll asks for when Faust has nothing to deliver
+
 
 class _DirectConsumer(faust_kafka.Consumer):
     """Fetches and delivers everything assigned except the app's ``direct`` topics.
@@ -54,6 +59,18 @@ class _DirectConsumer(faust_kafka.Consumer):
         tps = super()._get_active_partitions()
         tps.difference_update([tp for tp in tps if tp.topic in cast(App, self.app).direct])
         return tps
+
+    async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
+        """With every assigned partition direct, Faust would sleep instead of fetching; aiokafka counts that time
+        as idle and leaves the group once it passes ``broker_max_poll_interval`` (1000 s) from the worker's start,
+        never to join again (seen: each worker of the 720k shop bench left 1000 s after it started). A fetch of
+        a partition no topic has (``NOTHING``; an empty set would mean every one, and drain the direct ones),
+        answered at once, is a poll: the worker stays in the group as long as its event loop runs."""
+        if self.flow_active and not self._get_active_partitions():
+            await self._getmany(active_partitions={NOTHING}, timeout=0)
+            await self.sleep(1)  # what Faust does without active partitions
+            return {}, set()
+        return await super()._wait_next_records(timeout)
 
     async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
         direct = cast(App, self.app).direct

@@ -204,6 +204,22 @@ def test_two_workers_answer_every_key(
     assert not any("Faust delivered raw offset" in w.log.read_text() for w in (first, second))
 
 
+def test_a_worker_stays_in_its_group_past_the_max_poll_interval_and_keeps_serving_changes(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
+) -> None:
+    """Faust delivers a worker nothing (the engine reads its topics itself); aiokafka counted that as idle and
+    left the group after broker_max_poll_interval (1000 s) from the start, for good. Here the interval is 10 s."""
+    capture = capture_factory(pg_database).start()
+    capture.wait_caught_up(pg_database)
+    worker = worker_factory(capture.cfg.topic_prefix, environ={"BROKER_MAX_POLL_INTERVAL": "10"}).start()
+    reconciled(shop_db, capture, [worker])
+    time.sleep(25)
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("UPDATE customers SET name = 'after the interval' WHERE id = (SELECT min(id) FROM customers)")
+    reconciled(shop_db, capture, [worker], timeout=30)
+    assert "LeaveGroup" not in worker.log.read_text(), worker.tail()
+
+
 def test_kill9_worker_under_load_then_replay_from_zero_changes_nothing(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     unique_name: str, shop_writer: Callable[..., ShopWriter],
