@@ -170,7 +170,7 @@ def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, st
     assert re.search(r"shop-report +\d+ groups in PostgreSQL: equal", out)  # Spark's report against PostgreSQL's
     for shown in ('headwater_capture_events_total{op="INSERT",table="public.orders"}',
                   "headwater_streams_fanout_changes_total", "/ready: ready"):  # fmt: skip
-        assert shown in out, shown
+        assert shown in out, (shown, [line for line in out.splitlines() if "metrics" in line or "headwater_" in line])
     assert (cwd / "analytics-output" / "shop-report").is_dir()
     down = headwater("stack", "down", cwd=cwd)
     assert down.stdout.startswith("stopped: streams, capture, registry")
