@@ -317,10 +317,10 @@ class RedisMirror(threading.Thread):
         if self.held[name] != "{}":
             return True
         keys, rows = [view_key(self.prefix, name), *self._lists(name)], self.cfg.redis_fill_rows
-        while self.client.llen(keys[1]) > rows:
-            if int(self.fill(keys=keys, args=[args[0], rows, *args[4:]])) < 0:
-                return False
-        return True
+        left = int(self.client.llen(keys[1]))
+        while left > rows:  # each piece answers how many entries are left (-1: Redis holds other offsets)
+            left = int(self.fill(keys=keys, args=[args[0], rows, *args[4:]]))
+        return left >= 0
 
     def _apply(self, name: str, args: list[Any], lsn: int) -> bool:
         """Run the script applying ``name``'s staged records up to a cut: whether Redis held the offsets expected.
