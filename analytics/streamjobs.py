@@ -17,10 +17,15 @@ report from it, so after every batch the report is the view's at that batch's cu
 from __future__ import annotations
 
 import json
+import logging
+import math
 import shutil
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
@@ -33,6 +38,11 @@ from tables.errors import FatalError
 from tables.registry import shown
 
 CHECKPOINTS = "checkpoints"
+# Spark gives a streaming source's Python worker a hard-coded 10 s to connect back (PythonWorkerFactory's
+# createSimpleWorker, no setting); on a loaded machine a query fails so while it starts. ``run`` starts it again.
+WORKER_START = "Python worker failed to connect back"
+START_ATTEMPTS = 3
+log = logging.getLogger("headwater.analytics")
 
 
 def stream(spark: SparkSession, cfg: AnalyticsConfig, **options: str) -> DataFrame:
@@ -51,21 +61,56 @@ def start(writer: DataStreamWriter, cfg: AnalyticsConfig, job: str, name: str) -
     return writer.trigger(availableNow=True).start()
 
 
-def wait(spark: SparkSession, queries: list[StreamingQuery]) -> None:
-    """Until every query stopped by itself (or one failed: its error is raised); then none is left running."""
-    manager = spark.streams
+def _starter(writer: DataStreamWriter, cfg: AnalyticsConfig, job: str, name: str) -> Callable[[], StreamingQuery]:
+    return lambda: start(writer, cfg, job, name)
+
+
+def run(spark: SparkSession, starts: Mapping[str, Callable[[], StreamingQuery]],
+        timeout: float | None = None) -> dict[str, StreamingQuery]:
+    """Each query started and waited for until it stopped by itself, then none left running; one that Spark failed to
+    start is started again from its checkpoint (at most ``START_ATTEMPTS`` times in all); any other failure is raised.
+    ``timeout`` (s, for tests): a ``TimeoutError`` when the queries have not all stopped by then."""
+    manager, queries = spark.streams, {name: begin() for name, begin in starts.items()}
     manager.resetTerminated()  # queries this session ran before do not count
+    left, until = START_ATTEMPTS - 1, None if timeout is None else time.monotonic() + timeout
     try:
-        while any(q.isActive for q in queries):
-            manager.awaitAnyTermination()
-            manager.resetTerminated()
-        for q in queries:
-            failed = q.exception()
-            if failed is not None:
-                raise failed
+        while any(q.isActive for q in queries.values()):
+            _await_any(spark, until)
+            left -= _start_again(queries, starts, left)
+        _start_again(queries, starts, 0)  # one that failed after the last wait is raised
+        return queries
     finally:
-        for q in queries:
+        for q in queries.values():
             q.stop()
+
+
+def _await_any(spark: SparkSession, until: float | None) -> None:
+    wait = None if until is None else max(1, math.ceil(until - time.monotonic()))
+    with suppress(StreamingQueryException):  # the failed query is found by its exception()
+        if not spark.streams.awaitAnyTermination(wait) and until is not None and time.monotonic() >= until:
+            raise TimeoutError("streaming queries still running past their timeout")
+    spark.streams.resetTerminated()
+
+
+def _start_again(queries: dict[str, StreamingQuery], starts: Mapping[str, Callable[[], StreamingQuery]],
+                 left: int) -> int:
+    """How many failed queries were started again; a failure that is not Spark's start-up timeout, or one past
+    ``left`` restarts, is raised."""
+    used = 0
+    for name, query in list(queries.items()):
+        error = None if query.isActive else query.exception()
+        if error is None:
+            continue
+        if not failed_to_start(error) or used >= left:
+            raise error
+        log.warning("the query %s failed to start (%s); starting it again from its checkpoint", name, WORKER_START)
+        queries[name], used = starts[name](), used + 1
+    return used
+
+
+def failed_to_start(error: BaseException | None) -> bool:
+    """Whether a query's failure is Spark's timeout for starting its source's Python worker (nothing was read)."""
+    return error is not None and WORKER_START in str(error)
 
 
 def read_in(progress: Sequence[StreamingQueryProgress]) -> int:
@@ -81,9 +126,9 @@ def changes(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result]:
                          hint="run capture first, or set topic_prefix in [pipeline] or [analytics]")  # fmt: skip
     frames = {t: stream(spark, cfg, topic=t, metadata="true") for t in topics}
     paths = {t: output(cfg) / "changes" / t for t in topics}
-    queries = {t: start(f.writeStream.format("parquet").option("path", str(paths[t])), cfg, "changes", t)
-               for t, f in frames.items()}  # fmt: skip
-    wait(spark, list(queries.values()))
+    starts = {t: _starter(f.writeStream.format("parquet").option("path", str(paths[t])), cfg, "changes", t)
+              for t, f in frames.items()}  # fmt: skip
+    queries = run(spark, starts)
     out = []
     for topic, query in queries.items():
         kept = _parquet(spark, paths[topic], frames[topic])
@@ -136,8 +181,8 @@ def shop_report_stream(spark: SparkSession, cfg: AnalyticsConfig) -> list[Result
     home = output(cfg) / "shop-report-stream"
     keeper = ReportKeeper(spark, home)
     frame = stream(spark, cfg, view=REPORT_VIEW, metadata="true")
-    query = start(frame.writeStream.foreachBatch(keeper.apply), cfg, "shop-report-stream", REPORT_VIEW)
-    wait(spark, [query])
+    begin = _starter(frame.writeStream.foreachBatch(keeper.apply), cfg, "shop-report-stream", REPORT_VIEW)
+    query = run(spark, {REPORT_VIEW: begin})[REPORT_VIEW]
     reached = home / "cut.json"
     ends = [json.loads(p.sources[0].endOffset) for p in query.recentProgress if p.sources]
     if ends and "cut" in ends[-1]:

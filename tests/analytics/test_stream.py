@@ -19,6 +19,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from analytics.config import AnalyticsConfig
 from analytics.session import sweep
+from analytics.source import register
+from analytics.streamjobs import WORKER_START, run
 from headwater.cli import main
 from tables.config import StackConfig
 from tests.analytics.test_reader import V1, Things, error_of, framed
@@ -54,10 +56,9 @@ def to_parquet(frame: DataFrame, where: Path, *, available_now: bool = True) -> 
             ).start()  # fmt: skip
 
 
-def finished(query: StreamingQuery, timeout: float = 120) -> list[dict[str, Any]]:
-    """The batches of a query that must stop by itself, as their progress reports."""
-    assert query.awaitTermination(timeout), "an availableNow query did not stop"
-    assert query.exception() is None, query.exception()
+def finished(spark: SparkSession, start: Callable[[], StreamingQuery], timeout: float = 120) -> list[dict[str, Any]]:
+    """The batches of a query that must stop by itself, as their progress reports (run as the jobs run theirs)."""
+    query = run(spark, {"query": start}, timeout)["query"]
     return [p for p in query.recentProgress if p["numInputRows"] > 0]
 
 
@@ -74,7 +75,7 @@ def test_available_now_reads_what_is_there_in_bounded_batches_and_stops_and_a_re
     put(many, 0, 600)
     frame = stream(spark, cfg, topic=many.topic, metadata="true", maxOffsetsPerTrigger="100")
     assert frame.isStreaming and frame.columns == ["id", "name", "_op", "_partition", "_offset", "_commit_lsn"]
-    batches = finished(to_parquet(frame, tmp_path))
+    batches = finished(spark, lambda: to_parquet(frame, tmp_path))
     assert len(batches) == 6 and all(b["numInputRows"] <= 100 for b in batches)
     assert sum(b["numInputRows"] for b in batches) == 600
     seen = offsets_in(spark, tmp_path / "out")
@@ -83,12 +84,40 @@ def test_available_now_reads_what_is_there_in_bounded_batches_and_stops_and_a_re
     assert end == {many.topic: {"0": 200, "1": 200, "2": 200}}  # Spark's Kafka source's offset form
 
     put(many, 600, 90)  # the same query again: only what came after its checkpoint
-    again = finished(to_parquet(stream(spark, cfg, topic=many.topic, metadata="true"), tmp_path))
+    again_frame = stream(spark, cfg, topic=many.topic, metadata="true")
+    again = finished(spark, lambda: to_parquet(again_frame, tmp_path))
     assert sum(b["numInputRows"] for b in again) == 90
     seen = offsets_in(spark, tmp_path / "out")
     assert set(seen.values()) == {1} and len(seen) == 690
     rows = spark.read.parquet(str(tmp_path / "out")).collect()
     assert sorted(r.id for r in rows) == list(range(690)) and {r._op for r in rows} == {"UPSERT"}
+
+
+def test_a_query_whose_source_worker_starts_too_slowly_for_spark_is_started_again_and_reads_every_message_once(
+    spark: SparkSession, many: Things, analytics_config: Callable[..., AnalyticsConfig], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    cfg = analytics_config("")
+    put(many, 0, 60)
+    slowed = tmp_path / "slowed"  # Spark waits 10 s for the streaming source's worker: its first start takes 12
+    python = tmp_path / "python"
+    python.write_text(f"""#!/bin/sh
+case "$*" in *python_streaming_source_runner*) [ -e {slowed} ] || {{ touch {slowed}; sleep 12; }} ;; esac
+exec {sys.executable} "$@"
+""")
+    python.chmod(0o700)
+    context, real = spark.sparkContext, spark.sparkContext.pythonExec
+    context.pythonExec = str(python)
+    register(spark)  # the data source's Python function names the interpreter to start
+    try:
+        frame = stream(spark, cfg, topic=many.topic, metadata="true")
+        batches = finished(spark, lambda: to_parquet(frame, tmp_path))
+    finally:
+        context.pythonExec = real
+        register(spark)
+    assert slowed.exists() and f"failed to start ({WORKER_START})" in caplog.text
+    assert sum(b["numInputRows"] for b in batches) == 60
+    assert offsets_in(spark, tmp_path / "out") == Counter((n % 3, n // 3) for n in range(60))
 
 
 def test_starting_offsets_earliest_latest_and_per_partition(
@@ -97,14 +126,15 @@ def test_starting_offsets_earliest_latest_and_per_partition(
     cfg = analytics_config("")
     put(many, 0, 30)  # 10 per partition
     chosen = json.dumps({many.topic: {"0": 4, "1": -1, "2": -2}})
-    finished(to_parquet(stream(spark, cfg, topic=many.topic, metadata="true", startingOffsets=chosen),
-                        tmp_path / "chosen"))  # fmt: skip
+    chosen_start = stream(spark, cfg, topic=many.topic, metadata="true", startingOffsets=chosen)
+    finished(spark, lambda: to_parquet(chosen_start, tmp_path / "chosen"))
     assert sorted(offsets_in(spark, tmp_path / "chosen" / "out")) == [(0, o) for o in range(4, 10)] + [(2, o)
                                                                                                 for o in range(10)]
     late_start = stream(spark, cfg, topic=many.topic, metadata="true", startingOffsets="latest")
-    assert finished(to_parquet(late_start, tmp_path / "late")) == []
+    assert finished(spark, lambda: to_parquet(late_start, tmp_path / "late")) == []
     put(many, 30, 6)
-    late = finished(to_parquet(stream(spark, cfg, topic=many.topic, metadata="true"), tmp_path / "late"))
+    late_frame = stream(spark, cfg, topic=many.topic, metadata="true")
+    late = finished(spark, lambda: to_parquet(late_frame, tmp_path / "late"))
     assert sum(b["numInputRows"] for b in late) == 6  # the checkpoint began at the ends as they were
     assert sorted(offsets_in(spark, tmp_path / "late" / "out")) == sorted((p, o) for p in range(3) for o in (10, 11))
 
@@ -114,15 +144,16 @@ def test_a_stream_refuses_batch_options_and_bad_offsets_with_the_fix(
 ) -> None:
     cfg = analytics_config("")
     put(many, 0, 3)
-    latest = error_of(lambda: finished(to_parquet(stream(spark, cfg, topic=many.topic, mode="latest"), tmp_path / "a")))
+    latest = error_of(lambda: finished(spark, lambda: to_parquet(stream(spark, cfg, topic=many.topic, mode="latest"),
+                                                                 tmp_path / "a")))  # fmt: skip
     assert "a stream reads changes" in str(latest) and "foreachBatch" in str(latest)
     bad = json.dumps({"other": {"0": 1}})
-    wrong = error_of(lambda: finished(to_parquet(stream(spark, cfg, topic=many.topic, startingOffsets=bad),
-                                                 tmp_path / "b")))  # fmt: skip
+    bad_start = stream(spark, cfg, topic=many.topic, startingOffsets=bad)
+    wrong = error_of(lambda: finished(spark, lambda: to_parquet(bad_start, tmp_path / "b")))
     assert f"topic {many.topic}" in str(wrong) and '"0": 23, "1": -2' in str(wrong)
     missing = json.dumps({many.topic: {"7": 1}})
-    nope = error_of(lambda: finished(to_parquet(stream(spark, cfg, topic=many.topic, startingOffsets=missing),
-                                                tmp_path / "c")))  # fmt: skip
+    missing_start = stream(spark, cfg, topic=many.topic, startingOffsets=missing)
+    nope = error_of(lambda: finished(spark, lambda: to_parquet(missing_start, tmp_path / "c")))
     assert "partition 7, which the topic does not have" in str(nope)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from analytics.config import AnalyticsConfig
 from analytics.jobs import REPORT_SQL, REPORT_VIEW, read, report_cut, view_at_rest
+from analytics.streamjobs import run
 from headwater.cli import main
 from headwater.reconcile import compare_docs, keyed_rows, view_docs_sql
 from streams.rows import to_json
@@ -93,8 +95,9 @@ def test_a_view_stream_ends_every_batch_at_a_cut_and_its_batches_add_up_to_the_v
         batch.withColumn("_batch", F.lit(batch_id)).write.mode("append").parquet(str(kept))
 
     frame = stream(spark, cfg, view=REPORT_VIEW, metadata="true", maxOffsetsPerTrigger="100")
-    query = (frame.writeStream.foreachBatch(keep).option("checkpointLocation", str(tmp_path / "checkpoint"))
-             .trigger(processingTime="300 milliseconds").start())  # fmt: skip
+    begin = lambda: (frame.writeStream.foreachBatch(keep).option("checkpointLocation", str(tmp_path / "checkpoint"))  # noqa: E731
+                     .trigger(processingTime="300 milliseconds").start())  # fmt: skip
+    ran = ThreadPoolExecutor(1).submit(run, spark, {"view": begin})  # as the jobs run theirs, until stopped here
     try:
         writer = shop_writer(rate=120)  # while the stream runs
         wait_for(lambda: writer.work.committed >= 300, 60)
@@ -108,9 +111,10 @@ def test_a_view_stream_ends_every_batch_at_a_cut_and_its_batches_add_up_to_the_v
         assert wait_for(caught_up, 120, every=0.5), [(p["batchId"], p["numInputRows"], p["sources"][0]["endOffset"])
                                                      for p in listener.seen[-3:]] + [newest]  # fmt: skip
     finally:
-        query.stop()
+        for query in spark.streams.active:
+            query.stop()
         spark.streams.removeListener(listener)
-    assert query.exception() is None
+    ran.result(60)  # raises the query's failure
 
     topic = view_topic(cfg.topic_prefix, REPORT_VIEW)
     published = [decode_cut(r.value) for r in read_topic(cfg.bootstrap, cuts_topic(cfg.topic_prefix)) if r.value]
