@@ -15,8 +15,10 @@ feed (``streams.feed.Feed``), which starts at 10 ms and grows its wait when fetc
 (``tables.kafka.FetchWait``). Printed: the seconds each read took, or how far it got in 20 s, the
 ratio of the first to the baseline, and the feed's time and the wait it ended with. Then, per
 partition, how long ``tables.kafka.bounds`` takes at the workers' settings (a worker's start, its table
-feed's, its leader's: one-shot reads that grow their wait the same way). Only the broker runs (the
-benchmarks' fixed port).
+feed's, its leader's: one-shot reads that grow their wait the same way), and how long a one-shot read of
+the whole partition from offset 0 takes (``tables.kafka.read_on``, a worker's read-back of a view partition it
+takes): from the workers' 10 ms, and as a ``bulk`` read (from ``BULK_WAIT_MS``), with their ratio. Only the
+broker runs (the benchmarks' fixed port).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from headwater import stack
 from streams.clients import READER_MEMORY, TANSU_FETCH_WAIT_MS
 from streams.cursor import Raw
 from streams.feed import Feed
-from tables.kafka import bounds, reader
+from tables.kafka import BULK_WAIT_MS, bounds, read_on, reader
 
 BASELINE_WAIT_MS, LIMIT = 100, 20.0
 
@@ -99,6 +101,14 @@ def ratio(ours: tuple[int, float], base: tuple[int, float], want: int) -> str:
     return f"{ours[1] / base[1]:.1f}x" if base[0] >= want else "baseline unfinished"
 
 
+def whole(bootstrap: str, topic: str, bulk: bool) -> tuple[int, float]:
+    """(records, seconds) of a one-shot read of partition 0 from offset 0 at the workers' reader settings."""
+    settings = {**READER_MEMORY, "fetch.wait.max.ms": TANSU_FETCH_WAIT_MS, "bootstrap.servers": bootstrap}
+    began = time.monotonic()
+    read = sum(1 for _ in read_on(settings, {(topic, 0): 0}, timeout=120, bulk=bulk))
+    return read, time.monotonic() - began
+
+
 def main(messages: int = 40_000) -> None:
     work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
     cfg = stack.StackConfig(data_dir=work / "stack", kafka_port=29092)
@@ -124,6 +134,10 @@ def main(messages: int = 40_000) -> None:
             began = time.monotonic()
             found = bounds(settings, topic, 0)
             print(f"  {batches:6} batches of {per_batch:3}: bounds {found} in {time.monotonic() - began:.2f} s")
+            (plain, plain_s), (bulk, bulk_s) = whole(cfg.bootstrap, topic, False), whole(cfg.bootstrap, topic, True)
+            print(f"  {batches:6} batches of {per_batch:3}: the whole partition one-shot {plain} records in "
+                  f"{plain_s:.2f} s from {TANSU_FETCH_WAIT_MS} ms, {bulk} in {bulk_s:.2f} s in bulk (from "
+                  f"{BULK_WAIT_MS} ms): {plain_s / bulk_s:.1f}x")  # fmt: skip
     finally:
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)

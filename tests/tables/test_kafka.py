@@ -71,6 +71,11 @@ def test_one_shot_reads_of_a_partition_of_many_batches_grow_their_fetch_wait_and
     assert last == list(range(batches - 50, batches))
     grown = [r.getMessage() for r in caplog.records if "came back empty below the known end" in r.getMessage()]
     assert grown, "the reads never needed a longer wait: the partition is too short to show it"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tables.kafka"):  # a view partition's read-back: the whole of it
+        whole = [int(m.offset() or 0) for m in read_on(settings, {(unique_name, 0): 0}, timeout=60, bulk=True)]
+    assert whole == list(range(batches))
+    assert not [r.getMessage() for r in caplog.records], "a bulk read had to grow its wait from BULK_WAIT_MS"
 
 
 def test_a_topic_made_again_has_another_id_and_a_missing_one_none(
