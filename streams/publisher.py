@@ -67,17 +67,17 @@ class Publisher:
         """What one partition of the view topic holds: its latest record per key; its end goes to the cuts."""
         sent: Sent = {}
         self.sent[view.spec.name][partition] = sent
-        self.catch_up(view, partition, 0, bulk=True)
+        self.catch_up(view, partition, 0)
         return sent
 
-    def catch_up(self, view: ViewTopic, partition: int, start: int, *, bulk: bool = False) -> set[bytes]:
+    def catch_up(self, view: ViewTopic, partition: int, start: int) -> set[bytes]:
         """Fold a partition's records from offset ``start`` to its end into its latest records (see the module
-        promise): the keys whose latest record changed. The end goes to the cuts. ``bulk``: a whole partition
-        (``tables.kafka.read_on``: on the local broker 15-86x faster for 4,000-13,334 batches)."""
+        promise): the keys whose latest record changed. The end goes to the cuts. From offset 0 the read is a
+        ``bulk`` one (``tables.kafka.read_on``: on the local broker 15-86x faster for 4,000-13,334 batches)."""
         sent = self.sent[view.spec.name].setdefault(partition, {})
         touched: set[bytes] = set()
         end = start
-        for msg in read_on(reader_settings(self.cfg), {(view.topic, partition): start}, timeout=600, bulk=bulk):
+        for msg in read_on(reader_settings(self.cfg), {(view.topic, partition): start}, timeout=600, bulk=start == 0):
             found = record(msg)
             end = found.offset + 1
             if found.key is not None:
