@@ -238,10 +238,14 @@ def redis_view_docs(url: str, prefix: str, view: str) -> tuple[Docs, int | None]
     try:
         out: Docs = {}
         head = f"{view_key(prefix, view)}:"
-        for name in client.scan_iter(match=head + "*", count=1000):
-            doc = client.hget(name, "doc")
-            if doc is not None:
-                out[tuple(name.decode()[len(head) :].split(","))] = json.loads(doc)
+        names = list(client.scan_iter(match=head + "*", count=1000))
+        for first in range(0, len(names), 1000):  # a round trip per 1,000 rows, not per row
+            part, pipe = names[first : first + 1000], client.pipeline(transaction=False)
+            for name in part:
+                pipe.hget(name, "doc")
+            for name, doc in zip(part, pipe.execute(), strict=True):
+                if doc is not None:
+                    out[tuple(name.decode()[len(head) :].split(","))] = json.loads(doc)
         cut = client.hget(view_key(prefix, view), "cut_lsn")
         return out, None if cut is None else int(cut)
     finally:
