@@ -39,8 +39,11 @@ MOST_WAIT_MS = 1000  # the longest fetch wait FetchWait grows to
 # it takes) starts at. Grown from 10 ms, each step costs seconds of empty fetches first: on the local broker one
 # partition of 40,000 records read from offset 0 took 9.7 s in 4,000 batches and 61.5 s in 13,334, against 0.50 and
 # 0.72 s from 250 ms (``./dev bench brokerfetch``). The price is one wait at the end (the broker holds an empty
-# fetch for it): 0.38 s against 0.12 s for 134 batches.
+# fetch for it): 0.38 s against 0.12 s for 134 batches, so only a partition of more than ``BULK_FROM`` records
+# (at most as many batches; 10 ms lists ~4,000 on a quiet machine) is read so: a worker taking 8 small partitions
+# paid 2 s, and published nothing meanwhile (a CI leg's revocation test).
 BULK_WAIT_MS = 250
+BULK_FROM = 2000
 ANSWER_S = 2.0  # how long a reader about to grow its wait waits for the broker to answer a ListOffsets
 
 
@@ -314,11 +317,16 @@ def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, 
     ``consumer`` (a ``reader`` of ``settings``; one is made if None) and closed at the end; a reader that stalls
     is replaced by a new one from where it stood, with a longer fetch wait when its fetches came back empty
     below the end (``FetchWait``: on the local broker a one-shot read of a long partition needs it too).
-    ``bulk``: the read starts far from the end (a whole partition), so its made reader's wait starts at
-    ``BULK_WAIT_MS`` at least, not the 10 ms a read at the tail wants (see ``BULK_WAIT_MS``)."""
+    ``bulk``: the read starts far from the end (a whole partition): when a partition read holds more than
+    ``BULK_FROM`` records, its made reader's wait starts at ``BULK_WAIT_MS`` at least, not the 10 ms a read at
+    the tail wants (see ``BULK_WAIT_MS``)."""
     deadline = time.monotonic() + timeout
-    wait = FetchWait({"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings}, least=BULK_WAIT_MS if bulk else 0)
-    consumer = reader(wait.applied(settings)) if consumer is None else consumer
+    wait = FetchWait({"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings})
+    made, consumer = consumer is None, reader(settings) if consumer is None else consumer
+    if bulk and made and _longer(consumer, starts, BULK_FROM):
+        consumer.close()
+        wait = FetchWait({"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings}, least=BULK_WAIT_MS)
+        consumer = reader(wait.applied(settings))
     try:
         while True:
             try:
@@ -334,6 +342,14 @@ def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, 
                 consumer = reader(wait.applied(settings))
     finally:
         consumer.close()
+
+
+def _longer(consumer: Consumer, starts: Mapping[tuple[str, int], int], records: int) -> bool:
+    """Whether any of the partitions holds more than ``records`` (its end offset; False when not known)."""
+    try:
+        return any(consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] > records for t, p in starts)
+    except KafkaException:
+        return False
 
 
 def record(msg: Message) -> Record:
