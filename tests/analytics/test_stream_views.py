@@ -98,7 +98,8 @@ def test_a_view_stream_ends_every_batch_at_a_cut_and_its_batches_add_up_to_the_v
     begin = lambda: (frame.writeStream.foreachBatch(keep).option("checkpointLocation", str(tmp_path / "checkpoint"))  # noqa: E731
                      .trigger(processingTime="300 milliseconds").start())  # fmt: skip
     ran = ThreadPoolExecutor(1).submit(run, spark, {"view": begin})  # as the jobs run theirs, until stopped here
-    try:
+    try:  # the stream running (its source's worker can take seconds to start on a busy machine), then the writes
+        assert wait_for(lambda: any(q.lastProgress for q in spark.streams.active), 60, every=0.2), ran
         writer = shop_writer(rate=120)  # while the stream runs
         wait_for(lambda: writer.work.committed >= 300, 60)
         writer.stop()
