@@ -321,11 +321,12 @@ def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, 
     ``BULK_FROM`` records, its made reader's wait starts at ``BULK_WAIT_MS`` at least, not the 10 ms a read at
     the tail wants (see ``BULK_WAIT_MS``)."""
     deadline = time.monotonic() + timeout
-    wait = FetchWait({"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings})
+    waits = {"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings}
+    wait = FetchWait(waits)
     made, consumer = consumer is None, reader(settings) if consumer is None else consumer
     if bulk and made and _longer(consumer, starts, BULK_FROM):
         consumer.close()
-        wait = FetchWait({"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings}, least=BULK_WAIT_MS)
+        wait = FetchWait(waits, least=BULK_WAIT_MS)
         consumer = reader(wait.applied(settings))
     try:
         while True:
