@@ -13,7 +13,10 @@ fragment of the cuts goes to ``<prefix>.views.cuts.fragments`` (and, on the raw 
 owner, to its ``streams.leader.Assembler`` in memory), and a view's cut follows once every
 partition has one at that point. How often points come is the owner's decision
 (``streams.frontier.Pace``): publishing takes at most about half the time, so a change that
-dirties most of a view is written once per publication, not per change.
+dirties most of a view is written once per publication, not per change. A worker that resumed
+publishes once as soon as it is caught up, asked or not (``streams.frontier.Points.owe``): the
+point the others published while it was away may lie before the points records it reads back,
+and the pace waits for every part of the last point before it asks for the next.
 
 Each space — a partition's share of the split tables, and the replicated tables — has its own
 progress (``@applied``: the raw offset its state reflects and the watermark there), committed in
@@ -123,6 +126,7 @@ class Materializer:
         self.points = Points()
         self.backlog: deque[tuple[int, Change]] = deque()  # read, not yet applied (past the barrier)
         self.at_point: tuple[int, int] | None = None  # (raw offset, commit LSN) the state is consistent at
+        self.owed = False  # resumed, not published since: publishes once caught up, asked or not (``Points.owe``)
         self.unpublished = False  # the state holds changes no fragment does (streams.metrics.CutWatch)
         self.halt = threading.Event()  # set while the feed stops: a publication in hand ends between two rows
         self.stats = {"changes": 0, "batches": 0, "points": 0, "rows": 0, "busy_s": 0.0}
@@ -277,6 +281,7 @@ class Materializer:
         self.quiet_until = max(self.starts.values())
         self.cursor.reset(self.position)
         self.points, self.backlog, self.at_point = Points(), deque(), self._resumed_at()
+        self.owed = True
         log.info("views of partitions %s resume at raw offset %d (quiet until offset %d, commit LSN %s published)",
                  sorted(self.joiner.held), self.position, self.quiet_until,
                  lsn_text(max(self.publisher.published_lsn.values(), default=0)))  # fmt: skip
@@ -303,6 +308,8 @@ class Materializer:
         self._strays()
         self.backlog.extend(self._admit(batch))
         applied = self._advance()
+        if self.owed and self.points.owe(self.position):
+            self.owed = False
         if self.at_point is not None and self._publishing(self.at_point[0]) and self.points.resolves(self.at_point[0]):
             self.publish(*self.at_point)
             self.store.commit()
@@ -401,6 +408,7 @@ class Materializer:
         fragment follows once Kafka has them."""
         assert self.joiner is not None
         started = time.monotonic()
+        self.owed = self.owed and only is not None
         self.joiner.expand()
         parts = []
         for partition in sorted(self.joiner.held if only is None else self.joiner.held & only):

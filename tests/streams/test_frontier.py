@@ -129,6 +129,33 @@ def test_one_point_in_flight_a_worker_behind_finds_one_point_ahead_not_one_per_g
     assert not pace.due(4.0)
 
 
+def test_a_worker_that_resumed_past_the_point_in_flight_asks_itself_once_when_caught_up() -> None:
+    """Seen at 720k after a kill -9: the restarted worker read the points topic from its last records, all
+    announcing ends without a point (one was in flight), so it never published the one in flight and the next
+    waited PATIENCE x the survivor's 158 s publication. Once caught up it owes a publication: its fragment lets
+    the pace go on."""
+    pace = Pace(floor=0.05, parts=[("v", 0), ("v", 1)])
+    pace.point(0.0, 100)  # in flight: partition 0 publishes it, partition 1's worker is away
+    pace.published(99, [("v", 0)])
+    points = Points()  # partition 1's worker resumes at raw offset 80, reading ends announced since: no point
+    for end in (150, 210, 260):
+        points.read(end, False)
+    assert not points.owe(200), "not caught up: offsets up to 259 may be applied"
+    assert not points.resolves(230)
+    assert points.owe(260) and list(points.requests) == [260]
+    assert not points.owe(260), "asked once"
+    assert not points.resolves(258) and points.resolves(259)  # its next consistent point (259 ends a transaction)
+    pace.published(259, [("v", 1)])
+    assert pace.due(1.0), "every part passed the point in flight: the next comes after the gap, not the patience"
+
+
+def test_a_worker_with_a_point_ahead_or_no_barrier_yet_owes_nothing() -> None:
+    points = Points()
+    assert not points.owe(0), "no points record read: no barrier, nothing known"
+    points.read(50, True)
+    assert not points.owe(50), "a point is asked for: it publishes there"
+
+
 def test_a_point_some_part_never_publishes_holds_the_next_back_only_a_while() -> None:
     """A part whose worker is gone or replays publishes nothing: after PATIENCE gaps (at least
     PATIENCE_FLOOR seconds) the next point is announced anyway."""
