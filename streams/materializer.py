@@ -32,12 +32,12 @@ The view topics are the record of what was published: when a partition is taken 
 at a rebalance (``assign``, then the feed's next ``resume``) — its records are read back and
 every row of it is checked at the next publication: written only where its content, built from
 the state, differs from its latest record. A row that did not change is not written again: a
-replay adds nothing to the view topics. A
-partition given up is forgotten in memory; its state stays on disk, and resumes from its progress
-if the partition comes back. A partition assigned again while still held (this worker fell out of
-the group, paused past its session, and was given it back) is read past this worker's last row,
-and records another worker wrote among this worker's own (a zombie's, found by ``streams.cuts``)
-are read at the next batch: the rows they left wrong are dirty, written again at the next point.
+replay adds nothing to the view topics. A partition given up is forgotten in memory; its state
+stays on disk, and resumes from its progress if the partition comes back. A partition assigned
+again while still held (this worker fell out of the group, paused past its session, and was
+given it back) is read past this worker's last row, and records another worker wrote among this
+worker's own (a zombie's, found by ``streams.cuts``) are read at the next batch: the rows they
+left wrong are dirty, written again at the next point.
 Records written after this worker's last row of a partition are found by asking Kafka, every
 ``look_every`` seconds while none of its rows is in flight, where its partitions end; when the raw
 topic is quiet (no point may come) their rows are written again at once, at the point the state is at.
