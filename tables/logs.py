@@ -141,10 +141,22 @@ def current() -> tuple[str, LogOptions] | None:
     return _last_setup[0] if _last_setup else None
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a record comes, not as it was when the handler was made: a
+    process that swaps it (a test runner capturing each test's output) never has a thread write to a closed one."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+
 def setup(component: str, options: LogOptions, stream: IO[str] | None = None) -> logging.Handler:
     """Send every record of the process to ``stream`` (stderr) in ``options``' format and level."""
     _last_setup[:] = [(component, options)]
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = StderrHandler() if stream is None else logging.StreamHandler(stream)
     restyle(handler, component, options)
     root = logging.getLogger()
     for old in list(root.handlers):
