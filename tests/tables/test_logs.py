@@ -144,6 +144,25 @@ def test_a_client_set_up_for_another_listener_is_not_a_broker_away(logger: tuple
     assert out.getvalue().splitlines() == misconfigured and gate.last()[0] == 0
 
 
+def test_the_gate_on_a_handler_takes_only_the_kafka_clients_lines(logger: tuple) -> None:
+    """On Faust's handler: aiokafka's connection errors (one every 100 ms) and librdkafka's to DEBUG; a line
+    of anything else that happens to say "timed out" keeps its level."""
+    log, out, handler = logger
+    gate = logs.KafkaLogGate()
+    handler.addFilter(gate)
+    try:
+        logging.getLogger("aiokafka.conn").addHandler(handler)
+        logging.getLogger("aiokafka.conn").propagate = False
+        logging.getLogger("aiokafka.conn").error("Unable connect to node with id 1: [Errno 111] Connect call failed")
+        log.error("lost the PostgreSQL connection: timed out")
+    finally:
+        handler.removeFilter(gate)
+        logging.getLogger("aiokafka.conn").removeHandler(handler)
+        logging.getLogger("aiokafka.conn").propagate = True
+    assert out.getvalue().splitlines() == ["lost the PostgreSQL connection: timed out"]
+    assert gate.last()[0] == 1 and "Connect call failed" in gate.last()[2]
+
+
 @pytest.fixture
 def root_kept() -> Iterator[None]:
     """The root logger's handlers and level (and the Kafka gate) as they were, after the test."""
