@@ -11,7 +11,8 @@ was busy and the CPU its thread spent (``spent``), so its capacity is what it ha
 The views' cut is the raw partition's owner's (which makes the cuts), elsewhere a worker's own last
 point while it keeps view partitions. ``CutWatch`` is the age of the views' cut: 0 while the cut
 holds everything the views applied, else the seconds since it last moved with changes waiting; past
-``[streams] cut_warn_after`` it logs a WARNING once, and once more when the cut moves again.
+``[streams] cut_warn_after`` it logs a WARNING once (with no cut yet: a first build, which readers see
+none of until it is whole), and once more when the cut moves again.
 ``KafkaWatch`` judges whether Kafka answers the workers' readers from librdkafka's own
 statistics (``settings(name, ...)`` adds them to a reader): no broker connection up, or requests
 unanswered for ``STALL_AFTER`` seconds past the fetch wait, in every reader that reports; a WARNING
@@ -180,14 +181,22 @@ class CutWatch:
         elif self.behind_since is None:
             self.behind_since = now
         change = self.stalled.update(self.warn_after > 0 and self.age(now) >= self.warn_after, now)
-        where = facts(lsn=cut) if cut is not None else {}
         if change == "began":
-            log.warning("the views' cut has not moved for %.0f s (at %s) while changes wait to be published "
-                        "(cut_warn_after = %.0f s): readers and Redis see older data", self.age(now),
-                        "none yet" if cut is None else lsn_text(cut), self.warn_after, extra=where)  # fmt: skip
+            self._began(cut, now)
         elif change == "ended":
             log.warning("the views' cut moves again (now at %s)", "none" if cut is None else lsn_text(cut),
-                        extra=where)  # fmt: skip
+                        extra=facts(lsn=cut) if cut is not None else {})  # fmt: skip
+
+    def _began(self, cut: int | None, now: float) -> None:
+        if cut is None:  # a first build: a big view takes minutes (the 720k shop's: ~5)
+            log.warning("the views have no cut yet after %.0f s while changes wait to be published (cut_warn_after = "
+                        "%.0f s): readers and Redis see none of their rows until every partition is published once; "
+                        "the 'views at raw offset' lines show the build going on", self.age(now),
+                        self.warn_after)  # fmt: skip
+        else:
+            log.warning("the views' cut has not moved for %.0f s (at %s) while changes wait to be published "
+                        "(cut_warn_after = %.0f s): readers and Redis see older data", self.age(now), lsn_text(cut),
+                        self.warn_after, extra=facts(lsn=cut))  # fmt: skip
 
 
 def silence(brokers: Mapping[str, Any], stall: float) -> tuple[float, str] | None:
