@@ -271,7 +271,6 @@ def test_the_cut_age_is_zero_while_the_cut_holds_everything(caplog: pytest.LogCa
     assert len(said) == 2 and "has not moved for 10 s" in said[0] and "moves again (now at 0/12C)" in said[1]
 
 
-
 @pytest.mark.unit
 def test_no_cut_yet_is_said_as_a_first_build_not_as_older_data(caplog: pytest.LogCaptureFixture) -> None:
     """A big view's first build takes minutes: past ``warn_after`` the warning says readers see none of its rows
@@ -284,6 +283,7 @@ def test_no_cut_yet_is_said_as_a_first_build_not_as_older_data(caplog: pytest.Lo
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 and "no cut yet after 10 s" in said[0] and "see none of their rows" in said[0]
     assert "older data" not in said[0] and "moves again (now at 0/12C)" in said[1]
+
 
 def stats(**brokers: dict[str, Any]) -> str:
     """librdkafka's statistics (the part the watch reads), as the consumer's stats_cb gets them."""
