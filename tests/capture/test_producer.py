@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from capture._copier import Sender, envelopes
+from capture._copier import Sender, envelopes, send_envelopes
 from capture.config import CaptureConfig
 from capture.errors import BrokerError
 from capture.producer import (
@@ -121,6 +122,35 @@ def test_a_full_local_queue_is_waited_out(local_stack: StackConfig, topic_factor
     assert sender.flush(30.0) == 0 and sender.failure is None
     sender.close()
     assert [r.value for r in read_topic(local_stack.bootstrap, topic)] == [b"value %d" % n for n in range(500)]
+
+
+def test_a_chunk_larger_than_the_local_queue_goes_out_whole_and_in_order(
+    local_stack: StackConfig, topic_factory: Callable[..., str]
+) -> None:
+    """``send_envelopes`` hands librdkafka its messages in batches: a full queue stops a batch part way, and the
+    rest follows once there is room, none lost, none twice, none out of order."""
+    topic = topic_factory()
+    settings = librdkafka_settings(config(local_stack.bootstrap, "p", **{"queue.buffering.max.messages": "10"}))
+    sender = Sender(librdkafka_library() or "", settings, topic, BrokerError, librdkafka_line)
+    head, size, tail = b"head", b"\x02", b"tail"
+    rows: list[tuple[bytes | None, bytes | None]] = [(b"key %d" % n, b"value %d" % n) for n in range(3000)]
+    send_envelopes(sender, b"k", head, size, rows[:2500], tail, 0, False)
+    send_envelopes(sender, b"k", head, size, rows[2500:], tail, 2500, False)
+    assert sender.flush(30.0) == 0 and sender.failure is None and sender.sent == 3000
+    sender.close()
+    assert [r.value for r in read_topic(local_stack.bootstrap, topic)] == envelopes(head, size, rows, tail)
+
+
+def test_a_message_librdkafka_refuses_in_a_chunk_is_raised(
+    local_stack: StackConfig, topic_factory: Callable[..., str]
+) -> None:
+    topic = topic_factory()
+    settings = librdkafka_settings(config(local_stack.bootstrap, "p", **{"message.max.bytes": "1000"}))
+    sender = Sender(librdkafka_library() or "", settings, topic, BrokerError, librdkafka_line)
+    rows: list[tuple[bytes | None, bytes | None]] = [(b"key", b"small")] * 5 + [(b"key", b"x" * 3000)]
+    with pytest.raises(BrokerError, match=f"cannot send to {re.escape(topic)}: .*too large"):
+        send_envelopes(sender, b"k", b"head", b"\x02", rows + [(b"key", b"small")] * 5, b"tail", 0, False)
+    sender.close()
 
 
 def test_a_failed_delivery_is_raised_not_taken_for_acknowledged() -> None:
