@@ -35,6 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, Protocol
 
 import psycopg2
@@ -47,6 +48,7 @@ from capture.backfill import (
     Progress,
     Recent,
     Request,
+    Row,
     SignalError,
     Table,
     Touch,
@@ -114,17 +116,25 @@ def _raise(exc: BaseException) -> bool:
 
 class Candidates:
     """The keys the raw topic holds alive for one table, read in a thread while the chunks are read: the
-    keys a retraction checks once the table is read."""
+    keys a retraction checks once the table is read. A key a chunk read (``read_in``) is not checked: its row
+    was in the table after the backfill began, so the stream carries any later delete of it. (Asking
+    PostgreSQL cost ~9 us a key: the 34k keys pgbench's load had touched took 0.3 s of a 1.5 s backfill,
+    bench/RESULTS.md, 2026-11-28.) ``ident`` is what identifies a key image, whatever framed it."""
 
-    def __init__(self, cfg: CaptureConfig, table: Table, what: str) -> None:
-        self.cfg, self.table, self.what = cfg, table, what
+    def __init__(self, cfg: CaptureConfig, table: Table, what: str, ident: Callable[[bytes], bytes]) -> None:
+        self.cfg, self.table, self.what, self.ident = cfg, table, what, ident
         self.keys: list[bytes] | None = None
         self.error: BaseException | None = None
         self.done = 0  # keys checked
         self.handed = 0  # keys handed to a read (checked once its high watermark comes through)
+        self.framed: tuple[bytes, set[bytes]] | None = None  # the keys framed as the chunks frame theirs
+        self.read: set[bytes] = set()  # those of the keys a chunk read (as ``ident`` gives them)
         self.stop = threading.Event()  # the session ends, or the backfill: stop reading
         self.thread = threading.Thread(target=self._read, name=f"backfill-keys-{table[1]}", daemon=True)
+
+    def start(self) -> Candidates:
         self.thread.start()
+        return self
 
     def _read(self) -> None:
         registry = Registry(self.cfg.registry_url) if self.cfg.format == "avro" else None
@@ -146,9 +156,30 @@ class Candidates:
         ``done`` sent that batch's DELETEs twice.)"""
         if self.keys is None:
             return None
+        if self.read:  # the first batch: the keys chunks read are left out
+            held = len(self.keys)
+            self.keys = [k for k in self.keys if self.ident(k) not in self.read]
+            self.read, self.framed = set(), None
+            log.info("%s: %d of the %d keys the raw topic holds for %s.%s were read by its chunks; looking for the"
+                     " other %d in the table", self.what, held - len(self.keys), held, *self.table,
+                     len(self.keys))  # fmt: skip
         keys = self.keys[self.handed : self.handed + retract.BATCH]
         self.handed += len(keys)
         return len(keys), [k for k in keys if not gone(k)]
+
+    def read_in(self, rows: list[Row]) -> None:
+        """A chunk's rows as read (before the stream's changes dropped any): their keys need no check. Rows read
+        before the keys are (or once they are being handed out) change nothing: their keys are checked."""
+        if self.keys is None or self.handed:
+            return
+        first = next((key for key, _ in rows if key is not None), None)
+        if first is None:
+            return
+        frame = first[: len(first) - len(self.ident(first))]
+        if self.framed is None or self.framed[0] != frame:
+            self.framed = (frame, {frame + self.ident(k) for k in self.keys})
+        found = self.framed[1].intersection(map(itemgetter(0), rows))
+        self.read.update(key[len(frame) :] for key in found)
 
     def rewind(self) -> None:
         """The read of the keys handed out was abandoned: they are handed out again."""
@@ -344,6 +375,8 @@ class Backfiller:
         self.recent.prune(window.low_seq, job.snapshot)
         self.failures.pop(backfill.id, None)
         self._fill(window, job.result)
+        if window.op == "READ" and (candidates := self.candidates.get(backfill.id)) is not None:
+            candidates.read_in(window.rows)
         rows = window.result()
         sent = self.sink.emit_chunk(window.op, flight.plan.reading.encoder.table, rows, commit.commit_lsn, xid,
                                     commit.commit_time, backfill.id)  # fmt: skip
@@ -528,7 +561,8 @@ class Backfiller:
             if found is not None:
                 log.error("backfill #%d: reading the raw topic's keys of %s failed (%s): reading them again",
                           backfill.id, backfill.table, found.error)  # fmt: skip
-            found = self.candidates[backfill.id] = Candidates(self.cfg, backfill.qualified, f"backfill #{backfill.id}")
+            found = self.candidates[backfill.id] = Candidates(self.cfg, backfill.qualified, f"backfill #{backfill.id}",
+                                                              self._plan(backfill).ident).start()  # fmt: skip
         return found
 
     def _stop_reading(self, backfill: int) -> None:

@@ -24,6 +24,8 @@ import pytest
 
 from capture import catalog
 from capture.backfill import Backfill
+from capture.backfiller import Candidates
+from capture.config import CaptureConfig
 from headwater import shop
 from headwater.reconcile import apply_changes, assert_table_matches, compare, compare_endpoint, latest_rows
 from tables.config import StackConfig
@@ -36,7 +38,6 @@ from tests.plugins.streams import Worker
 from tests.streams.test_views import views_reconciled
 from tests.streams.test_workers import wait_for
 
-pytestmark = pytest.mark.slow
 Keys = dict[str, list[str]]  # table -> key columns
 
 
@@ -182,6 +183,7 @@ class HotWriter:
         return self.committed
 
 
+@pytest.mark.slow
 def test_a_writer_changing_the_keys_being_chunked_never_loses_to_a_chunk_row(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:
@@ -219,6 +221,7 @@ def test_a_writer_changing_the_keys_being_chunked_never_loses_to_a_chunk_row(
 
 
 # ---- kill -9 ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     local_stack: StackConfig, pg_database: str, shop_db: Any, capture_factory: Callable[..., Capture],
     worker_factory: Callable[..., Worker], shop_writer: Callable[..., ShopWriter],
@@ -287,6 +290,7 @@ def _chunking(capture: Capture, table: str, rows: int) -> Backfill | None:
 
 # ---- tables that join the captured set --------------------------------------------------------
 @pytest.mark.parametrize(("images", "workers"), [("framed", 2), ("nested", 1)])
+@pytest.mark.slow
 def test_tables_added_to_the_publication_while_capture_runs_are_backfilled(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker], images: str,
     workers: int,
@@ -331,6 +335,7 @@ def test_tables_added_to_the_publication_while_capture_runs_are_backfilled(
     conn.close()
 
 
+@pytest.mark.slow
 def test_a_worker_started_before_capture_serves_its_tables_once_capture_registers_them(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker], unique_name: str,
 ) -> None:  # fmt: skip
@@ -351,6 +356,7 @@ def test_a_worker_started_before_capture_serves_its_tables_once_capture_register
     assert worker.process is not None and worker.process.poll() is None, worker.tail()
 
 
+@pytest.mark.slow
 def test_a_table_newly_matched_by_include_at_start_is_backfilled(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     caplog: pytest.LogCaptureFixture,
@@ -384,6 +390,7 @@ def test_a_table_newly_matched_by_include_at_start_is_backfilled(
     conn.close()
 
 
+@pytest.mark.slow
 def test_a_json_capture_backfills_a_table_added_to_its_publication(
     pg_database: str, capture_factory: Callable[..., Capture]
 ) -> None:
@@ -414,6 +421,7 @@ def test_a_json_capture_backfills_a_table_added_to_its_publication(
     assert got == [tuple(e) for e in expected] and len(got) == 490
 
 
+@pytest.mark.slow
 def test_chunks_over_a_composite_key_of_every_key_type_read_each_row_once(
     pg_database: str, capture_factory: Callable[..., Capture]
 ) -> None:
@@ -437,6 +445,7 @@ def test_chunks_over_a_composite_key_of_every_key_type_read_each_row_once(
 
 
 # ---- refusals ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_table_without_key_is_refused_unless_allow_unkeyed(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:
@@ -469,6 +478,7 @@ def test_a_table_without_key_is_refused_unless_allow_unkeyed(
 
 
 # ---- a role with only REPLICATION, SELECT and the signal table's INSERT -------------------------
+@pytest.mark.slow
 def test_a_backfill_under_a_role_with_only_replication_select_and_the_signal_tables_insert(
     pg_database: str, unique_name: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:
@@ -524,6 +534,7 @@ ITEMS = ("CREATE TABLE items (id int PRIMARY KEY, grp int NOT NULL, note text)",
          "INSERT INTO items SELECT g, g % 10, 'n' || g FROM generate_series(1, 3000) g")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_where_resnapshot_reads_only_the_rows_it_matches(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:
@@ -556,6 +567,7 @@ def test_a_where_resnapshot_reads_only_the_rows_it_matches(
     conn.close()
 
 
+@pytest.mark.slow
 def test_a_resnapshot_retracts_keys_the_table_no_longer_has(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:
@@ -586,3 +598,37 @@ def test_a_resnapshot_retracts_keys_the_table_no_longer_has(
     worker = worker_factory(capture.cfg.topic_prefix).start()
     topics_reconcile(conn, capture, worker, {"items": ["id"]})
     conn.close()
+
+
+def candidates(keys: list[bytes] | None) -> Candidates:
+    """Candidates of ``public.t`` with their keys as if read from the raw topic (no thread started)."""
+    found = Candidates(CaptureConfig(), ("public", "t"), "backfill #1", body)
+    found.keys = keys
+    return found
+
+
+def framed(schema_id: int, *bodies: bytes) -> list[bytes]:
+    return [b"\0" + schema_id.to_bytes(4, "big") + b for b in bodies]
+
+
+@pytest.mark.unit
+def test_keys_a_chunk_read_are_not_looked_for_by_the_retraction() -> None:
+    """A key some chunk read was in the table after the backfill began: the stream carries any later delete of
+    it. Only the others are handed out, in their order; a key framed by an older schema id is the same key."""
+    found = candidates(framed(1, b"a", b"b", b"c") + framed(2, b"d", b"e"))
+    found.read_in([(k, b"row") for k in framed(3, b"b", b"x")] + [(None, b"unkeyed")])
+    found.read_in([(k, b"row") for k in framed(3, b"e")])
+    assert found.batch(lambda key: False) == (3, framed(1, b"a", b"c") + framed(2, b"d"))
+    assert found.batch(lambda key: False) == (0, [])
+
+
+@pytest.mark.unit
+def test_rows_read_before_the_keys_are_known_or_once_they_are_handed_out_change_nothing() -> None:
+    found = candidates(None)
+    found.read_in([(k, b"row") for k in framed(1, b"a")])
+    assert found.batch(lambda key: False) is None
+    found.keys = framed(1, b"a", b"b")
+    assert found.batch(lambda key: key == framed(1, b"b")[0]) == (2, framed(1, b"a"))
+    found.read_in([(k, b"row") for k in framed(1, b"a", b"b")])
+    found.rewind()
+    assert found.batch(lambda key: False) == (2, framed(1, b"a", b"b"))
