@@ -17,7 +17,7 @@ so order holds without waiting for Kafka). A chunk that cannot be sent (its back
 cancelled, a row without key it may hold too old) drops the chunks read after it: they are
 read again from the backfill's cursor. Once the table is read, the
 keys the raw topic held for it before the backfill (read in a thread, ``capture.retract``)
-that the table no longer holds get DELETEs, checked between watermarks too. A chunk's
+that no chunk read and the table no longer holds get DELETEs, checked between watermarks too. A chunk's
 progress is saved in capture's state once Kafka acknowledged it, so after a crash the
 backfill goes on after the last acknowledged chunk (a chunk written twice is harmless:
 its rows are read again, after newer watermarks). Pause, resume and cancel take effect at
