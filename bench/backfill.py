@@ -12,8 +12,9 @@ snapshot TABLE`` backfills the table while the load goes on. Printed, from one r
 - capture's CPU seconds (every thread, and by thread) while it ran, and how busy every core was;
 - the lag of the load's changes before the backfill, during it and after both backfills — every 50 ms, how far the
   raw topic's newest change lies behind its commit (the load commits every few ms, and the
-  topic is in commit order): the stream goes on while the table is chunked. Sampling reads
-  one batch a time, not the million messages a full consumer would read on the same cores;
+  topic is in commit order): the stream goes on while the table is chunked. Sampling asks for the
+  topic's end only; the change at each end is read after the run, one at a time, not the million
+  messages a full consumer would read on the same cores;
 - then a small table of the same set backfilled, with the time its retraction's read of the whole
   raw topic (by then the big table's million rows and the load's changes) took. After it the lag
   is the stream's own producer's again (on the local broker it lingers 50 ms; a backfill's chunks 5 ms).
@@ -108,7 +109,7 @@ class Lags:
     each sample."""
 
     seen: list[tuple[float, float]] = field(default_factory=list)
-    cpu: float = 0.0  # the sampling thread's CPU seconds
+    cpu: float = 0.0  # the sampling thread's CPU seconds while the load ran (the reads after it left out)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def between(self, start: float, end: float) -> list[float]:
@@ -120,27 +121,39 @@ def follow(cfg: stack.StackConfig, lags: Lags, stop: threading.Event) -> None:
     """Every ``SAMPLE_EVERY`` seconds, the newest change of the raw topic: now minus its commit time. The load
     commits every few ms, and the topic is in commit order (a chunk at its high watermark's commit), so this
     is the lag of the changes committed last. (The local broker's reported end is the last batch's first
-    offset + 1: that batch's first change, at most one linger older than its last.)"""
+    offset + 1: that batch's first change, at most one linger older than its last.) While the load runs only
+    the topic's end is asked for; the change there is read once ``stop`` is set: reading it at once fetched the
+    batch it is in, during a backfill up to 4 MiB of lz4 every 50 ms, which cost the machine ~5% of its CPU in the
+    very interval measured (bench/RESULTS.md, 2026-11-28)."""
     tp = TopicPartition(f"{PREFIX}.changes", 0)
     consumer = Consumer({"bootstrap.servers": cfg.bootstrap, "group.id": "bench-backfill-lag",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 5})  # fmt: skip
-    decoder = Registry(cfg.registry_url)
+    ends: list[tuple[float, int]] = []
     started = time.thread_time()
     try:
         while not stop.wait(SAMPLE_EVERY):
-            end = consumer.get_watermark_offsets(tp, timeout=5, cached=False)[1]
-            consumer.assign([TopicPartition(tp.topic, 0, max(end - 1, 0))])
-            found = [m for m in consumer.consume(1, timeout=2) if m.error() is None and m.value()]
-            consumer.unassign()  # else librdkafka goes on fetching at the end every fetch.wait.max.ms: CPU and broker
-            if found:
-                now = time.time()
-                change = decoder.decode(found[0].value())
-                with lags.lock:
-                    lags.seen.append((now, (now - change["commit_time"].timestamp()) * 1000))
-    finally:
+            ends.append((time.time(), consumer.get_watermark_offsets(tp, timeout=5, cached=False)[1]))
         lags.cpu = time.thread_time() - started
+        commits = commit_times(consumer, tp, {end - 1 for _, end in ends if end > 0}, Registry(cfg.registry_url))
+        with lags.lock:
+            lags.seen.extend((at, (at - commits[end - 1]) * 1000) for at, end in ends if end - 1 in commits)
+    finally:
         consumer.close()
+
+
+def commit_times(consumer: Consumer, tp: TopicPartition, offsets: set[int], decoder: Registry) -> dict[int, float]:
+    """The commit time (epoch seconds) of the change at each of ``offsets``."""
+    found: dict[int, float] = {}
+    try:
+        for offset in sorted(offsets):
+            consumer.assign([TopicPartition(tp.topic, tp.partition, offset)])
+            message = next((m for m in consumer.consume(1, timeout=5) if m.error() is None and m.value()), None)
+            if message is not None:
+                found[offset] = decoder.decode(message.value())["commit_time"].timestamp()
+    finally:
+        consumer.unassign()
         decoder.close()
+    return found
 
 
 def copy_seconds(dsn: str, table: str, times: int = 3) -> float:
@@ -321,7 +334,7 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
             load.terminate()
             load.wait()
         stop.set()
-        follower.join(timeout=30)
+        follower.join(timeout=300)  # it reads the change at every end it saw
         if sampler.is_alive():
             sampler.join(timeout=30)
         cap.terminate()
