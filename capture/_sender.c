@@ -24,6 +24,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "_sender.h"
 
@@ -49,6 +50,7 @@ typedef struct {
 #define RD_KAFKA_RESP_ERR__QUEUE_FULL (-184)
 #define POLL_EVERY 1024 /* sends between two serves of librdkafka's events (failed deliveries, errors) */
 #define SEND_BATCH 1024 /* messages handed to librdkafka at once by sender_send_all (then its events served) */
+#define SIZE_MARGIN 512 /* bytes librdkafka may add to a message's key and value before it checks message.max.bytes */
 
 typedef void (*dr_cb)(rd_kafka_t *, const rd_kafka_message_t *, void *);
 typedef void (*error_cb)(rd_kafka_t *, int, const char *, void *);
@@ -58,6 +60,7 @@ static struct {
     void *lib;
     rd_kafka_conf_t *(*conf_new)(void);
     int (*conf_set)(rd_kafka_conf_t *, const char *, const char *, char *, size_t);
+    int (*conf_get)(const rd_kafka_conf_t *, const char *, char *, size_t *);
     void (*conf_set_dr_msg_cb)(rd_kafka_conf_t *, dr_cb);
     void (*conf_set_error_cb)(rd_kafka_conf_t *, error_cb);
     void (*conf_set_log_cb)(rd_kafka_conf_t *, log_cb);
@@ -93,6 +96,7 @@ static int load(const char *path) {
     } symbols[] = {
         {"rd_kafka_conf_new", (void **)&rd.conf_new},
         {"rd_kafka_conf_set", (void **)&rd.conf_set},
+        {"rd_kafka_conf_get", (void **)&rd.conf_get},
         {"rd_kafka_conf_set_dr_msg_cb", (void **)&rd.conf_set_dr_msg_cb},
         {"rd_kafka_conf_set_error_cb", (void **)&rd.conf_set_error_cb},
         {"rd_kafka_conf_set_log_cb", (void **)&rd.conf_set_log_cb},
@@ -133,7 +137,8 @@ typedef struct {
     char topic[256];
     char failure[512];
     long long sent;
-    long long errors; /* failed deliveries */
+    long long errors;    /* failed deliveries */
+    long long max_bytes; /* message.max.bytes: a message near it goes to librdkafka alone (``produce_from``) */
 } Sender;
 
 static void fail(Sender *self, const char *fmt, ...) {
@@ -232,17 +237,37 @@ int sender_send(PyObject *sender, const char *value, size_t value_len, const cha
     return 0;
 }
 
+/* How many of the messages from ``at`` on (at most SEND_BATCH) go in one batch: up to the first whose size
+ * librdkafka may refuse (0 if it is the first: it goes alone). */
+static int batch_count(Sender *self, const Py_ssize_t *offsets, Py_ssize_t n, size_t key_len, Py_ssize_t at) {
+    int count = 0;
+    while (count < SEND_BATCH && at + count < n &&
+           (long long)(offsets[at + count + 1] - offsets[at + count] + key_len) + SIZE_MARGIN <= self->max_bytes)
+        count++;
+    return count;
+}
+
 /* Messages p[offsets[at]:offsets[at + 1]], at < n, each with the one key, from ``at`` on into librdkafka's queue in
  * batches (``rd_kafka_produce_batch``: one clock reading and one partition lookup a batch, not two clock readings,
  * the partitioner and a lookup a message: 0.74 against 0.88 CPU-s for a million pgbench-sized messages into the
- * local broker, bench/RESULTS.md, 2026-11-28). A full queue fails the batch's message there and every one after it (librdkafka keeps the
- * order so), and the rest is sent after a poll. Returns 0 (all sent) or the first failed message's error: QUEUE_FULL
- * (``*at`` is that message), or another, which the caller raises. */
+ * local broker, bench/RESULTS.md, 2026-11-28). A full queue fails the batch's message there and every one after it
+ * (librdkafka keeps the order so), and the rest is sent after a poll. A message near message.max.bytes goes alone
+ * (``rd_kafka_produce``): refused, it is the first not taken, and nothing after it is (in a batch librdkafka would
+ * take the messages after it). Returns 0 (all sent) or the first refused message's error (``*at`` is that
+ * message): QUEUE_FULL, or another, which the caller raises. */
 static int produce_from(Sender *self, const char *p, const Py_ssize_t *offsets, Py_ssize_t n, const char *key,
                         size_t key_len, Py_ssize_t *at) {
     rd_kafka_message_t batch[SEND_BATCH];
     while (*at < n && !self->failure[0]) {
-        int count = n - *at < SEND_BATCH ? (int)(n - *at) : SEND_BATCH;
+        int count = batch_count(self, offsets, n, key_len, *at);
+        if (count == 0) {
+            if (rd.produce(self->rkt, 0, RD_KAFKA_MSG_F_COPY, (void *)(p + offsets[*at]),
+                           offsets[*at + 1] - offsets[*at], key, key_len, NULL) != 0)
+                return rd.last_error();
+            (*at)++;
+            self->sent++;
+            continue;
+        }
         for (int j = 0; j < count; j++) {
             Py_ssize_t i = *at + j;
             batch[j] = (rd_kafka_message_t){.payload = (void *)(p + offsets[i]), .len = offsets[i + 1] - offsets[i],
@@ -250,7 +275,7 @@ static int produce_from(Sender *self, const char *p, const Py_ssize_t *offsets, 
         }
         int good = rd.produce_batch(self->rkt, 0, RD_KAFKA_MSG_F_COPY, batch, count), taken = 0;
         while (taken < count && !batch[taken].err)
-            taken++; /* before the first failure: every message taken (another error fails one message alone) */
+            taken++; /* before the first failure: every message taken */
         *at += taken;
         self->sent += good;
         rd.poll(self->rk, 0);
@@ -334,6 +359,11 @@ static int Sender_init(Sender *self, PyObject *args, PyObject *kwargs) {
         rd.conf_destroy(conf);
         return -1;
     }
+    char max_bytes[32];
+    size_t size = sizeof(max_bytes);
+    self->max_bytes = rd.conf_get(conf, "message.max.bytes", max_bytes, &size) == RD_KAFKA_CONF_OK
+                          ? strtoll(max_bytes, NULL, 10)
+                          : 1000000; /* librdkafka's default */
     rd.conf_set_dr_msg_cb(conf, on_delivery);
     rd.conf_set_error_cb(conf, on_error);
     rd.conf_set_log_cb(conf, on_log);

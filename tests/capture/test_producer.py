@@ -130,7 +130,7 @@ def test_a_chunk_larger_than_the_local_queue_goes_out_whole_and_in_order(
     """``send_envelopes`` hands librdkafka its messages in batches: a full queue stops a batch part way, and the
     rest follows once there is room, none lost, none twice, none out of order."""
     topic = topic_factory()
-    settings = librdkafka_settings(config(local_stack.bootstrap, "p", **{"queue.buffering.max.messages": "10"}))
+    settings = librdkafka_settings(config(local_stack.bootstrap, "p", **{"queue.buffering.max.messages": "1000"}))
     sender = Sender(librdkafka_library() or "", settings, topic, BrokerError, librdkafka_line)
     head, size, tail = b"head", b"\x02", b"tail"
     rows: list[tuple[bytes | None, bytes | None]] = [(b"key %d" % n, b"value %d" % n) for n in range(3000)]
@@ -141,16 +141,19 @@ def test_a_chunk_larger_than_the_local_queue_goes_out_whole_and_in_order(
     assert [r.value for r in read_topic(local_stack.bootstrap, topic)] == envelopes(head, size, rows, tail)
 
 
-def test_a_message_librdkafka_refuses_in_a_chunk_is_raised(
+def test_a_message_librdkafka_refuses_in_a_chunk_is_raised_with_nothing_after_it_sent(
     local_stack: StackConfig, topic_factory: Callable[..., str]
 ) -> None:
+    """What reaches the topic is the chunk's messages before the refused one, as one by one: no hole."""
     topic = topic_factory()
     settings = librdkafka_settings(config(local_stack.bootstrap, "p", **{"message.max.bytes": "1000"}))
     sender = Sender(librdkafka_library() or "", settings, topic, BrokerError, librdkafka_line)
-    rows: list[tuple[bytes | None, bytes | None]] = [(b"key", b"small")] * 5 + [(b"key", b"x" * 3000)]
+    rows: list[tuple[bytes | None, bytes | None]] = [(b"key %d" % n, b"small") for n in range(5)]
     with pytest.raises(BrokerError, match=f"cannot send to {re.escape(topic)}: .*too large"):
-        send_envelopes(sender, b"k", b"head", b"\x02", rows + [(b"key", b"small")] * 5, b"tail", 0, False)
+        send_envelopes(sender, b"k", b"head", b"\x02", [*rows, (b"key", b"x" * 3000), *rows], b"tail", 0, False)
+    assert sender.flush(30.0) == 0 and sender.sent == 5
     sender.close()
+    assert [r.value for r in read_topic(local_stack.bootstrap, topic)] == envelopes(b"head", b"\x02", rows, b"tail")
 
 
 def test_a_failed_delivery_is_raised_not_taken_for_acknowledged() -> None:
