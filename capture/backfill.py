@@ -198,6 +198,7 @@ class Recent:
         self.limit = limit
         self.seq = 0
         self.xids: dict[int, tuple[int, Touch]] = {}
+        self.full = False  # a commit was forgotten for the limit: one still invisible may go unseen
 
     def commit(self, xid: int, touch: Touch | None) -> None:
         self.seq += 1
@@ -205,6 +206,7 @@ class Recent:
             self.xids[xid] = (self.seq, touch)
             if len(self.xids) > self.limit:
                 del self.xids[next(iter(self.xids))]
+                self.full = True
 
     def prune(self, seq: int, snapshot: Snapshot) -> None:
         """A chunk whose low watermark came at ``seq`` was written: forget the commits streamed before it that its
@@ -219,6 +221,15 @@ def suspects(recent: Recent, low_seq: int, snapshot: Snapshot) -> list[Touch]:
     so the chunk's rows of those keys are older than the topic's: drop them too (a truncate: every row; a row
     without key cannot be matched: read the chunk again)."""
     return [touch for xid, (seq, touch) in recent.xids.items() if seq < low_seq and snapshot.invisible(xid)]
+
+
+def vouches(watched_from: int | None, recent: Recent, snapshot: Snapshot) -> bool:
+    """Whether a chunk read with ``snapshot`` shows that the keys it read were in the table after every change the
+    stream carried before them (so a later delete of one is on the stream, after the chunk): every transaction
+    that began before the table was watched (xid below ``watched_from``, None: deletes or truncates are not
+    published) had ended when it was read, and ``recent`` forgot no commit since (``suspects`` drops the rows of
+    those it holds)."""
+    return watched_from is not None and follows_or_equals(snapshot.xmin, watched_from) and not recent.full
 
 
 class Window:

@@ -17,7 +17,8 @@ so order holds without waiting for Kafka). A chunk that cannot be sent (its back
 cancelled, a row without key it may hold too old) drops the chunks read after it: they are
 read again from the backfill's cursor. Once the table is read, the
 keys the raw topic held for it before the backfill (read in a thread, ``capture.retract``)
-that no chunk read and the table no longer holds get DELETEs, checked between watermarks too. A chunk's
+that the table no longer holds get DELETEs (keys a chunk read and vouches for are not looked up), checked
+between watermarks too. A chunk's
 progress is saved in capture's state once Kafka acknowledged it, so after a crash the
 backfill goes on after the last acknowledged chunk (a chunk written twice is harmless:
 its rows are read again, after newer watermarks). Pause, resume and cancel take effect at
@@ -57,6 +58,7 @@ from capture.backfill import (
     parse_signal,
     qualify,
     suspects,
+    vouches,
 )
 from capture.catalog import TableRef, TypeCache
 from capture.changes import ChangeSink, TxBuffer
@@ -116,8 +118,9 @@ def _raise(exc: BaseException) -> bool:
 
 class Candidates:
     """The keys the raw topic holds alive for one table, read in a thread while the chunks are read: the
-    keys a retraction checks once the table is read. A key a chunk read (``read_in``) is not checked: its row
-    was in the table after the backfill began, so the stream carries any later delete of it. (Asking
+    keys a retraction checks once the table is read. A key a chunk read (``read_in``, for the chunks that
+    ``capture.backfill.vouches`` for) is not checked: its row was in the table after every change the stream
+    carried before it, so the stream carries any later delete of it. (Asking
     PostgreSQL cost ~9 us a key: the 34k keys pgbench's load had touched took 0.3 s of a 1.5 s backfill,
     bench/RESULTS.md, 2026-11-28.) ``ident`` is what identifies a key image, whatever framed it."""
 
@@ -129,6 +132,7 @@ class Candidates:
         self.handed = 0  # keys handed to a read (checked once its high watermark comes through)
         self.framed: tuple[bytes, set[bytes]] | None = None  # the keys framed as the chunks frame theirs
         self.read: set[bytes] = set()  # those of the keys a chunk read (as ``ident`` gives them)
+        self.told = False  # the keys left to look for were counted (and logged)
         self.stop = threading.Event()  # the session ends, or the backfill: stop reading
         self.thread = threading.Thread(target=self._read, name=f"backfill-keys-{table[1]}", daemon=True)
 
@@ -156,8 +160,8 @@ class Candidates:
         ``done`` sent that batch's DELETEs twice.)"""
         if self.keys is None:
             return None
-        if self.read:  # the first batch: the keys chunks read are left out
-            held = len(self.keys)
+        if not self.told:  # the first batch: the keys chunks read are left out
+            held, self.told = len(self.keys), True
             self.keys = [k for k in self.keys if self.ident(k) not in self.read]
             self.read, self.framed = set(), None
             log.info("%s: %d of the %d keys the raw topic holds for %s.%s were read by its chunks; looking for the"
@@ -170,7 +174,7 @@ class Candidates:
     def read_in(self, rows: list[Row]) -> None:
         """A chunk's rows as read (before the stream's changes dropped any): their keys need no check. Rows read
         before the keys are (or once they are being handed out) change nothing: their keys are checked."""
-        if self.keys is None or self.handed:
+        if self.keys is None or self.told:
             return
         first = next((key for key, _ in rows if key is not None), None)
         if first is None:
@@ -208,6 +212,7 @@ class Backfiller:
         self.watching: Table | None = None
         self.recent = Recent()
         self.gone: set[bytes] = set()  # keys of the watched table the stream deleted (their tombstone is written)
+        self.watched_from: int | None = None  # the next xid when the table was watched (``backfill.vouches``)
         self.ident: Callable[[bytes], bytes] = body
         self.pending: deque[tuple[int, Backfill]] = deque()  # (end LSN, progress) to save once Kafka has it
         self.last_end = 0
@@ -375,7 +380,8 @@ class Backfiller:
         self.recent.prune(window.low_seq, job.snapshot)
         self.failures.pop(backfill.id, None)
         self._fill(window, job.result)
-        if window.op == "READ" and (candidates := self.candidates.get(backfill.id)) is not None:
+        candidates = self.candidates.get(backfill.id)
+        if window.op == "READ" and candidates is not None and vouches(self.watched_from, self.recent, job.snapshot):
             candidates.read_in(window.rows)
         rows = window.result()
         sent = self.sink.emit_chunk(window.op, flight.plan.reading.encoder.table, rows, commit.commit_lsn, xid,
@@ -549,6 +555,7 @@ class Backfiller:
         self._candidates(backfill)
         if self.watching != backfill.qualified:
             self.watching, self.recent, self.gone = backfill.qualified, Recent(), set()
+            self.watched_from = catalog.deletes_from(self.conn, self.cfg.publication)
         self.ident, self.old_key = plan.ident, plan.old_key
         self.streamer.watch = self
         if not backfill.since[0]:

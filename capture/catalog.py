@@ -290,3 +290,15 @@ def table_schema(conn: Connection, types: TypeCache, prefix: str, table: TableRe
         ColumnInfo(name, types.get(typ), typmod, nullable, is_key) for name, typ, typmod, nullable, is_key in rows
     ]
     return TableSchema.build(prefix, table.schema, table.name, columns)
+
+
+def deletes_from(conn: Connection, publication: str) -> int | None:
+    """The next transaction id now (the xmax of ``pg_current_snapshot()``, as a 32-bit xid, as pgoutput gives them),
+    if ``publication`` publishes deletes and truncates; else None."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text,"
+                    " coalesce((SELECT pubdelete AND pubtruncate FROM pg_publication WHERE pubname = %s), false)",
+                    (publication,))  # fmt: skip
+        xmax, published = cur.fetchone()  # type: ignore[misc]
+    conn.commit()
+    return int(xmax) & 0xFFFFFFFF if published else None

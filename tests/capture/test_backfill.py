@@ -20,6 +20,7 @@ from capture.backfill import (
     parse_signal,
     qualify,
     suspects,
+    vouches,
 )
 from tables.wire import body
 
@@ -241,3 +242,20 @@ def test_progress_rate_and_eta() -> None:
     b.status = "paused"
     assert b.eta(25.0) is None and "rows/s" not in b.describe(rate=25.0)
     assert Backfill(4, "public.x").describe() == "#4 public.x: queued (request)"
+
+
+def test_a_chunk_vouches_for_its_keys_only_if_no_change_streamed_before_them_can_be_unseen() -> None:
+    """The retraction skips keys a chunk read only when the chunk's read saw every transaction begun before the
+    table was watched, deletes and truncates are published, and the race check forgot no commit."""
+    recent = Recent(limit=2)
+
+    def read(xmin: int) -> Snapshot:
+        return Snapshot(xmin, (xmin + 5) & 0xFFFFFFFF, frozenset())
+
+    assert vouches(100, recent, read(100)) and vouches(100, recent, read(150))
+    assert not vouches(100, recent, read(99))  # a transaction begun before the watch may commit unseen
+    assert not vouches(None, recent, read(150))  # the publication does not carry deletes or truncates
+    assert vouches(0xFFFFFFF0, recent, read(5))  # xids wrap around
+    for xid in (1, 2, 3):
+        recent.commit(xid, Touch())
+    assert recent.full and not vouches(100, recent, read(150))
