@@ -123,7 +123,7 @@ def follow(cfg: stack.StackConfig, lags: Lags, stop: threading.Event) -> None:
     is the lag of the changes committed last. (The local broker's reported end is the last batch's first
     offset + 1: that batch's first change, at most one linger older than its last.) While the load runs only
     the topic's end is asked for; the change there is read once ``stop`` is set: reading it at once fetched the
-    batch it is in, during a backfill up to 4 MiB of lz4 every 50 ms, which cost the machine ~5% of its CPU in the
+    batch it is in, during a backfill up to 4 MiB of lz4 every 50 ms, which cost the machine ~7% of its CPU in the
     very interval measured (bench/RESULTS.md, 2026-11-28)."""
     tp = TopicPartition(f"{PREFIX}.changes", 0)
     consumer = Consumer({"bootstrap.servers": cfg.bootstrap, "group.id": "bench-backfill-lag",
@@ -148,7 +148,7 @@ def commit_times(consumer: Consumer, tp: TopicPartition, offsets: set[int], deco
         for offset in sorted(offsets):
             consumer.assign([TopicPartition(tp.topic, tp.partition, offset)])
             message = next((m for m in consumer.consume(1, timeout=5) if m.error() is None and m.value()), None)
-            if message is not None:
+            if message is not None and message.offset() == offset:
                 found[offset] = decoder.decode(message.value())["commit_time"].timestamp()
     finally:
         consumer.unassign()
@@ -339,6 +339,8 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
             sampler.join(timeout=30)
         cap.terminate()
         cap.wait(timeout=120)
+    if follower.is_alive():
+        raise RuntimeError("the lag sampler did not read the changes it saw within 300 s: no lag to report")
     return measured
 
 
