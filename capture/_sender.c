@@ -266,6 +266,7 @@ static int produce_from(Sender *self, const char *p, const Py_ssize_t *offsets, 
                 return rd.last_error();
             (*at)++;
             self->sent++;
+            rd.poll(self->rk, 0);
             continue;
         }
         for (int j = 0; j < count; j++) {

@@ -226,9 +226,9 @@ def suspects(recent: Recent, low_seq: int, snapshot: Snapshot) -> list[Touch]:
 def vouches(watched_from: int | None, recent: Recent, snapshot: Snapshot) -> bool:
     """Whether a chunk read with ``snapshot`` shows that the keys it read were in the table after every change the
     stream carried before them (so a later delete of one is on the stream, after the chunk): every transaction
-    that began before the table was watched (xid below ``watched_from``, None: deletes or truncates are not
-    published) had ended when it was read, and ``recent`` forgot no commit since (``suspects`` drops the rows of
-    those it holds)."""
+    given an xid before the table was watched (below ``watched_from``, an xid taken then; None: deletes or
+    truncates are not all published) had ended when it was read, and ``recent`` forgot no commit since
+    (``suspects`` drops the rows of those it holds)."""
     return watched_from is not None and follows_or_equals(snapshot.xmin, watched_from) and not recent.full
 
 

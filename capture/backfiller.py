@@ -555,7 +555,7 @@ class Backfiller:
         self._candidates(backfill)
         if self.watching != backfill.qualified:
             self.watching, self.recent, self.gone = backfill.qualified, Recent(), set()
-            self.watched_from = catalog.deletes_from(self.conn, self.cfg.publication)
+            self.watched_from = catalog.deletes_from(self.conn, self.cfg.publication, plan.reading.ks.table)
         self.ident, self.old_key = plan.ident, plan.old_key
         self.streamer.watch = self
         if not backfill.since[0]:

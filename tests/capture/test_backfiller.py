@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg2
+import psycopg2.extensions
 import pytest
 
 from capture import catalog
@@ -632,3 +633,32 @@ def test_rows_read_before_the_keys_are_known_or_once_they_are_handed_out_change_
     found.read_in([(k, b"row") for k in framed(1, b"a", b"b")])
     found.rewind()
     assert found.batch(lambda key: False) == (2, framed(1, b"a", b"b"))
+
+
+@pytest.mark.slow
+def test_the_watch_starts_above_every_xid_assigned_and_only_where_every_delete_is_published(pg_database: str) -> None:
+    """``catalog.deletes_from``: an xid above that of a transaction still open (a commit that may be streamed
+    yet invisible to a chunk), and None where the publication leaves deletes or truncates out or filters rows."""
+    run(pg_database, "CREATE TABLE w (id int PRIMARY KEY)", "CREATE PUBLICATION everything FOR TABLE w",
+        "CREATE PUBLICATION no_deletes FOR TABLE w WITH (publish = 'insert, update, truncate')",
+        "CREATE PUBLICATION filtered FOR TABLE w WHERE (id > 10)")  # fmt: skip
+    conn = catalog.connect(pg_database)
+    conn.autocommit = True
+    ref = catalog.table_ref(conn, "public", "w")
+    assert ref is not None
+    open_tx = psycopg2.connect(pg_database)
+    with open_tx.cursor() as cur:
+        cur.execute("INSERT INTO w VALUES (1)")  # an xid assigned, its transaction not ended
+        cur.execute("SELECT pg_current_xact_id()::text")
+        running = int(cur.fetchone()[0])  # type: ignore[index]
+    watched = catalog.deletes_from(conn, "everything", ref)
+    assert watched is not None and watched > running & 0xFFFFFFFF
+    assert catalog.deletes_from(conn, "no_deletes", ref) is None
+    assert catalog.deletes_from(conn, "filtered", ref) is None
+    assert catalog.deletes_from(conn, "nonexistent", ref) is None
+    with conn.cursor() as cur:  # every call ended its transaction
+        cur.execute("SELECT 1")
+    assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    open_tx.rollback()
+    open_tx.close()
+    conn.close()
