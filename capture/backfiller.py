@@ -121,8 +121,8 @@ class Candidates:
     keys a retraction checks once the table is read. A key a chunk read (``read_in``, for the chunks that
     ``capture.backfill.vouches`` for) is not checked: its row was in the table after every change the stream
     carried before it, so the stream carries any later delete of it. (Asking
-    PostgreSQL cost ~9 us a key: the 34k keys pgbench's load had touched took 0.3 s of a 1.5 s backfill,
-    bench/RESULTS.md, 2026-11-28.) ``ident`` is what identifies a key image, whatever framed it."""
+    PostgreSQL cost ~9 us a key: 34k keys took 0.3 s of a 1.5 s backfill, bench/RESULTS.md, 2026-11-28.)
+    ``ident`` is what identifies a key image, whatever framed it."""
 
     def __init__(self, cfg: CaptureConfig, table: Table, what: str, ident: Callable[[bytes], bytes]) -> None:
         self.cfg, self.table, self.what, self.ident = cfg, table, what, ident
@@ -555,7 +555,7 @@ class Backfiller:
         self._candidates(backfill)
         if self.watching != backfill.qualified:
             self.watching, self.recent, self.gone = backfill.qualified, Recent(), set()
-            self.watched_from = catalog.deletes_from(self.conn, self.cfg.publication, plan.reading.ks.table)
+            self.watched_from = chunker.watch_start(self.conn, self.cfg.publication, plan.reading.ks.table)
         self.ident, self.old_key = plan.ident, plan.old_key
         self.streamer.watch = self
         if not backfill.since[0]:

@@ -8,7 +8,6 @@ else used as is), and the column and type facts ``tables.catalog`` needs.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -292,28 +291,3 @@ def table_schema(conn: Connection, types: TypeCache, prefix: str, table: TableRe
     ]
     return TableSchema.build(prefix, table.schema, table.name, columns)
 
-
-def deletes_from(conn: Connection, publication: str, table: TableRef) -> int | None:
-    """A transaction id above every one assigned so far (a new transaction's, committed without waiting for a
-    synchronous standby; as a 32-bit xid, as pgoutput gives them), if ``publication`` carries every delete and
-    truncate of ``table`` (no row filter); else None, as on a standby, which assigns no xid."""
-    filtered = sql.SQL(" OR EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid"
-                       " WHERE p.pubname = {pub} AND r.prrelid = {oid} AND r.prqual IS NOT NULL)")  # fmt: skip
-    query = sql.SQL("BEGIN; SET LOCAL synchronous_commit TO off; SELECT pg_current_xact_id()::text,"
-                    " coalesce((SELECT pubdelete AND pubtruncate FROM pg_publication WHERE pubname = {pub}), false)"
-                    " AND NOT ({none}{filtered})").format(
-        pub=sql.Literal(publication), none=sql.SQL("false"),
-        filtered=filtered.format(pub=sql.Literal(publication), oid=sql.Literal(table.oid))
-        if conn.server_version >= 150000 else sql.SQL(""))  # fmt: skip
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query)
-            xid, published = cur.fetchone()  # type: ignore[misc]
-            cur.execute("COMMIT")
-    except psycopg2.Error as exc:
-        if connection_lost(exc):
-            raise
-        with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
-            cur.execute("ROLLBACK")
-        return None
-    return int(xid) & 0xFFFFFFFF if published else None

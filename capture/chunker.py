@@ -34,7 +34,7 @@ from psycopg2 import sql
 
 from capture import retract
 from capture._copier import Copier
-from capture.backfill import WATERMARK_PREFIX, Row, SignalError, Snapshot
+from capture.backfill import MASK, WATERMARK_PREFIX, Row, SignalError, Snapshot
 from capture.catalog import Connection, TableRef, TypeCache, connect, connection_lost
 from capture.encoder import RowEncoder
 from capture.snapshot import _Lines, general_path
@@ -193,6 +193,30 @@ def close_read(conn: Connection, token: str) -> None:
     except BaseException:
         _rollback(conn)
         raise
+
+
+def watch_start(conn: Connection, publication: str, table: TableRef) -> int | None:
+    """A transaction id above every one assigned so far (a new transaction's, committed without waiting for a
+    synchronous standby; as a 32-bit xid, as pgoutput gives them: ``backfill.vouches``), if ``publication``
+    carries every delete and truncate of ``table`` (no row filter); else None, as on a standby, which assigns
+    no xid."""
+    filtered: sql.Composable = sql.SQL("false")  # row filters came with PostgreSQL 15
+    if conn.server_version >= 150000:
+        filtered = sql.SQL("EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid"
+                           " WHERE p.pubname = {} AND r.prrelid = {} AND r.prqual IS NOT NULL)").format(
+            sql.Literal(publication), sql.Literal(table.oid))  # fmt: skip
+    query = sql.SQL("BEGIN; SET LOCAL synchronous_commit TO off; SELECT pg_current_xact_id()::text, coalesce((SELECT"
+                    " pubdelete AND pubtruncate FROM pg_publication WHERE pubname = {}), false) AND NOT {}").format(
+        sql.Literal(publication), filtered)  # fmt: skip
+    try:
+        xid, published = _execute(conn, query)[0]
+        _execute(conn, sql.SQL("COMMIT"))
+    except psycopg2.Error as exc:
+        if connection_lost(exc):
+            raise
+        _rollback(conn)
+        return None
+    return int(xid) & MASK if published else None
 
 
 def parse_watermark(content: bytes) -> tuple[str, str] | None:

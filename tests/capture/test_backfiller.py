@@ -23,7 +23,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
-from capture import catalog
+from capture import catalog, chunker
 from capture.backfill import Backfill
 from capture.backfiller import Candidates
 from capture.config import CaptureConfig
@@ -637,7 +637,7 @@ def test_rows_read_before_the_keys_are_known_or_once_they_are_handed_out_change_
 
 @pytest.mark.slow
 def test_the_watch_starts_above_every_xid_assigned_and_only_where_every_delete_is_published(pg_database: str) -> None:
-    """``catalog.deletes_from``: an xid above that of a transaction still open (a commit that may be streamed
+    """``chunker.watch_start``: an xid above that of a transaction still open (a commit that may be streamed
     yet invisible to a chunk), and None where the publication leaves deletes or truncates out or filters rows."""
     run(pg_database, "CREATE TABLE w (id int PRIMARY KEY)", "CREATE PUBLICATION everything FOR TABLE w",
         "CREATE PUBLICATION no_deletes FOR TABLE w WITH (publish = 'insert, update, truncate')",
@@ -651,11 +651,11 @@ def test_the_watch_starts_above_every_xid_assigned_and_only_where_every_delete_i
         cur.execute("INSERT INTO w VALUES (1)")  # an xid assigned, its transaction not ended
         cur.execute("SELECT pg_current_xact_id()::text")
         running = int(cur.fetchone()[0])  # type: ignore[index]
-    watched = catalog.deletes_from(conn, "everything", ref)
+    watched = chunker.watch_start(conn, "everything", ref)
     assert watched is not None and watched > running & 0xFFFFFFFF
-    assert catalog.deletes_from(conn, "no_deletes", ref) is None
-    assert catalog.deletes_from(conn, "filtered", ref) is None
-    assert catalog.deletes_from(conn, "nonexistent", ref) is None
+    assert chunker.watch_start(conn, "no_deletes", ref) is None
+    assert chunker.watch_start(conn, "filtered", ref) is None
+    assert chunker.watch_start(conn, "nonexistent", ref) is None
     with conn.cursor() as cur:  # every call ended its transaction
         cur.execute("SELECT 1")
     assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
