@@ -108,13 +108,11 @@ class Lags:
     """Samples of how far the raw topic's newest change lies behind its commit, in ms, with the wall time of
     each sample."""
 
-    seen: list[tuple[float, float]] = field(default_factory=list)
+    seen: list[tuple[float, float]] = field(default_factory=list)  # filled once the load stopped
     cpu: float = 0.0  # the sampling thread's CPU seconds while the load ran (the reads after it left out)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def between(self, start: float, end: float) -> list[float]:
-        with self.lock:
-            return sorted(lag for at, lag in self.seen if start <= at <= end)
+        return sorted(lag for at, lag in self.seen if start <= at <= end)
 
 
 def follow(cfg: stack.StackConfig, lags: Lags, stop: threading.Event) -> None:
@@ -135,8 +133,7 @@ def follow(cfg: stack.StackConfig, lags: Lags, stop: threading.Event) -> None:
             ends.append((time.time(), consumer.get_watermark_offsets(tp, timeout=5, cached=False)[1]))
         lags.cpu = time.thread_time() - started
         commits = commit_times(consumer, tp, {end - 1 for _, end in ends if end > 0}, Registry(cfg.registry_url))
-        with lags.lock:
-            lags.seen.extend((at, (at - commits[end - 1]) * 1000) for at, end in ends if end - 1 in commits)
+        lags.seen.extend((at, (at - commits[end - 1]) * 1000) for at, end in ends if end - 1 in commits)
     finally:
         consumer.close()
 
