@@ -297,6 +297,7 @@ class Backfill:
     created_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
+    keys_end: int | None = None  # the raw topic's end when it started: its retraction reads the keys below it
     since: tuple[float, int] = field(default=(0.0, 0), compare=False)  # (monotonic time, rows) of this run's start
 
     @property

@@ -11,10 +11,12 @@ leaves a TOASTed column alone can carry its real value; versions older than the
 newest one at or below the confirmed LSN are pruned. Backfills (``capture.backfill``) keep
 here the tables whose rows the raw topic carries (``captured``: a table that joins them is
 backfilled), each backfill with the last chunk Kafka acknowledged (so a restart goes on from
-it), the requests ``headwater snapshot`` leaves for the running capture with their outcome,
-and the commit LSN of the last signal-table row applied (a replay does not apply it twice).
-The backfill methods do not commit: callers group them in ``with state.db:``. The requests
-themselves travel through a ``Mailbox`` of their own (each write commits at once).
+it) and the raw topic's end its retraction reads keys up to, the requests ``headwater snapshot``
+leaves for the running capture with their outcome, and the commit LSN of the last signal-table
+row applied (a replay does not apply it twice). The backfill methods do not commit: callers
+group them in ``with state.db:``. A file an earlier version wrote gains the columns added since
+(``ADDED_COLUMNS``) when it is opened. The requests themselves travel through a ``Mailbox`` of
+their own (each write commits at once).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ CREATE TABLE IF NOT EXISTS backfills (
     status TEXT NOT NULL, phase TEXT NOT NULL, cursor TEXT, upto TEXT, rows_done INTEGER NOT NULL,
     rows_estimate INTEGER NOT NULL, retracted INTEGER NOT NULL, message TEXT NOT NULL, created_at REAL NOT NULL,
     started_at REAL, finished_at REAL, rate REAL NOT NULL DEFAULT 0, updated_at REAL NOT NULL DEFAULT 0,
-    dropped INTEGER NOT NULL DEFAULT 0
+    dropped INTEGER NOT NULL DEFAULT 0, keys_end INTEGER
 );
 CREATE TABLE IF NOT EXISTS signals (slot TEXT PRIMARY KEY, lsn INTEGER NOT NULL, idx INTEGER NOT NULL);
 """
@@ -67,7 +69,12 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 """
 BACKFILL_COLUMNS = ("id, tbl, predicate, origin, status, phase, cursor, upto, rows_done, rows_estimate, retracted,"
-                    " message, dropped, created_at, started_at, finished_at")  # fmt: skip
+                    " message, dropped, created_at, started_at, finished_at, keys_end")  # fmt: skip
+ADDED_COLUMNS = (  # columns later versions added: (table, column, declaration), added to a state file without them
+    ("checkpoint", "settled", "INTEGER NOT NULL DEFAULT 0"),
+    ("backfills", "dropped", "INTEGER NOT NULL DEFAULT 0"),
+    ("backfills", "keys_end", "INTEGER"),
+)
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,7 @@ class State:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
-            columns = {row[1] for row in self.db.execute("PRAGMA table_info(checkpoint)")}
-            if "settled" not in columns:  # a state file written before the column existed
-                self.db.execute("ALTER TABLE checkpoint ADD COLUMN settled INTEGER NOT NULL DEFAULT 0")
+            _add_columns(self.db)
             self.db.commit()
         for path in directory.glob(f"{slot}.sqlite*"):  # the -wal and -shm files hold table data too
             path.chmod(0o600)
@@ -175,10 +180,10 @@ class State:
     def save_backfill(self, b: Backfill, rate: float = 0.0) -> None:
         self.db.execute(
             "UPDATE backfills SET status = ?, phase = ?, cursor = ?, upto = ?, rows_done = ?, rows_estimate = ?,"
-            " retracted = ?, message = ?, dropped = ?, started_at = ?, finished_at = ?, rate = ?, updated_at = ?"
-            " WHERE id = ?",
+            " retracted = ?, message = ?, dropped = ?, started_at = ?, finished_at = ?, rate = ?, updated_at = ?,"
+            " keys_end = ? WHERE id = ?",
             (b.status, b.phase, _json(b.cursor), _json(b.upto), b.rows, b.estimate, b.retracted, b.message,
-             b.dropped, b.started_at, b.finished_at, rate, time.time(), b.id),
+             b.dropped, b.started_at, b.finished_at, rate, time.time(), b.keys_end, b.id),
         )  # fmt: skip
 
     def backfill_rates(self) -> dict[int, float]:
@@ -306,10 +311,17 @@ def _json(value: list[str | None] | None) -> str | None:
 
 def _backfill(row: Any) -> Backfill:
     (bid, table, predicate, origin, status, phase, cursor, upto, rows, estimate, retracted, message, dropped,
-     created, started, finished) = row  # fmt: skip
+     created, started, finished, keys_end) = row  # fmt: skip
     return Backfill(bid, table, predicate, origin, status, phase, json.loads(cursor) if cursor else None,
                     json.loads(upto) if upto else None, rows, estimate, retracted, message, dropped, created, started,
-                    finished)  # fmt: skip
+                    finished, keys_end)  # fmt: skip
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """The ``ADDED_COLUMNS`` a state file written by an earlier version lacks."""
+    for table, column, declaration in ADDED_COLUMNS:
+        if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
 
 @contextlib.contextmanager
