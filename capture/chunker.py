@@ -357,13 +357,15 @@ class Job:
 class Reader:
     """A backfill's reads in a thread of their own, on a connection of their own (autocommit), one job at a
     time, while the stream goes on in capture's thread: the low watermark, the read, the high watermark.
-    ``wake`` is a file descriptor that becomes readable when a job ends (the stream waits on it too)."""
+    ``wake`` is a file descriptor that becomes readable when a job ends, or when ``poke`` is called (the stream
+    waits on it too)."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.wake, self._wake = os.pipe()
         os.set_blocking(self.wake, False)
+        self.pipe = threading.Lock()  # held while ``_wake`` is written to and while it is closed
         self.conn: Connection | None = None
         self.thread = threading.Thread(target=self._run, name="backfill-reader", daemon=True)
 
@@ -371,6 +373,12 @@ class Reader:
         if not self.thread.is_alive() and self.thread.ident is None:
             self.thread.start()
         self.jobs.put(job)
+
+    def poke(self) -> None:
+        """Make ``wake`` readable (from any thread; nothing once closed)."""
+        with self.pipe:
+            if self._wake >= 0:
+                os.write(self._wake, b"x")
 
     def drain(self) -> None:
         """Empty ``wake`` (the caller looks at its job next)."""
@@ -388,8 +396,10 @@ class Reader:
                     conn.cancel()
             self.thread.join(timeout=10)
         if not self.thread.is_alive():  # else it may still write to the pipe: left open
-            os.close(self.wake)
-            os.close(self._wake)
+            with self.pipe:
+                os.close(self.wake)
+                os.close(self._wake)
+                self._wake = -1
 
     def _run(self) -> None:
         types: TypeCache | None = None
@@ -402,7 +412,7 @@ class Reader:
                 job.error, types = exc, None  # the types are read again: a DDL may have raced the read
             finally:
                 job.ended.set()
-                os.write(self._wake, b"x")
+                self.poke()
         if self.conn is not None:
             self.conn.close()
 

@@ -27,6 +27,7 @@ from datetime import date, datetime, time
 from typing import Any
 
 import fastavro
+from confluent_kafka import TopicPartition
 from psycopg2 import sql
 
 from capture._copier import change_head
@@ -34,7 +35,7 @@ from capture.catalog import Connection
 from capture.config import CaptureConfig
 from tables.catalog import TableSchema
 from tables.change import CHANGE_VALUE_SCHEMA, OPS, ChangeReader
-from tables.kafka import bounds, read_on, reader
+from tables.kafka import fetched_ends, read_on, reader
 from tables.logs import KAFKA_GATE, KAFKA_LOGGER
 from tables.registry import Registry
 from tables.wire import body, schema_id
@@ -94,15 +95,17 @@ def _settings(cfg: CaptureConfig) -> dict[str, Any]:
 
 
 def raw_end(cfg: CaptureConfig) -> int:
-    """The raw topic's true end offset (0 when it is empty or does not exist yet)."""
+    """The raw topic's true end offset (0 when it is empty or does not exist yet), asked by one reader."""
     consumer = reader(_settings(cfg))
     try:
         listed = consumer.list_topics(cfg.changes_topic, timeout=10).topics.get(cfg.changes_topic)
-        if listed is None or listed.error is not None or not listed.partitions:
-            return 0
-        return bounds(_settings(cfg), cfg.changes_topic, 0)[1]
-    finally:
+        reported = 0
+        if listed is not None and listed.error is None and listed.partitions:
+            reported = int(consumer.get_watermark_offsets(TopicPartition(cfg.changes_topic, 0), timeout=10)[1])
+    except BaseException:
         consumer.close()
+        raise
+    return fetched_ends(_settings(cfg), {(cfg.changes_topic, 0): reported}, consumer=consumer)[(cfg.changes_topic, 0)]
 
 
 def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None,
@@ -201,10 +204,11 @@ def _json_image(image: Any) -> bytes | None:
 
 
 def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry | None, what: str = "this snapshot",
-                 stop: threading.Event | None = None) -> LiveKeys | None:  # fmt: skip
-    """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``);
-    None when the topic is empty. ``stop`` set: it stops reading (and says nothing)."""
-    end = raw_end(cfg)
+                 stop: threading.Event | None = None, end: int | None = None) -> LiveKeys | None:  # fmt: skip
+    """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``): below
+    ``end`` (the topic's end when it started; its end now when not given); None when there is nothing below it.
+    ``stop`` set: it stops reading (and says nothing)."""
+    end = raw_end(cfg) if end is None else end
     if end == 0:
         return None
     started = clock.monotonic()
