@@ -93,6 +93,13 @@ def chunks_of(changes: list[dict[str, Any]], backfill: int) -> dict[int, list[di
     return chunks
 
 
+def keys_read_below_its_rows(changes: list[dict[str, Any]], backfill: Backfill) -> None:
+    """The raw topic's keys a backfill's retraction read lay below the end it saved as it started: none of its
+    own rows (checking their keys in the table cost ~9 us each, and after a restart, every row written before)."""
+    own = [c["_offset"] for c in changes if c["backfill"] == backfill.id]
+    assert own and backfill.keys_end is not None and 0 < backfill.keys_end <= min(own), (backfill.keys_end, own[:3])
+
+
 def assert_in_commit_order(changes: list[dict[str, Any]]) -> None:
     """Backfill chunks sit in the raw topic at their high watermark's commit, like any transaction: every
     change before a chunk committed before it, every change after it committed after it (what capture sent
@@ -264,6 +271,13 @@ def test_kill_9_mid_backfill_goes_on_from_the_last_chunk(
     total = run(pg_database, "SELECT count(*) FROM order_items")[0][0]
     assert after <= total - at_kill.rows + 20 * 300, f"{after} rows after the restart: it started over"
     assert after > 0, f"no rows of #{at_kill.id} after the restart: killed after its last chunk ({at_kill.describe()})"
+    keys_read_below_its_rows(changes, at_kill)
+    assert capture.log is not None
+    _, *restarted = re.split(rf"backfill #{at_kill.id} public.order_items: running[^\n]*: going on",
+                             capture.log.read_text(), maxsplit=1)  # fmt: skip
+    assert restarted, "the restarted capture did not say it went on with the backfill"
+    reads = re.findall(rf"the raw topic holds (\d+) changes from before backfill #{at_kill.id} ", restarted[0])
+    assert reads == [str(at_kill.keys_end)], f"after the restart, its keys were read up to {reads}, not where it began"
     assert committed > 100
     done = {b.table: b for b in capture.backfills()}
     assert done["public.order_items"].status == done["public.orders"].status == "done"
@@ -596,6 +610,7 @@ def test_a_resnapshot_retracts_keys_the_table_no_longer_has(
     retracted = [c for c in changes if c["backfill"] == found[0].id and c["op"] == "DELETE"]
     assert sorted(decode(c["key"])["id"] for c in retracted) == deleted
     chunks_of(changes, found[0].id)
+    keys_read_below_its_rows(changes, found[0])
     worker = worker_factory(capture.cfg.topic_prefix).start()
     topics_reconcile(conn, capture, worker, {"items": ["id"]})
     conn.close()
