@@ -27,12 +27,13 @@ from datetime import date, datetime, time
 from typing import Any
 
 import fastavro
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 from psycopg2 import sql
 
 from capture._copier import change_head
 from capture.catalog import Connection
 from capture.config import CaptureConfig
+from capture.errors import BrokerError
 from tables.catalog import TableSchema
 from tables.change import CHANGE_VALUE_SCHEMA, OPS, ChangeReader
 from tables.kafka import fetched_ends, read_on, reader
@@ -46,6 +47,7 @@ Table = tuple[str, str]  # (schema, name)
 KeyDecoder = Callable[[bytes], list[Any]]  # key image -> the key columns' values, in key order
 Earlier = tuple[str, Table, bytes | None, bytes | None]  # (op, table, key, before) of a raw change
 BATCH = 5000
+UNKNOWN_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
 class LiveKeys:
@@ -68,6 +70,13 @@ class LiveKeys:
             keys[key] = None
         if op == "UPDATE" and before is not None and before[:5] == key[:5] and before != key:  # type: ignore[index]
             keys.pop(before, None)  # the key changed (an old key image, same key schema)
+
+    def remove(self, op: str, table: Table, key: bytes | None, before: bytes | None) -> None:
+        """Only what a change takes away: a deleted key, every key (a truncate), an update's old key."""
+        if op in ("DELETE", "TRUNCATE"):
+            self.apply(op, table, key, before)
+        elif op == "UPDATE" and key is not None and before is not None and before[:5] == key[:5] and before != key:
+            self.keys.get(table, {}).pop(before, None)
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys.values())
@@ -95,12 +104,16 @@ def _settings(cfg: CaptureConfig) -> dict[str, Any]:
 
 
 def raw_end(cfg: CaptureConfig) -> int:
-    """The raw topic's true end offset (0 when it is empty or does not exist yet), asked by one reader."""
+    """The raw topic's true end offset (0 when it is empty or does not exist yet), asked by one reader;
+    ``BrokerError`` when the broker cannot say (a backfill saves the end: a wrong 0 would check no key)."""
     consumer = reader(_settings(cfg))
     try:
         listed = consumer.list_topics(cfg.changes_topic, timeout=10).topics.get(cfg.changes_topic)
+        missing = listed is None or (listed.error is not None and listed.error.code() == UNKNOWN_TOPIC)
+        if not missing and (listed.error is not None or not listed.partitions):
+            raise BrokerError(f"the raw topic {cfg.changes_topic}'s end is unknown: {listed.error or 'no partition'}")
         reported = 0
-        if listed is not None and listed.error is None and listed.partitions:
+        if not missing:
             reported = int(consumer.get_watermark_offsets(TopicPartition(cfg.changes_topic, 0), timeout=10)[1])
     except BaseException:
         consumer.close()
@@ -109,20 +122,21 @@ def raw_end(cfg: CaptureConfig) -> int:
 
 
 def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None,
-                    tables: Collection[Table]) -> Iterator[Earlier]:  # fmt: skip
-    """(op, table, key, before) of the raw changes below offset ``end`` that may touch ``tables``, in order;
-    Avro records are read with their writer's schema from ``registry``, so records of every version of the
+                    tables: Collection[Table]) -> Iterator[tuple[int, Earlier]]:  # fmt: skip
+    """(offset, (op, table, key, before)) of the raw changes below offset ``end`` that may touch ``tables``, in
+    order; Avro records are read with their writer's schema from ``registry``, so records of every version of the
     change schema, with framed or nested images, are read (images framed: ``tables.change.ChangeReader``).
     A change whose Kafka key names another table is skipped unread (``KeyFilter``)."""
     json_format = cfg.format == "json" or registry is None
     decode = _json_change if json_format else HeadReader(registry)  # type: ignore[arg-type]
     wanted = KeyFilter(tables, json.loads if json_format else registry.decode)  # type: ignore[union-attr]
     for msg in read_on(_settings(cfg), {(cfg.changes_topic, 0): 0}, timeout=600):
-        if (msg.offset() or 0) >= end:
+        offset = msg.offset() or 0
+        if offset >= end:
             break
         value = msg.value()
         if value and wanted(msg.key()):
-            yield decode(value)
+            yield offset, decode(value)
 
 
 class KeyFilter:
@@ -204,21 +218,25 @@ def _json_image(image: Any) -> bytes | None:
 
 
 def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry | None, what: str = "this snapshot",
-                 stop: threading.Event | None = None, end: int | None = None) -> LiveKeys | None:  # fmt: skip
+                 stop: threading.Event | None = None, end: int | None = None,
+                 removed_to: int | None = None) -> LiveKeys | None:  # fmt: skip
     """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``): below
-    ``end`` (the topic's end when it started; its end now when not given); None when there is nothing below it.
-    ``stop`` set: it stops reading (and says nothing)."""
+    ``end`` (the topic's end when it started; its end now when not given), less those its changes from ``end``
+    up to ``removed_to`` took away (a backfill restarted: the DELETEs it wrote before); None when there is
+    nothing below ``end``. ``stop`` set: it stops reading (and says nothing)."""
     end = raw_end(cfg) if end is None else end
+    removed_to = end if removed_to is None else max(removed_to, end)
     if end == 0:
         return None
     started = clock.monotonic()
     live = LiveKeys(tables)
-    for op, table, key, before in earlier_changes(cfg, end, registry, live.keys):
+    for at, (op, table, key, before) in earlier_changes(cfg, removed_to, registry, live.keys):
         if stop is not None and stop.is_set():
             return None
-        live.apply(op, table, key, before)
-    log.info("the raw topic holds %d changes from before %s (%d keys of its tables, read in %.1f s): keys %s does"
-             " not find get a DELETE", end, what, len(live), clock.monotonic() - started, what)  # fmt: skip
+        (live.apply if at < end else live.remove)(op, table, key, before)
+    log.info("the raw topic holds %d changes from before %s (%d keys of its tables, read in %.1f s%s): keys %s does"
+             " not find get a DELETE", end, what, len(live), clock.monotonic() - started,
+             f"; deletes up to offset {removed_to} taken away" if removed_to > end else "", what)  # fmt: skip
     return live
 
 

@@ -47,6 +47,25 @@ def test_live_keys_apply_the_raw_topic_in_order() -> None:
     assert ("public", "untracked") not in live.keys and len(live) == 3
 
 
+@pytest.mark.unit
+def test_live_keys_past_a_backfills_end_lose_keys_and_gain_none() -> None:
+    """A restarted backfill reads the changes past the end it began at for what they take away (the DELETEs it
+    wrote before): a delete, an update's old key, a truncate; what they add (its own READ rows) is not a key
+    the raw topic held before it."""
+    live = retract.LiveKeys([T, OTHER])
+    for k in (1, 2, 3, 4):
+        live.apply("READ", T, key(k), None)
+    live.apply("READ", OTHER, key(5), None)
+    for op, table, k, before in [
+        ("READ", T, key(7), None), ("INSERT", T, key(8), None), ("DELETE", T, key(1), None),
+        ("UPDATE", T, key(9), key(2)), ("UPDATE", T, key(3), b"\x00\x00\x00\x00\x07full-old-row"),
+        ("TRUNCATE", OTHER, None, None), ("DELETE", ("public", "untracked"), key(4), None),
+    ]:  # fmt: skip
+        live.remove(op, table, k, before)
+    assert list(live.keys[T]) == [key(3), key(4)]
+    assert list(live.keys[OTHER]) == []
+
+
 def avro_key_decoder(calls: list[bytes]) -> Callable[[bytes], Any]:
     parsed = fastavro.parse_schema(CHANGE_KEY_SCHEMA)
 
