@@ -297,7 +297,8 @@ class Backfill:
     created_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
-    keys_end: int | None = None  # the raw topic's end when it started: its retraction reads the keys below it
+    keys_end: int | None = None  # the raw topic's end as its chunks began: its retraction reads keys below it
+    # (None: not known yet, no chunk to read, or saved by an earlier version: the keys are read to the end then)
     since: tuple[float, int] = field(default=(0.0, 0), compare=False)  # (monotonic time, rows) of this run's start
 
     @property

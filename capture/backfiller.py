@@ -150,18 +150,33 @@ class Candidates:
     def _read(self) -> None:
         registry = Registry(self.cfg.registry_url) if self.cfg.format == "avro" else None
         try:
-            if self.end is None:
-                self.end = retract.raw_end(self.cfg)
-                if not self.stop.is_set():
-                    self.woken()
+            removed_to = self._pin()
+            if self.stop.is_set():
+                return
+            self.woken()
             live = retract.earlier_keys(self.cfg, [self.table], registry, self.what, stop=self.stop,
-                                        end=self.end)  # fmt: skip
+                                        end=self.end, removed_to=removed_to)  # fmt: skip
             self.keys = list(live.keys[self.table]) if live is not None else []
+            self.woken()
         except Exception as exc:  # reported by batch(), which reads again
             self.error = exc
         finally:
             if registry is not None:
                 registry.close()
+
+    def _pin(self) -> int | None:
+        """The end to read keys below (``end``); given (a restart), the topic's end now, up to which the keys' deletes
+        are read too: the retraction's DELETEs written before the restart lie past ``end``."""
+        now = retract.raw_end(self.cfg)
+        if self.end is None:
+            self.end = now
+            return None
+        if now < self.end:
+            log.warning("%s: the raw topic %s ends at %d, below the %d it had when the backfill started (it lost"
+                        " messages): reading the keys it holds now", self.what, self.cfg.changes_topic, now,
+                        self.end)  # fmt: skip
+            self.end = now
+        return now
 
     def batch(self, gone: Callable[[bytes], bool]) -> tuple[int, list[bytes]] | None:
         """The next keys to check, handed out once: (how many, those of them the stream did not delete
@@ -517,12 +532,13 @@ class Backfiller:
             return running[0]
         queued = next((b for b in self.backfills.values() if b.status == "queued"), None)
         if queued is not None:
-            self._start(queued)
-        return queued
+            self._guarded(queued, lambda: self._start(queued))  # a table dropped since it was asked: it fails
+        return queued if queued is not None and queued.status == "running" else None
 
-    def _start(self, backfill: Backfill) -> None:
+    def _start(self, backfill: Backfill) -> bool:
         plan = self._plan(backfill)
-        self._candidates(backfill)  # the raw topic's end is found while the table's bounds are read
+        self.sink.producer.flush()  # every change streamed so far lies below the raw topic's end found now
+        self._candidates(backfill)  # found while the table's bounds are read
         ks = plan.reading.ks
         backfill.estimate = chunker.validate(self.conn, ks.table, backfill.predicate)
         backfill.upto = chunker.last_bound(self.conn, ks, backfill.predicate)
@@ -533,14 +549,15 @@ class Backfiller:
         key = ", ".join(ks.key) or "heap pages (no key)"
         log.info("backfill #%d of %s started (%s): ~%d rows, in chunks of %d by %s", backfill.id, backfill.table,
                  backfill.origin, backfill.estimate, self.cfg.backfill_chunk_rows, key)  # fmt: skip
+        return True
 
     def _advance(self, backfill: Backfill) -> bool:
         """Hand the reader the next chunk (or retraction batch) of ``backfill``; False if there is none to read
-        now (every chunk read and in flight, or the raw topic's keys still being read)."""
+        now (the raw topic's end not known yet, every chunk read and in flight, or its keys still being read)."""
+        if backfill.phase == "chunks" and not self._pinned(backfill):
+            return False
         plan = self._ready(backfill)
         if backfill.phase == "chunks":
-            if not self._pinned(backfill):
-                return False
             if self.ahead is None or self.ahead[0] != backfill.id:
                 self.ahead = (backfill.id, backfill.cursor, False)
             if self.ahead[2]:

@@ -365,6 +365,7 @@ class Reader:
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self.wake, self._wake = os.pipe()
         os.set_blocking(self.wake, False)
+        os.set_blocking(self._wake, False)  # a full pipe is readable already: a poke then adds nothing
         self.pipe = threading.Lock()  # held while ``_wake`` is written to and while it is closed
         self.conn: Connection | None = None
         self.thread = threading.Thread(target=self._run, name="backfill-reader", daemon=True)
@@ -378,7 +379,8 @@ class Reader:
         """Make ``wake`` readable (from any thread; nothing once closed)."""
         with self.pipe:
             if self._wake >= 0:
-                os.write(self._wake, b"x")
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake, b"x")
 
     def drain(self) -> None:
         """Empty ``wake`` (the caller looks at its job next)."""

@@ -321,7 +321,11 @@ def _add_columns(db: sqlite3.Connection) -> None:
     """The ``ADDED_COLUMNS`` a state file written by an earlier version lacks."""
     for table, column, declaration in ADDED_COLUMNS:
         if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            except sqlite3.OperationalError as exc:  # another process (``headwater status``) added it meanwhile
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
-from capture import catalog, chunker
+from capture import catalog, chunker, retract
 from capture.backfill import Backfill
 from capture.backfiller import Candidates
 from capture.config import CaptureConfig
@@ -611,6 +611,12 @@ def test_a_resnapshot_retracts_keys_the_table_no_longer_has(
     assert sorted(decode(c["key"])["id"] for c in retracted) == deleted
     chunks_of(changes, found[0].id)
     keys_read_below_its_rows(changes, found[0])
+    # what a restart of this backfill would read: the keys below its end, less the DELETEs it wrote past it
+    items, end = ("public", "items"), found[0].keys_end
+    ids = lambda live: sorted(decode(k)["id"] for k in live.keys[items])  # noqa: E731
+    assert ids(retract.earlier_keys(capture.cfg, [items], decode, end=end)) == list(range(1, 3001))
+    restarted = retract.earlier_keys(capture.cfg, [items], decode, end=end, removed_to=retract.raw_end(capture.cfg))
+    assert ids(restarted) == [i for i in range(1, 3001) if i % 7], "a restart would retract its keys twice"
     worker = worker_factory(capture.cfg.topic_prefix).start()
     topics_reconcile(conn, capture, worker, {"items": ["id"]})
     conn.close()
