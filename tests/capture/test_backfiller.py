@@ -461,6 +461,23 @@ def test_chunks_over_a_composite_key_of_every_key_type_read_each_row_once(
 
 # ---- refusals ---------------------------------------------------------------------------------
 @pytest.mark.slow
+def test_a_queued_backfill_whose_table_was_dropped_fails_alone(
+    pg_database: str, capture_factory: Callable[..., Capture]
+) -> None:
+    """``headwater snapshot items gone``; ``gone`` is dropped while ``items`` is chunked: its backfill fails
+    saying so when its turn comes, and capture goes on (it once raised into the stream loop)."""
+    run(pg_database, *ITEMS, "CREATE TABLE gone (id int PRIMARY KEY)", "INSERT INTO gone VALUES (1), (2)")
+    capture = capture_factory(pg_database, backfill_chunk_rows=10).start()
+    capture.wait_caught_up(pg_database)
+    capture.snapshot("items", "gone")
+    run(pg_database, "DROP TABLE gone")
+    found = {b.table: b for b in capture.wait_backfilled(pg_database, count=2)}
+    capture.stop()
+    assert found["public.items"].status == "done" and found["public.items"].rows == 3000, found["public.items"]
+    assert found["public.gone"].status == "failed" and "no longer exists" in found["public.gone"].message
+
+
+@pytest.mark.slow
 def test_a_table_without_key_is_refused_unless_allow_unkeyed(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:
