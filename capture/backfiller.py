@@ -78,6 +78,7 @@ POLL_EVERY = 5.0  # seconds between looks at the publication for tables added to
 AHEAD = 3  # chunks in flight at once (read, or being read): what a backfill holds in memory
 JOB_END_WAIT = 5.0  # seconds to wait for the reader's job to end once its high watermark came through
 LOG_EVERY = 5.0  # seconds between progress lines
+RETRY_AFTER = 5.0  # seconds between reads of the raw topic's keys after one failed
 
 
 class Streaming(Protocol):
@@ -135,6 +136,7 @@ class Candidates:
         self.end, self.woken = end, woken
         self.keys: list[bytes] | None = None
         self.error: BaseException | None = None
+        self.failed_at = 0.0  # when the read failed (monotonic): read again RETRY_AFTER later
         self.done = 0  # keys checked
         self.handed = 0  # keys handed to a read (checked once its high watermark comes through)
         self.framed: tuple[bytes, set[bytes]] | None = None  # the keys framed as the chunks frame theirs
@@ -156,10 +158,13 @@ class Candidates:
             self.woken()
             live = retract.earlier_keys(self.cfg, [self.table], registry, self.what, stop=self.stop,
                                         end=self.end, removed_to=removed_to)  # fmt: skip
+            if self.stop.is_set():
+                return  # keys left None: a stopped read never hands out an empty set
             self.keys = list(live.keys[self.table]) if live is not None else []
             self.woken()
         except Exception as exc:  # reported by batch(), which reads again
-            self.error = exc
+            self.failed_at = time.monotonic()
+            self.error = exc  # after failed_at: the stream reads them in this order
         finally:
             if registry is not None:
                 registry.close()
@@ -167,7 +172,7 @@ class Candidates:
     def _pin(self) -> int | None:
         """The end to read keys below (``end``); given (a restart), the topic's end now, up to which the keys' deletes
         are read too: the retraction's DELETEs written before the restart lie past ``end``."""
-        now = retract.raw_end(self.cfg)
+        now = retract.raw_end(self.cfg, missing_ok=False)  # capture wrote it: missing is a broker not answering
         if self.end is None:
             self.end = now
             return None
@@ -537,7 +542,7 @@ class Backfiller:
 
     def _start(self, backfill: Backfill) -> bool:
         plan = self._plan(backfill)
-        self.sink.producer.flush()  # every change streamed so far lies below the raw topic's end found now
+        self.sink.producer.settle()  # every change streamed so far lies below the raw topic's end found now
         self._candidates(backfill)  # found while the table's bounds are read
         ks = plan.reading.ks
         backfill.estimate = chunker.validate(self.conn, ks.table, backfill.predicate)
@@ -549,6 +554,7 @@ class Backfiller:
         key = ", ".join(ks.key) or "heap pages (no key)"
         log.info("backfill #%d of %s started (%s): ~%d rows, in chunks of %d by %s", backfill.id, backfill.table,
                  backfill.origin, backfill.estimate, self.cfg.backfill_chunk_rows, key)  # fmt: skip
+        self.failures.pop(backfill.id, None)  # a read refused while it started was tried once more
         return True
 
     def _advance(self, backfill: Backfill) -> bool:
@@ -605,6 +611,8 @@ class Backfiller:
 
     def _candidates(self, backfill: Backfill) -> Candidates:
         found = self.candidates.get(backfill.id)
+        if found is not None and found.error is not None and time.monotonic() - found.failed_at < RETRY_AFTER:
+            return found  # still failed: read again a little later, not at every step
         if found is None or found.error is not None:
             if found is not None:
                 log.error("backfill #%d: reading the raw topic's keys of %s failed (%s): reading them again",

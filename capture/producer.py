@@ -422,6 +422,10 @@ class ChangeProducer:
             self.chunks.open()  # the topic exists (the stream writes it): connected before the first chunk
         return self.chunks
 
+    def settle(self) -> None:
+        """``flush`` for as long as a message may take to be acknowledged (``message.timeout.ms``)."""
+        self.flush(float(producer_settings(self.cfg).get("message.timeout.ms", 300000)) / 1000)
+
     def send_chunk(self, sender: Sender, kafka_key: bytes, head: bytes, size: bytes,
                    rows: list[tuple[bytes | None, bytes | None]], tail: bytes, nested: bool) -> None:  # fmt: skip
         """A backfill chunk's changes (``capture._copier.send_envelopes``) through ``sender`` (C, no Python per
@@ -429,7 +433,7 @@ class ChangeProducer:
         until the first producer's messages are acknowledged; then the stream's messages go through ``sender`` as
         well (``routed``), so later chunks and the messages around them wait for nothing but room in its queue."""
         if not self.routed:
-            self.flush(float(producer_settings(self.cfg).get("message.timeout.ms", 300000)) / 1000)
+            self.settle()
             self.routed = True
         told = self._below(sender, len(rows), time.monotonic())  # one chunk in flight at most, while this one goes in
         for first in range(0, len(rows), CHUNK_SLICE):

@@ -27,7 +27,7 @@ from datetime import date, datetime, time
 from typing import Any
 
 import fastavro
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from psycopg2 import sql
 
 from capture._copier import change_head
@@ -48,6 +48,7 @@ KeyDecoder = Callable[[bytes], list[Any]]  # key image -> the key columns' value
 Earlier = tuple[str, Table, bytes | None, bytes | None]  # (op, table, key, before) of a raw change
 BATCH = 5000
 UNKNOWN_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
+METADATA_WAIT = 5.0  # seconds raw_end asks again while the raw topic's metadata has an error
 
 
 class LiveKeys:
@@ -103,22 +104,33 @@ def _settings(cfg: CaptureConfig) -> dict[str, Any]:
     return {"bootstrap.servers": cfg.bootstrap, **cfg.producer, "logger": logger}
 
 
-def raw_end(cfg: CaptureConfig) -> int:
-    """The raw topic's true end offset (0 when it is empty or does not exist yet), asked by one reader;
-    ``BrokerError`` when the broker cannot say (a backfill saves the end: a wrong 0 would check no key)."""
+def raw_end(cfg: CaptureConfig, *, missing_ok: bool = True) -> int:
+    """The raw topic's true end offset (0 when it is empty, or does not exist yet if ``missing_ok``), asked by one
+    reader; ``BrokerError`` when the broker cannot say (a backfill saves the end: a wrong 0 would check no key)."""
     consumer = reader(_settings(cfg))
     try:
-        listed = consumer.list_topics(cfg.changes_topic, timeout=10).topics.get(cfg.changes_topic)
-        missing = listed is None or (listed.error is not None and listed.error.code() == UNKNOWN_TOPIC)
-        if not missing and (listed.error is not None or not listed.partitions):
-            raise BrokerError(f"the raw topic {cfg.changes_topic}'s end is unknown: {listed.error or 'no partition'}")
-        reported = 0
-        if not missing:
-            reported = int(consumer.get_watermark_offsets(TopicPartition(cfg.changes_topic, 0), timeout=10)[1])
+        reported = _reported_end(consumer, cfg.changes_topic, missing_ok)
     except BaseException:
         consumer.close()
         raise
     return fetched_ends(_settings(cfg), {(cfg.changes_topic, 0): reported}, consumer=consumer)[(cfg.changes_topic, 0)]
+
+
+def _reported_end(consumer: Consumer, topic: str, missing_ok: bool) -> int:
+    """The end the broker reports for the topic's partition 0 (0: no such topic, if ``missing_ok``), asked again
+    for up to ``METADATA_WAIT`` s while the topic's metadata has an error (a leader being elected, a topic just
+    made)."""
+    deadline = clock.monotonic() + METADATA_WAIT
+    while True:
+        listed = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        error = listed.error if listed is not None else None
+        if missing_ok and (listed is None or (error is not None and error.code() == UNKNOWN_TOPIC)):
+            return 0
+        if listed is not None and error is None and listed.partitions:
+            return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+        if clock.monotonic() >= deadline:
+            raise BrokerError(f"the raw topic {topic}'s end is unknown: {error or 'no such topic, or no partition'}")
+        clock.sleep(0.5)
 
 
 def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None,
