@@ -27,7 +27,7 @@ from datetime import date, datetime, time
 from typing import Any
 
 import fastavro
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError
 from psycopg2 import sql
 
 from capture._copier import change_head
@@ -36,7 +36,7 @@ from capture.config import CaptureConfig
 from capture.errors import BrokerError
 from tables.catalog import TableSchema
 from tables.change import CHANGE_VALUE_SCHEMA, OPS, ChangeReader
-from tables.kafka import fetched_ends, read_on, reader
+from tables.kafka import bounds, read_on, reader
 from tables.logs import KAFKA_GATE, KAFKA_LOGGER
 from tables.registry import Registry
 from tables.wire import body, schema_id
@@ -69,18 +69,23 @@ class LiveKeys:
             keys.pop(key, None)
         elif op in ("READ", "INSERT", "UPDATE"):
             keys[key] = None
-        if op == "UPDATE" and before is not None and before[:5] == key[:5] and before != key:  # type: ignore[index]
-            keys.pop(before, None)  # the key changed (an old key image, same key schema)
+        if op == "UPDATE" and _moved(key, before):
+            keys.pop(before, None)  # type: ignore[arg-type]
 
     def remove(self, op: str, table: Table, key: bytes | None, before: bytes | None) -> None:
         """Only what a change takes away: a deleted key, every key (a truncate), an update's old key."""
         if op in ("DELETE", "TRUNCATE"):
             self.apply(op, table, key, before)
-        elif op == "UPDATE" and key is not None and before is not None and before[:5] == key[:5] and before != key:
-            self.keys.get(table, {}).pop(before, None)
+        elif op == "UPDATE" and _moved(key, before):
+            self.keys.get(table, {}).pop(before, None)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys.values())
+
+
+def _moved(key: bytes | None, before: bytes | None) -> bool:
+    """An update changed the key: ``before`` is the old key image (same key schema), not the key itself."""
+    return key is not None and before is not None and before[:5] == key[:5] and before != key
 
 
 class SharedSettings(logging.Filter):
@@ -109,25 +114,25 @@ def raw_end(cfg: CaptureConfig, *, missing_ok: bool = True) -> int:
     reader; ``BrokerError`` when the broker cannot say (a backfill saves the end: a wrong 0 would check no key)."""
     consumer = reader(_settings(cfg))
     try:
-        reported = _reported_end(consumer, cfg.changes_topic, missing_ok)
-    except BaseException:
+        if not _listed(consumer, cfg.changes_topic, missing_ok):
+            return 0
+    finally:
         consumer.close()
-        raise
-    return fetched_ends(_settings(cfg), {(cfg.changes_topic, 0): reported}, consumer=consumer)[(cfg.changes_topic, 0)]
+    return bounds(_settings(cfg), cfg.changes_topic, 0)[1]
 
 
-def _reported_end(consumer: Consumer, topic: str, missing_ok: bool) -> int:
-    """The end the broker reports for the topic's partition 0 (0: no such topic, if ``missing_ok``), asked again
-    for up to ``METADATA_WAIT`` s while the topic's metadata has an error (a leader being elected, a topic just
-    made)."""
+def _listed(consumer: Consumer, topic: str, missing_ok: bool) -> bool:
+    """Whether the broker lists the topic with its partitions (False: no such topic, if ``missing_ok``), asked
+    again for up to ``METADATA_WAIT`` s while the topic's metadata has an error (a leader being elected, a topic
+    just made)."""
     deadline = clock.monotonic() + METADATA_WAIT
     while True:
         listed = consumer.list_topics(topic, timeout=10).topics.get(topic)
         error = listed.error if listed is not None else None
         if missing_ok and (listed is None or (error is not None and error.code() == UNKNOWN_TOPIC)):
-            return 0
+            return False
         if listed is not None and error is None and listed.partitions:
-            return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+            return True
         if clock.monotonic() >= deadline:
             raise BrokerError(f"the raw topic {topic}'s end is unknown: {error or 'no such topic, or no partition'}")
         clock.sleep(0.5)
