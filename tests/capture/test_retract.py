@@ -141,6 +141,28 @@ def test_head_reader_reads_op_table_key_and_before_of_every_change_layout() -> N
 
 
 @pytest.mark.unit
+def test_head_reader_tells_a_change_that_takes_no_key_away_by_its_first_byte() -> None:
+    reader = retract.HeadReader(InMemorySchemas({2: CHANGE_VALUE_SCHEMA, 4: OTHER_LAYOUT}))  # type: ignore[arg-type]
+    writer, tx = ChangeWriter(1, 2), ChangeWriter.transaction(2**40, 7, 1_700_000_000_000_000)
+
+    def change(op: str) -> bytes:
+        return writer.encode(op, "public", "t", "p.t", tx, 0, writer.size(1), None if op == "TRUNCATE" else key(1),
+                             key(2) if op == "UPDATE" else None, key(3), None)  # fmt: skip
+
+    assert reader.may_remove(change("READ"))  # its writer schema not read yet: read it to know
+    reader(change("READ"))
+    assert [reader.may_remove(change(op)) for op in ("READ", "INSERT", "UPDATE", "DELETE", "TRUNCATE")] == [
+        False, False, True, True, True]  # fmt: skip
+    record = {"op": "READ", "schema": "s", "table": "t", "topic": "p.t", "commit_lsn": 1, "xid": 2,
+              "commit_time": datetime(2024, 1, 1, tzinfo=UTC), "position": 0, "tx_size": 1, "key": key(1),
+              "before": None, "after": None, "extra": -5}  # fmt: skip
+    other = framed(4, OTHER_LAYOUT, record)
+    reader(other)
+    assert reader.may_remove(other)  # another layout: always read
+    assert retract.JsonHeads().may_remove(b'{"op":"READ"}')
+
+
+@pytest.mark.unit
 def test_key_filter_reads_json_change_keys() -> None:
     wanted = retract.KeyFilter([T], json.loads)
     writer = JsonChangeWriter()
