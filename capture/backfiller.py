@@ -37,7 +37,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 from typing import Any, Protocol
 
 import psycopg2
@@ -79,6 +78,7 @@ AHEAD = 3  # chunks in flight at once (read, or being read): what a backfill hol
 JOB_END_WAIT = 5.0  # seconds to wait for the reader's job to end once its high watermark came through
 LOG_EVERY = 5.0  # seconds between progress lines
 RETRY_AFTER = 5.0  # seconds between reads of the raw topic's keys after one failed
+EARLY_KEYS = 4_000_000  # keys of chunks read before the raw topic's keys are known, kept (~50 bytes each) to leave out
 
 
 class Streaming(Protocol):
@@ -141,6 +141,10 @@ class Candidates:
         self.handed = 0  # keys handed to a read (checked once its high watermark comes through)
         self.framed: tuple[bytes, set[bytes]] | None = None  # the keys framed as the chunks frame theirs
         self.read: set[bytes] = set()  # those of the keys a chunk read (as ``ident`` gives them)
+        self.early: list[list[bytes]] = []  # the keys of chunks read before the keys were known
+        self.early_count = 0
+        self.left_out = 0  # keys left out before they were handed to the stream (``_publish``)
+        self.lock = threading.Lock()  # ``keys`` and ``early`` between this read's thread and the stream's
         self.told = False  # the keys left to look for were counted (and logged)
         self.stop = threading.Event()  # the session ends, or the backfill: stop reading
         self.thread = threading.Thread(target=self._read, name=f"backfill-keys-{table[1]}", daemon=True)
@@ -160,7 +164,7 @@ class Candidates:
                                         end=self.end, removed_to=removed_to)  # fmt: skip
             if self.stop.is_set():
                 return  # keys left None: a stopped read never hands out an empty set
-            self.keys = list(live.keys[self.table]) if live is not None else []
+            self._publish(list(live.keys[self.table]) if live is not None else [])
             self.woken()
         except Exception as exc:  # reported by batch(), which reads again
             self.failed_at = time.monotonic()
@@ -192,28 +196,62 @@ class Candidates:
         if self.keys is None:
             return None
         if not self.told:  # the first batch: the keys chunks read are left out
-            held, self.told = len(self.keys), True
-            self.keys = [k for k in self.keys if self.ident(k) not in self.read]
+            held, self.told = len(self.keys) + self.left_out, True
+            if self.read:
+                self.keys = [k for k in self.keys if self.ident(k) not in self.read]
             self.read, self.framed = set(), None
-            log.info("%s: %d of the %d keys the raw topic holds for %s.%s were read by its chunks; looking for the"
-                     " other %d in the table", self.what, held - len(self.keys), held, *self.table,
-                     len(self.keys))  # fmt: skip
+            log.info("%s: %d of the %d keys the raw topic holds for %s.%s were read by its chunks (%d of them before"
+                     " the keys were known); looking for the other %d in the table", self.what, held - len(self.keys),
+                     held, *self.table, self.left_out, len(self.keys))  # fmt: skip
         keys = self.keys[self.handed : self.handed + retract.BATCH]
         self.handed += len(keys)
         return len(keys), [k for k in keys if not gone(k)]
 
+    def _publish(self, keys: list[bytes]) -> None:
+        """The keys read, handed to the stream less those of the chunks read meanwhile (``read_in``): they are left
+        out here, in this thread, while the stream goes on (for 1M keys ~1-2 s), until no chunk came in between."""
+        while True:
+            with self.lock:
+                early = self._early()
+                if not early:
+                    self.keys = keys
+                    return
+            for chunk in early:
+                self._mark(chunk, keys)
+            held, keys = len(keys), [k for k in keys if self.ident(k) not in self.read]
+            self.left_out += held - len(keys)
+            self.read, self.framed = set(), None
+
     def read_in(self, rows: list[Row]) -> None:
         """A chunk's rows as read (before the stream's changes dropped any): their keys need no check. Rows read
-        before the keys are (or once they are being handed out) change nothing: their keys are checked."""
-        if self.keys is None or self.told:
+        before the keys are known are kept (their keys, up to ``EARLY_KEYS``) for ``_publish``; rows read once the
+        keys are being handed out change nothing: their keys are checked. (Without the early ones, a re-snapshot
+        of a 1M-row table whose topic held its 1M keys looked every one up: the chunks were done in ~3 s, the
+        keys' read in 6-12 s, and 1M look-ups took 11-12 s more, bench/RESULTS.md, 2026-11-28.)"""
+        if self.told:
             return
-        first = next((key for key, _ in rows if key is not None), None)
-        if first is None:
+        keys = [key for key, _ in rows if key is not None]
+        with self.lock:
+            if self.keys is None:
+                if keys and self.early_count + len(keys) <= EARLY_KEYS:
+                    self.early.append(keys)
+                    self.early_count += len(keys)
+                return
+        self._mark(keys, self.keys)
+
+    def _early(self) -> list[list[bytes]]:
+        early, self.early, self.early_count = self.early, [], 0
+        return early
+
+    def _mark(self, keys: list[bytes], candidates: list[bytes]) -> None:
+        """Those of ``keys`` (a chunk's, framed alike) that are among ``candidates`` are read."""
+        if not keys:
             return
+        first = keys[0]
         frame = first[: len(first) - len(self.ident(first))]
         if self.framed is None or self.framed[0] != frame:
-            self.framed = (frame, {frame + self.ident(k) for k in self.keys})
-        found = self.framed[1].intersection(map(itemgetter(0), rows))
+            self.framed = (frame, {frame + self.ident(k) for k in candidates})
+        found = self.framed[1].intersection(keys)
         self.read.update(key[len(frame) :] for key in found)
 
     def rewind(self) -> None:
@@ -617,9 +655,13 @@ class Backfiller:
             if found is not None:
                 log.error("backfill #%d: reading the raw topic's keys of %s failed (%s): reading them again",
                           backfill.id, backfill.table, found.error)  # fmt: skip
+            failed = found
             found = self.candidates[backfill.id] = Candidates(self.cfg, backfill.qualified, f"backfill #{backfill.id}",
                                                               self._plan(backfill).ident, backfill.keys_end,
-                                                              self.reader.poke).start()  # fmt: skip
+                                                              self.reader.poke)  # fmt: skip
+            if failed is not None:  # what its chunks read stays true
+                found.early, found.early_count = failed.early, failed.early_count
+            found.start()
         return found
 
     def _stop_reading(self, backfill: int) -> None:
