@@ -291,6 +291,7 @@ class Run:
     lags: Lags = field(default_factory=Lags)
     done: Backfill | None = None
     raw: int = 0  # the raw topic's changes as the small table's backfill started
+    again: Backfill | None = None  # the large table re-snapshotted, after the small one
 
 
 def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk: int | None = None) -> Run:
@@ -324,6 +325,8 @@ def run(cfg: stack.StackConfig, dsn: str, work: Path, scenario: Scenario, chunk:
         measured.raw = raw_changes(cfg)
         ask(work, scenario.small)
         backfilled(work)
+        ask(work, scenario.table)  # again: the topic holds its keys now, so its retraction reads and checks them
+        measured.again = backfilled(work)
         time.sleep(5.0)
         measured.after = (time.time() - 5.0, time.time())
     finally:
@@ -349,10 +352,11 @@ def raw_changes(cfg: stack.StackConfig) -> int:
         consumer.close()
 
 
-def logged(log: Path, table: str) -> tuple[int, float] | None:
-    """(rows, seconds) of the last backfill of ``table`` capture's log says is done."""
-    found = re.findall(rf"backfill #\d+ of {re.escape(table)} done: (\d+) rows in ([\d.]+) s", log.read_text())
-    return (int(found[-1][0]), float(found[-1][1])) if found else None
+def logged(log: Path, table: str) -> tuple[int, int, float] | None:
+    """(backfill id, rows, seconds) of the first backfill of ``table`` capture's log says is done (each scenario
+    runs on a stack of its own)."""
+    found = re.findall(rf"backfill #(\d+) of {re.escape(table)} done: (\d+) rows in ([\d.]+) s", log.read_text())
+    return (int(found[0][0]), int(found[0][1]), float(found[0][2])) if found else None
 
 
 def report(measured: Run, log: Path) -> None:
@@ -361,7 +365,7 @@ def report(measured: Run, log: Path) -> None:
     if done is None or done.status != "done" or found is None or small is None:
         raise RuntimeError(f"the backfill of {table} did not finish: {done.describe() if done else 'not asked'}")
     assert done.started_at is not None and done.finished_at is not None
-    rows, seconds = found
+    _, rows, seconds = found
     idle, loaded, lags = measured.idle, measured.loaded, measured.lags
     print(f"\nbackfill of {table} ({measured.rows} rows; {measured.scenario.what}):")
     print(f"  COPY ... TO STDOUT (psql -> /dev/null), idle:       {idle:7.2f} s  {measured.rows / idle:9.0f} rows/s")
@@ -384,10 +388,26 @@ def report(measured: Run, log: Path) -> None:
                    lags.between(done.started_at, done.finished_at)))  # fmt: skip
     print(describe("after both backfills (5 s; the stream's own producer again)", lags.between(*measured.after)))
     print(f"  (the sampler's CPU: {lags.cpu:.2f} s)")
-    reads = re.findall(r"the raw topic holds \d+ changes from before backfill #\d+ \(\d+ keys of its tables, read in"
-                       r" ([\d.]+) s\)", log.read_text())  # fmt: skip
-    print(f"  then {measured.scenario.small} ({small[0]} rows), with {measured.raw} changes on the raw topic to read"
-          f" for its retraction: {small[1]:.2f} s (the read: {reads[-1] if reads else '?'} s)")  # fmt: skip
+    reads = re.findall(rf"the raw topic holds \d+ changes from before backfill #{small[0]} \(\d+ keys of its tables,"
+                       r" read in ([\d.]+) s\)", log.read_text())  # fmt: skip
+    print(f"  then {measured.scenario.small} ({small[1]} rows), with {measured.raw} changes on the raw topic to read"
+          f" for its retraction: {small[2]:.2f} s (the read: {reads[-1] if reads else '?'} s)")  # fmt: skip
+    again(measured, log)
+
+
+def again(measured: Run, log: Path) -> None:
+    """The large table's re-snapshot: its time, the keys' read, and how many keys its chunks left out."""
+    done, table, text = measured.again, measured.scenario.table, log.read_text()
+    if done is None or done.status != "done" or done.started_at is None or done.finished_at is None:
+        raise RuntimeError(f"the re-snapshot of {table} did not finish: {done.describe() if done else 'not asked'}")
+    read = re.findall(rf"the raw topic holds (\d+) changes from before backfill #{done.id} \((\d+) keys of its tables,"
+                      r" read in ([\d.]+) s\)", text)  # fmt: skip
+    told = re.findall(rf"backfill #{done.id}: (\d+) of the (\d+) keys .* \((\d+) of them before the keys were known\);"
+                      r" looking for the other (\d+)", text)  # fmt: skip
+    (changes, _, seconds), (left, held, early, looked) = read[-1], told[-1]
+    print(f"  then {table} again ({done.rows} rows; {held} of its keys on the raw topic, among {changes} changes):"
+          f" {done.finished_at - done.started_at:.2f} s; the keys read in {seconds} s; {left} of them left out as its"
+          f" chunks read them ({early} before the keys were known), {looked} looked up, {done.retracted} retracted")
 
 
 def named(seconds: dict[str, float], most: int = 8) -> str:

@@ -731,7 +731,7 @@ class Backfiller:
         """Done, failed or cancelled: saved once Kafka acknowledged what it sent (at once for the others). Done waits
         for Kafka to acknowledge its last chunk (sent without waiting), so its time is the whole backfill's."""
         if status == "done":
-            self.sink.producer.flush()
+            self.sink.producer.settle()  # as long as a message may take: not 60 s, then a BrokerError
         backfill.status, backfill.message, backfill.finished_at = status, message, time.time()
         self.backfills.pop(backfill.id, None)
         self.plans.pop(backfill.id, None)
