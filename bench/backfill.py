@@ -10,7 +10,7 @@ snapshot TABLE`` backfills the table while the load goes on. Printed, from one r
   (median of 3 each), and the backfill's rate (capture's own figure: from the backfill's start
   to its end, every chunk written; the last acknowledged) as a share of each;
 - capture's CPU seconds (every thread, and by thread) while it ran, and how busy every core was;
-- the lag of the load's changes before the backfill, during it and after both backfills — every 50 ms, how far the
+- the lag of the load's changes before the backfill, during it and after the backfills — every 50 ms, how far the
   raw topic's newest change lies behind its commit (the load commits every few ms, and the
   topic is in commit order): the stream goes on while the table is chunked. Sampling asks for the
   topic's end only; the change at each end is read after the run, one at a time, not the million
@@ -287,7 +287,7 @@ class Run:
     cpu: float = 0.0
     usage: Usage = field(default_factory=Usage)
     before: tuple[float, float] = (0.0, 0.0)
-    after: tuple[float, float] = (0.0, 0.0)  # the load's last 5 s, after both backfills
+    after: tuple[float, float] = (0.0, 0.0)  # the load's last 5 s, after the backfills
     lags: Lags = field(default_factory=Lags)
     done: Backfill | None = None
     raw: int = 0  # the raw topic's changes as the small table's backfill started
@@ -352,16 +352,17 @@ def raw_changes(cfg: stack.StackConfig) -> int:
         consumer.close()
 
 
-def logged(log: Path, table: str) -> tuple[int, int, float] | None:
-    """(backfill id, rows, seconds) of the first backfill of ``table`` capture's log says is done (each scenario
-    runs on a stack of its own)."""
-    found = re.findall(rf"backfill #(\d+) of {re.escape(table)} done: (\d+) rows in ([\d.]+) s", log.read_text())
+def logged(log: Path, table: str, backfill: int | None = None) -> tuple[int, int, float] | None:
+    """(backfill id, rows, seconds) of backfill #``backfill`` (else the first) of ``table`` capture's log says is
+    done."""
+    which = r"\d+" if backfill is None else str(backfill)
+    found = re.findall(rf"backfill #({which}) of {re.escape(table)} done: (\d+) rows in ([\d.]+) s", log.read_text())
     return (int(found[0][0]), int(found[0][1]), float(found[0][2])) if found else None
 
 
 def report(measured: Run, log: Path) -> None:
     done, table = measured.done, measured.scenario.table
-    found, small = logged(log, table), logged(log, measured.scenario.small)
+    found, small = logged(log, table, done.id if done else None), logged(log, measured.scenario.small)
     if done is None or done.status != "done" or found is None or small is None:
         raise RuntimeError(f"the backfill of {table} did not finish: {done.describe() if done else 'not asked'}")
     assert done.started_at is not None and done.finished_at is not None
@@ -386,7 +387,7 @@ def report(measured: Run, log: Path) -> None:
     print(describe("before the backfill (5 s)", lags.between(*measured.before)))
     print(describe(f"during the backfill ({done.finished_at - done.started_at:.1f} s)",
                    lags.between(done.started_at, done.finished_at)))  # fmt: skip
-    print(describe("after both backfills (5 s; the stream's own producer again)", lags.between(*measured.after)))
+    print(describe("after the backfills (5 s; the stream's own producer again)", lags.between(*measured.after)))
     print(f"  (the sampler's CPU: {lags.cpu:.2f} s)")
     reads = re.findall(rf"the raw topic holds \d+ changes from before backfill #{small[0]} \(\d+ keys of its tables,"
                        r" read in ([\d.]+) s\)", log.read_text())  # fmt: skip
@@ -404,6 +405,8 @@ def again(measured: Run, log: Path) -> None:
                       r" read in ([\d.]+) s\)", text)  # fmt: skip
     told = re.findall(rf"backfill #{done.id}: (\d+) of the (\d+) keys .* \((\d+) of them before the keys were known\);"
                       r" looking for the other (\d+)", text)  # fmt: skip
+    if not read or not told:
+        raise RuntimeError(f"capture's log does not say how backfill #{done.id}'s keys were read and checked")
     (changes, _, seconds), (left, held, early, looked) = read[-1], told[-1]
     print(f"  then {table} again ({done.rows} rows; {held} of its keys on the raw topic, among {changes} changes):"
           f" {done.finished_at - done.started_at:.2f} s; the keys read in {seconds} s; {left} of them left out as its"

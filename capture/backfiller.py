@@ -78,7 +78,8 @@ AHEAD = 3  # chunks in flight at once (read, or being read): what a backfill hol
 JOB_END_WAIT = 5.0  # seconds to wait for the reader's job to end once its high watermark came through
 LOG_EVERY = 5.0  # seconds between progress lines
 RETRY_AFTER = 5.0  # seconds between reads of the raw topic's keys after one failed
-EARLY_KEYS = 4_000_000  # keys of chunks read before the raw topic's keys are known, kept (~50 bytes each) to leave out
+EARLY_KEYS = 2_000_000  # keys of chunks read before the raw topic's keys are known, kept (~50 bytes each) to leave out
+PUBLISH_PASSES = 2  # passes over the keys read leaving out early chunks' keys before the stream is handed the rest
 
 
 class Streaming(Protocol):
@@ -196,6 +197,7 @@ class Candidates:
         if self.keys is None:
             return None
         if not self.told:  # the first batch: the keys chunks read are left out
+            self._marked()
             held, self.told = len(self.keys) + self.left_out, True
             if self.read:
                 self.keys = [k for k in self.keys if self.ident(k) not in self.read]
@@ -209,32 +211,49 @@ class Candidates:
 
     def _publish(self, keys: list[bytes]) -> None:
         """The keys read, handed to the stream less those of the chunks read meanwhile (``read_in``): they are left
-        out here, in this thread, while the stream goes on (for 1M keys ~1-2 s), until no chunk came in between."""
-        while True:
+        out here, in this thread, while the stream goes on (for 1M keys ~0.3 s a pass). After ``PUBLISH_PASSES``
+        the keys are handed over anyway (chunks may close faster than a pass takes): the stream leaves out those
+        of chunks read meanwhile (``_marked``), as it does for chunks read afterwards."""
+        for _ in range(PUBLISH_PASSES):
             with self.lock:
                 early = self._early()
-                if not early:
+                if not early or self.stop.is_set():
                     self.keys = keys
                     return
             held, keys = len(keys), self._unread(keys, early)
             self.left_out += held - len(keys)
+        with self.lock:
+            self.keys = keys
 
     def read_in(self, rows: list[Row]) -> None:
         """A chunk's rows as read (before the stream's changes dropped any): their keys need no check. Rows read
-        before the keys are known are kept (their keys, up to ``EARLY_KEYS``) for ``_publish``; rows read once the
-        keys are being handed out change nothing: their keys are checked. (Without the early ones, a re-snapshot
-        of a 1M-row table whose topic held its 1M keys looked every one up: the chunks were done in ~3 s, the
-        keys' read in 6-12 s, and 1M look-ups took 11-12 s more, bench/RESULTS.md, 2026-11-28.)"""
+        before the keys are known are kept (their keys, ``EARLY_KEYS`` at most in all) for ``_publish``; rows read
+        once the keys are being handed out change nothing: their keys are checked. (Without the early ones, a
+        re-snapshot of a 1M-row table whose topic held its 1M keys looked every one up: the chunks were done in
+        ~3 s, the keys' read in 6-12 s, and 1M look-ups took 11-12 s more, bench/RESULTS.md, 2026-11-28.)"""
         if self.told:
             return
         keys = [key for key, _ in rows if key is not None]
         with self.lock:
             if self.keys is None:
-                if keys and self.early_count + len(keys) <= EARLY_KEYS:
-                    self.early.append(keys)
-                    self.early_count += len(keys)
+                self._keep(keys)
                 return
+        self._marked()
         self._mark(keys, self.keys)
+
+    def _keep(self, keys: list[bytes]) -> None:
+        if keys and self.early_count + len(keys) <= EARLY_KEYS:
+            self.early.append(keys)
+        elif keys and self.early_count <= EARLY_KEYS:
+            log.info("%s: more than %d keys of %s.%s read before the raw topic's keys are known: the keys of chunks"
+                     " read from now until they are known are looked for in the table", self.what, EARLY_KEYS,
+                     *self.table)  # fmt: skip
+        self.early_count += len(keys)  # never reset: EARLY_KEYS bounds what is ever kept
+
+    def _marked(self) -> None:
+        """Chunks ``_publish`` left in ``early`` (the stream's thread alone touches it once the keys are known)."""
+        for early in self._early():
+            self._mark(early, self.keys or [])
 
     def _unread(self, keys: list[bytes], chunks: list[list[bytes]]) -> list[bytes]:
         """``keys`` less those of ``chunks`` (compared as each chunk frames its keys; a key framed alike is compared
@@ -252,7 +271,7 @@ class Candidates:
         return key[: len(key) - len(self.ident(key))]
 
     def _early(self) -> list[list[bytes]]:
-        early, self.early, self.early_count = self.early, [], 0
+        early, self.early = self.early, []
         return early
 
     def _mark(self, keys: list[bytes], candidates: list[bytes]) -> None:

@@ -713,6 +713,25 @@ def test_rows_read_before_the_keys_are_known_are_left_out_as_they_come_and_rows_
     assert found.batch(lambda key: False) == (2, framed(1, b"b") + framed(2, b"d"))
 
 
+@pytest.mark.unit
+def test_chunks_read_while_the_keys_are_published_are_left_out_by_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_publish`` hands the keys over after ``PUBLISH_PASSES``: a chunk read during the last pass stays in
+    ``early``, and the stream leaves its keys out before the first batch."""
+    monkeypatch.setattr(backfiller, "PUBLISH_PASSES", 1)
+    found = candidates(None)
+    found.read_in([(k, b"row") for k in framed(1, b"a")])
+    unread = found._unread
+
+    def a_chunk_comes_meanwhile(keys: list[bytes], chunks: list[list[bytes]]) -> list[bytes]:
+        found.read_in([(k, b"row") for k in framed(1, b"c")])
+        return unread(keys, chunks)
+
+    monkeypatch.setattr(found, "_unread", a_chunk_comes_meanwhile)
+    found._publish(framed(1, b"a", b"b", b"c", b"d"))
+    assert found.keys == framed(1, b"b", b"c", b"d") and found.early == [framed(1, b"c")]
+    assert found.batch(lambda key: False) == (2, framed(1, b"b", b"d"))
+
+
 @pytest.mark.slow
 def test_the_watch_starts_above_every_xid_assigned_and_only_where_every_delete_is_published(pg_database: str) -> None:
     """``chunker.watch_start``: an xid above that of a transaction still open (a commit that may be streamed
