@@ -145,6 +145,7 @@ class Candidates:
         self.early: list[list[bytes]] = []  # the keys of chunks read before the keys were known
         self.early_count = 0
         self.left_out = 0  # keys left out before they were handed to the stream (``_publish``)
+        self.marked_early = 0  # keys of chunks read before that the stream found among them (``_marked``)
         self.lock = threading.Lock()  # ``keys`` and ``early`` between this read's thread and the stream's
         self.told = False  # the keys left to look for were counted (and logged)
         self.stop = threading.Event()  # the session ends, or the backfill: stop reading
@@ -198,13 +199,13 @@ class Candidates:
             return None
         if not self.told:  # the first batch: the keys chunks read are left out
             self._marked()
-            held, self.told = len(self.keys) + self.left_out, True
+            held, early, self.told = len(self.keys) + self.left_out, self.left_out + self.marked_early, True
             if self.read:
                 self.keys = [k for k in self.keys if self.ident(k) not in self.read]
             self.read, self.framed = set(), None
             log.info("%s: %d of the %d keys the raw topic holds for %s.%s were read by its chunks (%d of them before"
                      " the keys were known); looking for the other %d in the table", self.what, held - len(self.keys),
-                     held, *self.table, self.left_out, len(self.keys))  # fmt: skip
+                     held, *self.table, early, len(self.keys))  # fmt: skip
         keys = self.keys[self.handed : self.handed + retract.BATCH]
         self.handed += len(keys)
         return len(keys), [k for k in keys if not gone(k)]
@@ -215,9 +216,11 @@ class Candidates:
         the keys are handed over anyway (chunks may close faster than a pass takes): the stream leaves out those
         of chunks read meanwhile (``_marked``), as it does for chunks read afterwards."""
         for _ in range(PUBLISH_PASSES):
+            if self.stop.is_set():
+                return  # keys left None, as a stopped read leaves them
             with self.lock:
                 early = self._early()
-                if not early or self.stop.is_set():
+                if not early:
                     self.keys = keys
                     return
             held, keys = len(keys), self._unread(keys, early)
@@ -252,8 +255,11 @@ class Candidates:
 
     def _marked(self) -> None:
         """Chunks ``_publish`` left in ``early`` (the stream's thread alone touches it once the keys are known)."""
+        assert self.keys is not None
+        before = len(self.read)
         for early in self._early():
-            self._mark(early, self.keys or [])
+            self._mark(early, self.keys)
+        self.marked_early += len(self.read) - before  # read before the keys were known, too
 
     def _unread(self, keys: list[bytes], chunks: list[list[bytes]]) -> list[bytes]:
         """``keys`` less those of ``chunks`` (compared as each chunk frames its keys; a key framed alike is compared

@@ -730,6 +730,7 @@ def test_chunks_read_while_the_keys_are_published_are_left_out_by_the_stream(mon
     found._publish(framed(1, b"a", b"b", b"c", b"d"))
     assert found.keys == framed(1, b"b", b"c", b"d") and found.early == [framed(1, b"c")]
     assert found.batch(lambda key: False) == (2, framed(1, b"b", b"d"))
+    assert (found.left_out, found.marked_early) == (1, 1)  # both read before the keys were known
 
 
 @pytest.mark.slow
