@@ -148,6 +148,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     capture_url = f"http://{capture.metrics_host}:{capture.metrics_port}"
     if capture.metrics_port:
         print("\n== capture's metrics (Prometheus), health and readiness")
+        demo.wait_reported(capture, capture_url)
         demo.show_metrics(capture_url, demo.CAPTURE_SHOWN, focus={"table": "public.orders"})
     print(f"\n== streams: faust -A streams worker fans {capture.changes_topic} out into per-table topics")
     env = {"HEADWATER_CONFIG": demo.worker_config(args.config, local), **stack_env}

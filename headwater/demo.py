@@ -56,7 +56,7 @@ from tables.errors import FatalError
 from tables.kafka import read_topic
 from tables.registry import Registry
 from tables.topics import table_topic_of, view_key
-from tables.wire import lsn_text
+from tables.wire import lsn_text, parse_lsn
 
 
 def capture_pidfile(cfg: StackConfig) -> Path:
@@ -112,6 +112,38 @@ def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> 
         )
     except FatalError as exc:
         raise FatalError(f"{exc}; see .headwater/logs/capture.log") from exc
+
+
+def wait_reported(capture: CaptureConfig, url: str, timeout: float = 10.0) -> None:
+    """Until capture's metrics at ``url`` were reported at or past the slot's confirmed position: capture counts
+    what Kafka acknowledged once per status interval, after it confirms, so a look right after catching up could
+    miss the last changes (a CI leg under load showed no INSERT of orders). Gives up quietly after ``timeout``."""
+    conn = psycopg2.connect(capture.dsn.reveal())
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                        (capture.slot,))  # fmt: skip
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    if row is None or row[0] is None:
+        return
+    target, deadline = parse_lsn(row[0]), time.monotonic() + timeout
+    while time.monotonic() < deadline and _confirmed(url) < target:
+        time.sleep(0.2)
+
+
+def _confirmed(url: str) -> float:
+    """The confirmed position capture's metrics last reported (0 when they do not answer)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return float("inf")  # nothing to wait for
+    name = capture_metrics.NAMES["confirmed_lsn"]
+    found = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return max(found, default=0.0)
 
 
 def show_changes(capture: CaptureConfig) -> None:
