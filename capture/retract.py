@@ -215,7 +215,8 @@ class HeadReader:
     def may_remove(self, value: bytes) -> bool:
         """False when the change surely takes no key away: a READ or an INSERT, told by its first byte (``op``, the
         head's first field: the enum's index, zigzag), with no decoding. Measured on a restarted backfill's read
-        past its end (1M changes, nearly all its own READ rows): 2.86 s with every head read, 1.34 s with this."""
+        past its end (1M changes, nearly all its own READ rows), alternating: 2.31-2.66 s with every head read,
+        1.61-2.35 s with this (bench/RESULTS.md, 2026-11-28)."""
         if len(value) < 6 or not self.heads.get(schema_id(value)):
             return True  # a writer schema not seen yet, or another layout: read it
         return value[5] not in NO_REMOVAL

@@ -56,7 +56,7 @@ from tables.errors import FatalError
 from tables.kafka import read_topic
 from tables.registry import Registry
 from tables.topics import table_topic_of, view_key
-from tables.wire import lsn_text, parse_lsn
+from tables.wire import lsn_text
 
 
 def capture_pidfile(cfg: StackConfig) -> Path:
@@ -120,21 +120,19 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 10.0) -> No
     miss the last changes (a CI leg under load showed no INSERT of orders). Gives up quietly after ``timeout``."""
     conn = psycopg2.connect(capture.dsn.reveal())
     try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                        (capture.slot,))  # fmt: skip
-            row = cur.fetchone()
+        found = slot.find(conn, capture.slot)
     finally:
         conn.close()
-    if row is None or row[0] is None:
+    if found is None or found.confirmed_lsn is None:
         return
-    target, deadline = parse_lsn(row[0]), time.monotonic() + timeout
+    target, deadline = found.confirmed_lsn, time.monotonic() + timeout
     while time.monotonic() < deadline and _confirmed(url) < target:
         time.sleep(0.2)
 
 
 def _confirmed(url: str) -> float:
-    """The confirmed position capture's metrics last reported (0 when they do not answer)."""
+    """The confirmed position capture's metrics last reported (0 before the first report; infinite when they do not
+    answer: nothing to wait for)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
