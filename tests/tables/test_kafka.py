@@ -13,11 +13,12 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.stack import Broker, StackConfig
-from tables.kafka import bounds, create_topics, read_on, topic_ids
+from tables.errors import RetryableError
+from tables.kafka import _past, _taken, bounds, create_topics, read_on, topic_ids
 from tests.plugins.stack import one_record_batches
 
 RECORDS = 30_000
@@ -91,3 +92,28 @@ def test_a_topic_made_again_has_another_id_and_a_missing_one_none(
     again = topic_ids(admin, [topic])
     assert list(again) == [topic] and again[topic] != first[topic]
     assert topic_ids(admin, []) == {}
+
+
+def msg(partition: int, offset: int, code: int | None = None) -> Message:
+    return Message(topic="t", partition=partition, offset=offset, value=b"v",
+                   error=KafkaError(code) if code is not None else None)  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_batch_is_taken_up_to_the_last_end_it_waits_for() -> None:
+    """An EOF takes its partition off the wait; at the last one the batch ends, whatever follows it."""
+    waiting = {("t", 0), ("t", 1)}
+    batch = [msg(0, 7), msg(0, 8, KafkaError._PARTITION_EOF), msg(1, 3), msg(1, 4, KafkaError._PARTITION_EOF),
+             msg(0, 8)]  # fmt: skip
+    assert [(m.partition(), m.offset()) for m in _taken(batch, waiting)] == [(0, 7), (1, 3)]
+    assert waiting == set()
+    with pytest.raises(RetryableError, match="reading t"):
+        _taken([msg(0, 1), msg(0, 2, KafkaError._MSG_TIMED_OUT)], {("t", 0)})
+
+
+@pytest.mark.unit
+def test_a_batch_moves_each_partition_past_its_last_message() -> None:
+    batch = [msg(0, 7), msg(1, 3), msg(0, 8), msg(1, 4), msg(2, 1)]
+    assert _past(batch, 3) == {("t", 0): 9, ("t", 1): 5, ("t", 2): 2}
+    assert _past(batch, 5) == {("t", 0): 9, ("t", 1): 5, ("t", 2): 2}  # fewer partitions in it than assigned
+    assert _past([msg(0, 7), msg(0, 8)], 1) == {("t", 0): 9}
