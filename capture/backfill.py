@@ -299,6 +299,8 @@ class Backfill:
     finished_at: float | None = None
     keys_end: int | None = None  # the raw topic's end as its chunks began: its retraction reads keys below it
     # (None: not known yet, no chunk to read, or saved by an earlier version: the keys are read to the end then)
+    vouched: bool | None = None  # every chunk written so far vouched for its keys (``vouches``): after a restart the
+    # keys of its rows on the raw topic need no look-up (None: not begun, or saved by an earlier version)
     since: tuple[float, int] = field(default=(0.0, 0), compare=False)  # (monotonic time, rows) of this run's start
 
     @property

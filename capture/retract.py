@@ -56,6 +56,7 @@ class LiveKeys:
 
     def __init__(self, tables: Iterable[Table]) -> None:
         self.keys: dict[Table, dict[bytes, None]] = {t: {} for t in tables}
+        self.reads: dict[Table, list[bytes]] = {t: [] for t in tables}  # keys of READ rows past the end (``read``)
 
     def apply(self, op: str, table: Table, key: bytes | None, before: bytes | None) -> None:
         keys = self.keys.get(table)
@@ -78,6 +79,11 @@ class LiveKeys:
             self.apply(op, table, key, before)
         elif op == "UPDATE" and _moved(key, before):
             self.keys.get(table, {}).pop(before, None)  # type: ignore[arg-type]
+
+    def read(self, op: str, table: Table, key: bytes | None) -> None:
+        """A READ row's key past the end: a restarted backfill's own row, written before the restart."""
+        if op == "READ" and key is not None and table in self.reads:
+            self.reads[table].append(key)
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys.values())
@@ -139,17 +145,20 @@ def _listed(consumer: Consumer, topic: str, missing_ok: bool) -> bool:
 
 
 def earlier_changes(cfg: CaptureConfig, end: int, registry: Registry | None, tables: Collection[Table],
-                    removals_from: int | None = None) -> Iterator[list[tuple[int, Earlier]]]:  # fmt: skip
+                    removals_from: int | None = None, *,
+                    reads: bool = False) -> Iterator[list[tuple[int, Earlier]]]:  # fmt: skip
     """Batches of (offset, (op, table, key, before)) of the raw changes below offset ``end`` that may touch
     ``tables``, in order; Avro records are read with their writer's schema from ``registry``, so records of every
     version of the change schema, with framed or nested images, are read (images framed:
     ``tables.change.ChangeReader``). A change whose Kafka key names another table is skipped unread
     (``KeyFilter``); from offset ``removals_from`` on, so is one whose op takes no key away
-    (``HeadReader.may_remove``). By batch (``read_on_batches``), not a change at a time through three generators:
-    1M changes read in 4.8-5.1 s against 6.3-7.2 s, in a script with capture's GC settings (inside capture the
-    read waits longer on its fetches, and took 4.0-5.1 us a change either way; bench/RESULTS.md, 2026-11-29)."""
+    (``HeadReader.may_remove``; with ``reads``, a READ is read). By batch (``read_on_batches``), not a change
+    at a time through three generators: 1M changes read in 4.8-5.1 s against 6.3-7.2 s, in a script with
+    capture's GC settings (inside capture the read waits longer on its fetches, and took 4.0-5.1 us a change
+    either way; bench/RESULTS.md, 2026-11-29)."""
     json_format = cfg.format == "json" or registry is None
-    decode = JsonHeads() if json_format else HeadReader(registry)  # type: ignore[arg-type]
+    skipped = NO_READ if reads else NO_REMOVAL
+    decode = JsonHeads() if json_format else HeadReader(registry, skipped)  # type: ignore[arg-type]
     wanted = KeyFilter(tables, json.loads if json_format else registry.decode)  # type: ignore[union-attr]
     removals_from = end if removals_from is None else removals_from
     for batch in read_on_batches(_settings(cfg), {(cfg.changes_topic, 0): 0}, timeout=600):
@@ -207,8 +216,9 @@ class HeadReader:
     Measured: a whole framed change reads in ~6 µs (fastavro), which made a re-snapshot of a 1M-row table
     wait 16.6 s for its own keys under load."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, skipped: frozenset[int] | None = None) -> None:
         self.registry, self.whole = registry, ChangeReader(registry)
+        self.skipped = NO_REMOVAL if skipped is None else skipped  # first bytes ``may_remove`` says False to
         self.heads: dict[bytes, bool] = {}  # frame (writer schema id) -> its head is CHANGE_VALUE_SCHEMA's
 
     def __call__(self, value: bytes) -> Earlier:
@@ -234,10 +244,11 @@ class HeadReader:
         1.61-2.35 s with this (bench/RESULTS.md, 2026-11-28)."""
         if len(value) <= FRAME_SIZE or not self.heads.get(value[:FRAME_SIZE]):
             return True  # a writer schema not seen yet, or another layout: read it
-        return value[FRAME_SIZE] not in NO_REMOVAL
+        return value[FRAME_SIZE] not in self.skipped
 
 
 NO_REMOVAL = frozenset(2 * OPS.index(op) for op in ("READ", "INSERT"))  # the first byte of such a change's head
+NO_READ = frozenset((2 * OPS.index("INSERT"),))  # the same, for a read past the end that wants its READ rows too
 
 
 class JsonHeads:
@@ -277,10 +288,11 @@ def _json_image(image: Any) -> bytes | None:
 
 def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry | None, what: str = "this snapshot",
                  stop: threading.Event | None = None, end: int | None = None,
-                 removed_to: int | None = None) -> LiveKeys | None:  # fmt: skip
+                 removed_to: int | None = None, reads: bool = False) -> LiveKeys | None:  # fmt: skip
     """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``): below
     ``end`` (the topic's end when it started; its end now when not given), less those its changes from ``end``
-    up to ``removed_to`` took away (a backfill restarted: the DELETEs it wrote before); None when there is
+    up to ``removed_to`` took away (a backfill restarted: the DELETEs it wrote before); with ``reads``, the keys
+    of the READ rows there too (``LiveKeys.reads``: its own rows, written before the restart); None when there is
     nothing below ``end``. ``stop`` set: it stops reading (and says nothing)."""
     end = raw_end(cfg) if end is None else end
     removed_to = end if removed_to is None else max(removed_to, end)
@@ -288,11 +300,13 @@ def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry
         return None
     started = clock.monotonic()
     live = LiveKeys(tables)
-    for batch in earlier_changes(cfg, removed_to, registry, live.keys, end):
+    for batch in earlier_changes(cfg, removed_to, registry, live.keys, end, reads=reads):
         if stop is not None and stop.is_set():
             return None
         for at, (op, table, key, before) in batch:
             (live.apply if at < end else live.remove)(op, table, key, before)
+            if reads and at >= end:
+                live.read(op, table, key)
     log.info("the raw topic holds %d changes from before %s (%d keys of its tables, read in %.1f s%s): keys %s does"
              " not find get a DELETE", end, what, len(live), clock.monotonic() - started,
              f"; deletes up to offset {removed_to} taken away" if removed_to > end else "", what)  # fmt: skip

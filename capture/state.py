@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS backfills (
     status TEXT NOT NULL, phase TEXT NOT NULL, cursor TEXT, upto TEXT, rows_done INTEGER NOT NULL,
     rows_estimate INTEGER NOT NULL, retracted INTEGER NOT NULL, message TEXT NOT NULL, created_at REAL NOT NULL,
     started_at REAL, finished_at REAL, rate REAL NOT NULL DEFAULT 0, updated_at REAL NOT NULL DEFAULT 0,
-    dropped INTEGER NOT NULL DEFAULT 0, keys_end INTEGER
+    dropped INTEGER NOT NULL DEFAULT 0, keys_end INTEGER, vouched INTEGER
 );
 CREATE TABLE IF NOT EXISTS signals (slot TEXT PRIMARY KEY, lsn INTEGER NOT NULL, idx INTEGER NOT NULL);
 """
@@ -69,11 +69,12 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 """
 BACKFILL_COLUMNS = ("id, tbl, predicate, origin, status, phase, cursor, upto, rows_done, rows_estimate, retracted,"
-                    " message, dropped, created_at, started_at, finished_at, keys_end")  # fmt: skip
+                    " message, dropped, created_at, started_at, finished_at, keys_end, vouched")  # fmt: skip
 ADDED_COLUMNS = (  # columns later versions added: (table, column, declaration), added to a state file without them
     ("checkpoint", "settled", "INTEGER NOT NULL DEFAULT 0"),
     ("backfills", "dropped", "INTEGER NOT NULL DEFAULT 0"),
     ("backfills", "keys_end", "INTEGER"),
+    ("backfills", "vouched", "INTEGER"),
 )
 
 
@@ -178,13 +179,21 @@ class State:
         return [_backfill(row) for row in reversed(rows)]
 
     def save_backfill(self, b: Backfill, rate: float = 0.0) -> None:
+        """``b`` as it is (``vouched`` never goes back from false: a copy saved once acknowledged may predate
+        ``unvouch``)."""
         self.db.execute(
             "UPDATE backfills SET status = ?, phase = ?, cursor = ?, upto = ?, rows_done = ?, rows_estimate = ?,"
             " retracted = ?, message = ?, dropped = ?, started_at = ?, finished_at = ?, rate = ?, updated_at = ?,"
-            " keys_end = ? WHERE id = ?",
+            " keys_end = ?, vouched = CASE WHEN vouched = 0 THEN 0 ELSE ? END WHERE id = ?",
             (b.status, b.phase, _json(b.cursor), _json(b.upto), b.rows, b.estimate, b.retracted, b.message,
-             b.dropped, b.started_at, b.finished_at, rate, time.time(), b.keys_end, b.id),
+             b.dropped, b.started_at, b.finished_at, rate, time.time(), b.keys_end, b.vouched, b.id),
         )  # fmt: skip
+
+    def unvouch(self, backfill: int) -> None:
+        """A chunk of ``backfill`` did not vouch for its keys: saved (and committed) before its rows are written, so
+        a restart never takes the keys of rows on the topic for vouched ones (``Backfill.vouched``)."""
+        with self.db:
+            self.db.execute("UPDATE backfills SET vouched = 0 WHERE id = ?", (backfill,))
 
     def backfill_rates(self) -> dict[int, float]:
         """The rate each backfill had when capture last saved it (rows/s), for ``headwater status``."""
@@ -311,10 +320,10 @@ def _json(value: list[str | None] | None) -> str | None:
 
 def _backfill(row: Any) -> Backfill:
     (bid, table, predicate, origin, status, phase, cursor, upto, rows, estimate, retracted, message, dropped,
-     created, started, finished, keys_end) = row  # fmt: skip
+     created, started, finished, keys_end, vouched) = row  # fmt: skip
     return Backfill(bid, table, predicate, origin, status, phase, json.loads(cursor) if cursor else None,
                     json.loads(upto) if upto else None, rows, estimate, retracted, message, dropped, created, started,
-                    finished, keys_end)  # fmt: skip
+                    finished, keys_end, None if vouched is None else bool(vouched))  # fmt: skip
 
 
 def _add_columns(db: sqlite3.Connection) -> None:

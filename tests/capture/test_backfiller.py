@@ -673,6 +673,48 @@ def test_a_resnapshot_whose_keys_are_read_after_its_chunk_leaves_out_what_the_ch
     conn.close()
 
 
+@pytest.mark.slow
+def test_a_resnapshot_killed_mid_chunks_looks_up_only_the_keys_its_rows_do_not_cover(
+    pg_database: str, capture_factory: Callable[..., Capture]
+) -> None:
+    """A re-snapshot of a table whose topic holds its keys, ``kill -9`` after some chunks: after the restart the
+    keys of the rows it wrote before need no look-up (every chunk vouched); only the keys the table lost are looked
+    for, each gets its DELETE, and the raw topic ends equal to the table."""
+    run(pg_database, "CREATE TABLE items (id int PRIMARY KEY, grp int NOT NULL, note text)",
+        "INSERT INTO items SELECT g, g % 10, 'n' || g FROM generate_series(1, 8000) g")  # fmt: skip
+    capture = capture_factory(pg_database, backfill_chunk_rows=50)
+    capture.spawn()
+    capture.wait_caught_up(pg_database, timeout=120)
+    publication = capture.cfg.publication
+    run(pg_database, f"ALTER PUBLICATION {publication} DROP TABLE items", "DELETE FROM items WHERE id % 7 = 0",
+        f"ALTER PUBLICATION {publication} ADD TABLE items")  # fmt: skip
+    capture.wait_caught_up(pg_database)
+    capture.snapshot("items")
+    saved = wait_for(lambda: _chunking(capture, "public.items", 1000), 120, every=0.05)
+    assert saved is not None and saved.phase == "chunks", [b.describe() for b in capture.backfills()]
+    assert capture.process is not None
+    capture.process.kill()
+    capture.process.wait()
+    at_kill = next(b for b in capture.backfills() if b.table == "public.items")
+    assert at_kill.status == "running" and at_kill.phase == "chunks", f"killed after its chunks: {at_kill.describe()}"
+    assert at_kill.vouched is True, at_kill
+    capture.spawn()
+    found = capture.wait_backfilled(pg_database, timeout=180)
+    capture.stop()
+
+    deleted = [i for i in range(1, 8001) if i % 7 == 0]
+    assert found[0].retracted == len(deleted) and found[0].rows == 8000 - len(deleted), found[0].describe()
+    assert capture.log is not None
+    _, restarted = capture.log.read_text().split(f"backfill #{at_kill.id} public.items: running", maxsplit=1)
+    written = re.search(rf"backfill #{at_kill.id}: (\d+) keys of the rows it wrote before it was restarted", restarted)
+    assert written is not None and int(written[1]) >= at_kill.rows, restarted[-3000:]
+    looked = re.search(rf"backfill #{at_kill.id}: \d+ of the 8000 keys .* looking for the other (\d+)", restarted)
+    assert looked is not None and int(looked[1]) == len(deleted), restarted[-3000:]
+    conn = psycopg2.connect(pg_database)
+    raw_reconciles(conn, capture, {"items": ["id"]})
+    conn.close()
+
+
 def candidates(keys: list[bytes] | None) -> Candidates:
     """Candidates of ``public.t`` with their keys as if read from the raw topic (no thread started)."""
     found = Candidates(CaptureConfig(), ("public", "t"), "backfill #1", body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -39,10 +40,31 @@ def test_a_state_file_of_an_earlier_version_gains_the_columns_and_keeps_its_back
     try:
         [backfill] = state.backfills(unfinished=True)
         assert (backfill.cursor, backfill.rows, backfill.dropped, backfill.keys_end) == (["41"], 41, 0, None)
+        assert backfill.vouched is None  # not known: a restart looks its rows' keys up
         backfill.keys_end = 1_028_129
         with state.db:
             state.save_backfill(backfill)
         assert state.backfills()[0].keys_end == 1_028_129
         assert state.load() is None  # the checkpoint table gained ``settled`` too: it is read without error
+    finally:
+        state.close()
+
+
+@pytest.mark.unit
+def test_a_backfill_that_stopped_vouching_stays_so_whatever_copy_is_saved_later(tmp_path: Path) -> None:
+    """``unvouch`` is committed before a chunk's rows are written; a copy of the backfill taken before it and saved
+    once Kafka acknowledged its chunk does not make it vouched again."""
+    state = State(tmp_path / "state", "s")
+    try:
+        backfill = state.add_backfill("public.t", None, "request")
+        backfill.vouched, backfill.keys_end = True, 10
+        with state.db:
+            state.save_backfill(backfill)
+        assert state.backfills()[0].vouched is True
+        earlier = dataclasses.replace(backfill)
+        state.unvouch(backfill.id)
+        with state.db:
+            state.save_backfill(earlier)
+        assert state.backfills()[0].vouched is False
     finally:
         state.close()
