@@ -137,7 +137,7 @@ class Candidates:
         self.cfg, self.table, self.what, self.ident = cfg, table, what, ident
         self.end, self.woken = end, woken
         self.reads = reads  # whether the READ rows of the table past ``end`` are its own, their chunks vouched for
-        # (asked before the read and after it: a chunk of this session that did not vouch may have come meanwhile)
+        # (asked once the end is pinned: every row below the topic's end then was written after its chunk was judged)
         self.keys: list[bytes] | None = None
         self.error: BaseException | None = None
         self.failed_at = 0.0  # when the read failed (monotonic): read again RETRY_AFTER later
@@ -170,8 +170,8 @@ class Candidates:
                                         end=self.end, removed_to=removed_to, reads=reads)  # fmt: skip
             if self.stop.is_set():
                 return  # keys left None: a stopped read never hands out an empty set
-            if live is not None and reads and self.reads is not None and self.reads():
-                self._keep_written(live.reads[self.table])
+            if live is not None and reads:
+                self._keep_written(live.taken[self.table], live.reads[self.table])
             self._publish(list(live.keys[self.table]) if live is not None else [])
             self.woken()
         except Exception as exc:  # reported by batch(), which reads again
@@ -181,21 +181,25 @@ class Candidates:
             if registry is not None:
                 registry.close()
 
-    def _keep_written(self, keys: list[bytes]) -> None:
-        """The keys of the rows its chunks wrote before a restart (on the raw topic past ``end``), left out as those of
-        chunks read before the keys are known are (``_publish``), by frame (``_unread`` compares a list framed alike).
-        (Without them, a re-snapshot of 1M rows killed after ~400k looked up ~400k keys, 5-8 s, after its restart;
-        bench/RESULTS.md, 2026-11-29.)"""
+    def _keep_written(self, taken: int, others: list[bytes]) -> None:
+        """The keys of the rows its chunks wrote before a restart (on the raw topic past ``end``): those held as they
+        are framed were taken out by the read (``taken``); the ``others`` are left out as the keys of chunks read
+        before the keys are known are (``_publish``, by value), grouped by frame (``_unread`` compares a list framed
+        alike). (Without them, a re-snapshot of 1M rows killed after 311k-410k rows looked up 321k-420k keys after
+        its restart, ~9 us each, and the rest took 19-21 s instead of 12 s; bench/RESULTS.md, 2026-11-29.)"""
         groups: list[list[bytes]] = []
         frame: bytes | None = None
-        for key in keys:
+        for key in others:
             if frame is None or not key.startswith(frame):
                 frame = self._frame(key)
                 groups.append([])
             groups[-1].append(key)
         with self.lock:
             self.early.extend(groups)
-        log.info("%s: %d keys of the rows it wrote before it was restarted need no look-up", self.what, len(keys))
+            self.left_out += taken
+        log.info("%s: %d of the keys the raw topic holds for %s.%s were read by the chunks it wrote before it was"
+                 " restarted: no look-up (%d more keys of those rows compared by value)", self.what, taken,
+                 *self.table, len(others))  # fmt: skip
 
     def _pin(self) -> int | None:
         """The end to read keys below (``end``); given (a restart), the topic's end now, up to which the keys' deletes
@@ -710,7 +714,7 @@ class Backfiller:
             backfill.keys_end = self._candidates(backfill).end
             if backfill.keys_end is None:
                 return False
-            backfill.vouched = True  # no chunk was read yet
+            backfill.vouched = True  # its chunks begin at this end (rows an earlier version wrote lie below it)
             with self.state.db:  # nothing of this session was read yet: what is saved is what was acknowledged
                 self.state.save_backfill(backfill)
         return True
@@ -736,13 +740,17 @@ class Backfiller:
         """Whether every chunk ``backfill`` wrote vouched (asked again later: a chunk may not), if no other backfill of
         its table wrote rows since it began (one paused meanwhile may have): the READ rows of the table past its
         ``keys_end`` are its own then (None: they may not be)."""
-        if not backfill.vouched or backfill.started_at is None:
+        if not backfill.vouched or backfill.started_at is None or self._others(backfill, self.state.backfills(
+                table=backfill.table)):  # fmt: skip
             return None
-        if any(other.id != backfill.id and other.table == backfill.table and other.started_at is not None
-               and (other.finished_at is None or other.finished_at > backfill.started_at)
-               for other in self.state.backfills()):  # fmt: skip
-            return None
-        return lambda: backfill.vouched is True
+        return lambda: backfill.vouched is True and not self._others(backfill, list(self.backfills.values()))
+
+    @staticmethod
+    def _others(backfill: Backfill, found: list[Backfill]) -> bool:
+        """Whether another of ``found`` of the same table began and was not done before ``backfill`` began."""
+        return any(other.id != backfill.id and other.table == backfill.table and other.started_at is not None
+                   and (other.finished_at is None or other.finished_at > (backfill.started_at or 0))
+                   for other in found)  # fmt: skip
 
     def _stop_reading(self, backfill: int) -> None:
         found = self.candidates.pop(backfill, None)

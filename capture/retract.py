@@ -56,7 +56,8 @@ class LiveKeys:
 
     def __init__(self, tables: Iterable[Table]) -> None:
         self.keys: dict[Table, dict[bytes, None]] = {t: {} for t in tables}
-        self.reads: dict[Table, list[bytes]] = {t: [] for t in tables}  # keys of READ rows past the end (``read``)
+        self.taken: dict[Table, int] = {t: 0 for t in tables}  # keys held that a READ past the end took out (``read``)
+        self.reads: dict[Table, list[bytes]] = {t: [] for t in tables}  # the other keys of READ rows past the end
 
     def apply(self, op: str, table: Table, key: bytes | None, before: bytes | None) -> None:
         keys = self.keys.get(table)
@@ -81,8 +82,16 @@ class LiveKeys:
             self.keys.get(table, {}).pop(before, None)  # type: ignore[arg-type]
 
     def read(self, op: str, table: Table, key: bytes | None) -> None:
-        """A READ row's key past the end: a restarted backfill's own row, written before the restart."""
-        if op == "READ" and key is not None and table in self.reads:
+        """A READ row's key past the end, for a caller whose READ rows there need no check (``earlier_keys``'
+        ``reads``): a key held as it is framed is taken out (counted in ``taken``), any other kept in ``reads`` (a
+        row added since, or a held key framed by another schema id: the caller compares by value)."""
+        keys = self.keys.get(table)
+        if op != "READ" or key is None or keys is None:
+            return
+        if key in keys:
+            del keys[key]
+            self.taken[table] += 1
+        else:
             self.reads[table].append(key)
 
     def __len__(self) -> int:
@@ -238,8 +247,9 @@ class HeadReader:
         return _head_of(self.registry.schema(schema_id(value))) == _head_of(CHANGE_VALUE_SCHEMA)
 
     def may_remove(self, value: bytes) -> bool:
-        """False when the change surely takes no key away: a READ or an INSERT, told by its first byte (``op``, the
-        head's first field: the enum's index, zigzag), with no decoding. Measured on a restarted backfill's read
+        """False when the change surely takes no key away: a READ or an INSERT (an INSERT only, with ``skipped``
+        ``NO_READ``: the READs are wanted too), told by its first byte (``op``, the head's first field: the enum's
+        index, zigzag), with no decoding. Measured on a restarted backfill's read
         past its end (1M changes, nearly all its own READ rows), alternating: 2.31-2.66 s with every head read,
         1.61-2.35 s with this (bench/RESULTS.md, 2026-11-28)."""
         if len(value) <= FRAME_SIZE or not self.heads.get(value[:FRAME_SIZE]):
@@ -247,8 +257,13 @@ class HeadReader:
         return value[FRAME_SIZE] not in self.skipped
 
 
-NO_REMOVAL = frozenset(2 * OPS.index(op) for op in ("READ", "INSERT"))  # the first byte of such a change's head
-NO_READ = frozenset((2 * OPS.index("INSERT"),))  # the same, for a read past the end that wants its READ rows too
+def _first_bytes(*ops: str) -> frozenset[int]:
+    """The first byte of the head of a change of each of ``ops`` (the op enum's index, zigzag-encoded)."""
+    return frozenset(2 * OPS.index(op) for op in ops)
+
+
+NO_REMOVAL = _first_bytes("READ", "INSERT")
+NO_READ = _first_bytes("INSERT")  # for a read past the end that wants the READ rows too
 
 
 class JsonHeads:
@@ -291,9 +306,9 @@ def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry
                  removed_to: int | None = None, reads: bool = False) -> LiveKeys | None:  # fmt: skip
     """The keys the raw topic holds alive for ``tables`` before a new snapshot (or backfill: ``what``): below
     ``end`` (the topic's end when it started; its end now when not given), less those its changes from ``end``
-    up to ``removed_to`` took away (a backfill restarted: the DELETEs it wrote before); with ``reads``, the keys
-    of the READ rows there too (``LiveKeys.reads``: its own rows, written before the restart); None when there is
-    nothing below ``end``. ``stop`` set: it stops reading (and says nothing)."""
+    up to ``removed_to`` took away (a backfill restarted: the DELETEs it wrote before); with ``reads``, less the keys
+    of the READ rows there too (``LiveKeys.read``: a restarted backfill's own rows, its chunks vouched for); None
+    when there is nothing below ``end``. ``stop`` set: it stops reading (and says nothing)."""
     end = raw_end(cfg) if end is None else end
     removed_to = end if removed_to is None else max(removed_to, end)
     if end == 0:

@@ -11,7 +11,8 @@ leaves a TOASTed column alone can carry its real value; versions older than the
 newest one at or below the confirmed LSN are pruned. Backfills (``capture.backfill``) keep
 here the tables whose rows the raw topic carries (``captured``: a table that joins them is
 backfilled), each backfill with the last chunk Kafka acknowledged (so a restart goes on from
-it) and the raw topic's end its retraction reads keys up to, the requests ``headwater snapshot``
+it), the raw topic's end its retraction reads keys up to and whether every chunk it wrote vouched for its
+keys (``unvouch``, which commits at once, synced), the requests ``headwater snapshot``
 leaves for the running capture with their outcome, and the commit LSN of the last signal-table
 row applied (a replay does not apply it twice). The backfill methods do not commit: callers
 group them in ``with state.db:``. A file an earlier version wrote gains the columns added since
@@ -169,12 +170,15 @@ class State:
         )
         return Backfill(int(cur.lastrowid or 0), table, predicate, origin, created_at=now)
 
-    def backfills(self, *, unfinished: bool = False, limit: int = 1000) -> list[Backfill]:
-        """Backfills in the order they were asked for (only those not finished, or the ``limit`` newest)."""
-        where = f"WHERE status IN ({', '.join('?' * len(UNFINISHED))})" if unfinished else ""
+    def backfills(self, *, unfinished: bool = False, limit: int = 1000, table: str | None = None) -> list[Backfill]:
+        """Backfills in the order they were asked for (only those not finished, or the ``limit`` newest; every one of
+        ``table`` when it is given)."""
+        where = [f"status IN ({', '.join('?' * len(UNFINISHED))})"] if unfinished else []
+        where += ["tbl = ?"] if table is not None else []
         rows = self.db.execute(
-            f"SELECT {BACKFILL_COLUMNS} FROM backfills {where} ORDER BY id DESC LIMIT ?",  # noqa: S608 - fixed text
-            (*(UNFINISHED if unfinished else ()), limit),
+            f"SELECT {BACKFILL_COLUMNS} FROM backfills {'WHERE ' + ' AND '.join(where) if where else ''}"  # noqa: S608
+            " ORDER BY id DESC LIMIT ?",  # fixed text, values bound
+            (*(UNFINISHED if unfinished else ()), *((table,) if table is not None else ()), -1 if table else limit),
         ).fetchall()
         return [_backfill(row) for row in reversed(rows)]
 
@@ -190,10 +194,17 @@ class State:
         )  # fmt: skip
 
     def unvouch(self, backfill: int) -> None:
-        """A chunk of ``backfill`` did not vouch for its keys: saved (and committed) before its rows are written, so
-        a restart never takes the keys of rows on the topic for vouched ones (``Backfill.vouched``)."""
-        with self.db:
-            self.db.execute("UPDATE backfills SET vouched = 0 WHERE id = ?", (backfill,))
+        """A chunk of ``backfill`` did not vouch for its keys: committed before its rows are written, with the WAL
+        synced (``synchronous=FULL``: a power loss may roll back a ``NORMAL`` commit while Kafka keeps the rows), so
+        a restart never takes the keys of rows on the topic for vouched ones (``Backfill.vouched``). Whatever the
+        connection had open is committed first, as ``checkpoint`` would."""
+        self.db.commit()
+        self.db.execute("PRAGMA synchronous=FULL")
+        try:
+            with self.db:
+                self.db.execute("UPDATE backfills SET vouched = 0 WHERE id = ?", (backfill,))
+        finally:
+            self.db.execute("PRAGMA synchronous=NORMAL")
 
     def backfill_rates(self) -> dict[int, float]:
         """The rate each backfill had when capture last saved it (rows/s), for ``headwater status``."""

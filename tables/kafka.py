@@ -2,8 +2,8 @@
 
 Promise: ``read_topic`` returns every record of a topic, stopping at partition EOF as
 reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is wrong on
-multi-record batches while its fetch high watermark is right; ``read_to_end`` is that
-loop for any partitions from any offsets.
+multi-record batches while its fetch high watermark is right; ``batches_to_end`` is that
+loop for any partitions from any offsets (``read_on_batches`` / ``read_on``: reading on after a stall).
 ``fetched_ends`` finds partitions' true ends the same way.
 ``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists.
 ``topic_ids`` names each topic's incarnation (Kafka's topic id, KIP-516: a topic deleted and made
@@ -31,7 +31,7 @@ from tables.errors import RetryableError
 log = logging.getLogger("tables.kafka")
 READER_FETCH_WAIT_MS = 10
 READER_QUEUE_BACKOFF_MS = 20
-CONSUME_BATCH = 500  # messages taken from librdkafka's queue at once by ``read_to_end``
+CONSUME_BATCH = 500  # messages taken from librdkafka's queue at once by ``batches_to_end``
 STALL = 3.0  # seconds without a message, below the known end, before a reader is nudged
 DRY = 1.0  # seconds of empty fetches below a known end, since the reader was last at its end, before its wait grows
 MOST_WAIT_MS = 1000  # the longest fetch wait FetchWait grows to
@@ -105,21 +105,14 @@ def reader(settings: Mapping[str, Any]) -> Consumer:
     })  # fmt: skip
 
 
-def read_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeout: float,
-                wait: FetchWait | None = None) -> Iterator[Message]:  # fmt: skip
-    """Messages of the assigned partitions, each from its offset to the partition EOF fetches report
-    (``batches_to_end``, message by message)."""
-    for batch in batches_to_end(consumer, assignments, timeout=timeout, wait=wait):
-        yield from batch
-
-
 def batches_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeout: float,
                    wait: FetchWait | None = None) -> Iterator[list[Message]]:  # fmt: skip
-    """``read_to_end`` in batches: lists of messages (none an error), in order. Taken in batches of what librdkafka
-    holds already (``consume(n, 0)``), waiting (up to 0.5 s) only for one when it holds none: measured on Tansu,
-    1M messages read in 1.0 s, against 6.4-7.2 s by ``poll`` (one call, and one GIL round, a message).
-    ``Stalled`` when the reader stalls (with ``wait``, the consumer's fetch wait, grown first if its fetches came
-    back empty below the end): ``read_on`` reads on."""
+    """Messages of the assigned partitions, each from its offset to the partition EOF fetches report, in batches:
+    lists of messages (none an error), in order. Taken in batches of what librdkafka holds already
+    (``consume(n, 0)``), waiting (up to 0.5 s) only for one when it holds none: measured on Tansu, 1M messages
+    read in 1.0 s, against 6.4-7.2 s by ``poll`` (one call, and one GIL round, a message). ``Stalled`` when the
+    reader stalls (with ``wait``, the consumer's fetch wait, grown first if its fetches came back empty below the
+    end): ``read_on_batches`` reads on."""
     if not assignments:
         return
     consumer.assign(assignments)
@@ -340,15 +333,15 @@ def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, 
 
 def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float,
                     consumer: Consumer | None = None, bulk: bool = False) -> Iterator[list[Message]]:  # fmt: skip
-    """``read_to_end`` of partitions from offsets (``starts``, moved past each batch once the next is asked for), in
-    batches (``batches_to_end``), by ``consumer`` (a ``reader`` of ``settings``; one is made if None) and closed at
+    """``batches_to_end`` of partitions from offsets (``starts``, moved past each batch once the next is asked for),
+    by ``consumer`` (a ``reader`` of ``settings``; one is made if None) and closed at
     the end; a reader that stalls is replaced by a new one from where it stood, with a longer fetch wait when its
     fetches came back empty below the end (``FetchWait``: on the local broker a one-shot read of a long partition
     needs it too). ``bulk``: the read starts far from the end (a whole partition): when a partition read holds more
     than ``BULK_FROM`` records, its made reader's wait starts at ``BULK_WAIT_MS`` at least, not the 10 ms a read at
-    the tail wants (see ``BULK_WAIT_MS``). For reads whose work per message is small: ``read_on`` resumes two
-    generators a message, and a raw topic's keys' read read by batch took 4.8-5.1 s for 1M changes instead of
-    6.3-7.2 s (bench/RESULTS.md, 2026-11-29)."""
+    the tail wants (see ``BULK_WAIT_MS``). For reads whose work per message is small: a raw topic's keys' read
+    took 4.8-5.1 s for 1M changes by batch, 6.3-7.2 s message by message through generators (``read_on``'s and
+    those below it; bench/RESULTS.md, 2026-11-29)."""
     deadline = time.monotonic() + timeout
     waits = {"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings}
     wait = FetchWait(waits)
@@ -376,7 +369,7 @@ def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], i
 
 def _past(batch: list[Message], partitions: int) -> dict[tuple[str, int], int]:
     """The offset past each partition's last message in ``batch`` (of ``partitions`` partitions at most), read from
-    its end: asking every message cost 15% of a raw topic's keys' read."""
+    its end: asking every message cost 15% of a script's read of a raw topic's keys."""
     past: dict[tuple[str, int], int] = {}
     for msg in reversed(batch):
         past.setdefault((str(msg.topic()), int(msg.partition() or 0)), int(msg.offset() or 0) + 1)

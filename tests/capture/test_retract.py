@@ -66,6 +66,23 @@ def test_live_keys_past_a_backfills_end_lose_keys_and_gain_none() -> None:
     assert list(live.keys[OTHER]) == []
 
 
+
+@pytest.mark.unit
+def test_live_keys_past_the_end_take_out_the_keys_of_a_restarted_backfills_own_rows() -> None:
+    """Its READ rows there were read by chunks that vouched: a key held as it is framed is taken out and counted,
+    any other (a row added since, or a held key framed by another schema id) is kept for a comparison by value;
+    other ops, other tables and a second READ of a key change nothing more."""
+    live = retract.LiveKeys([T])
+    for k in (1, 2, 3):
+        live.apply("READ", T, key(k), None)
+    other_frame = b"\x00\x00\x00\x00\x09" + key(2)[5:]
+    for op, table, k in [("READ", T, key(1)), ("READ", T, key(1)), ("INSERT", T, key(2)), ("READ", T, other_frame),
+                         ("READ", T, key(7)), ("READ", OTHER, key(3)), ("READ", T, None)]:  # fmt: skip
+        live.read(op, table, k)
+    assert list(live.keys[T]) == [key(2), key(3)]
+    assert live.taken[T] == 1
+    assert live.reads[T] == [key(1), other_frame, key(7)]
+
 def avro_key_decoder(calls: list[bytes]) -> Callable[[bytes], Any]:
     parsed = fastavro.parse_schema(CHANGE_KEY_SCHEMA)
 
@@ -153,6 +170,9 @@ def test_head_reader_tells_a_change_that_takes_no_key_away_by_its_first_byte() -
     reader(change("READ"))
     assert [reader.may_remove(change(op)) for op in ("READ", "INSERT", "UPDATE", "DELETE", "TRUNCATE")] == [
         False, False, True, True, True]  # fmt: skip
+    reads = retract.HeadReader(reader.registry, retract.NO_READ)  # a read past the end that wants READ rows too
+    reads(change("READ"))
+    assert [reads.may_remove(change(op)) for op in ("READ", "INSERT", "DELETE")] == [True, False, True]
     record = {"op": "READ", "schema": "s", "table": "t", "topic": "p.t", "commit_lsn": 1, "xid": 2,
               "commit_time": datetime(2024, 1, 1, tzinfo=UTC), "position": 0, "tx_size": 1, "key": key(1),
               "before": None, "after": None, "extra": -5}  # fmt: skip

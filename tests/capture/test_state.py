@@ -66,5 +66,8 @@ def test_a_backfill_that_stopped_vouching_stays_so_whatever_copy_is_saved_later(
         with state.db:
             state.save_backfill(earlier)
         assert state.backfills()[0].vouched is False
+        assert state.db.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL again after the synced commit
+        others = [state.add_backfill(table, None, "request") for table in ("public.u", "public.t", "public.u")]
+        assert [b.id for b in state.backfills(table="public.t", limit=1)] == [backfill.id, others[1].id]
     finally:
         state.close()
