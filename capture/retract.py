@@ -323,7 +323,7 @@ def earlier_keys(cfg: CaptureConfig, tables: Iterable[Table], registry: Registry
             if reads and at >= end:
                 live.read(op, table, key)
     log.info("the raw topic holds %d changes from before %s (%d keys of its tables, read in %.1f s%s): keys %s does"
-             " not find get a DELETE", end, what, len(live), clock.monotonic() - started,
+             " not find get a DELETE", end, what, len(live) + sum(live.taken.values()), clock.monotonic() - started,
              f"; deletes up to offset {removed_to} taken away" if removed_to > end else "", what)  # fmt: skip
     return live
 
