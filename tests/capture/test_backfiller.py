@@ -601,6 +601,15 @@ def test_a_where_resnapshot_reads_only_the_rows_it_matches(
     conn.close()
 
 
+def lose_deletes(dsn: str, capture: Capture, *also: str) -> None:
+    """Every 7th row of ``items`` deleted (and ``also`` run) while the table is out of the publication: the raw topic
+    goes wrong, as a topic a re-snapshot repairs."""
+    publication = capture.cfg.publication
+    run(dsn, f"ALTER PUBLICATION {publication} DROP TABLE items", "DELETE FROM items WHERE id % 7 = 0", *also,
+        f"ALTER PUBLICATION {publication} ADD TABLE items")  # fmt: skip
+    capture.wait_caught_up(dsn)
+
+
 @pytest.mark.slow
 def test_a_resnapshot_retracts_keys_the_table_no_longer_has(
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
@@ -610,11 +619,7 @@ def test_a_resnapshot_retracts_keys_the_table_no_longer_has(
     run(pg_database, *ITEMS)
     capture = capture_factory(pg_database, backfill_chunk_rows=400).start()
     capture.wait_caught_up(pg_database)
-    publication = capture.cfg.publication
-    run(pg_database, f"ALTER PUBLICATION {publication} DROP TABLE items",
-        "DELETE FROM items WHERE id % 7 = 0", "UPDATE items SET note = 'unseen' WHERE id % 11 = 0",
-        f"ALTER PUBLICATION {publication} ADD TABLE items")  # fmt: skip
-    capture.wait_caught_up(pg_database)
+    lose_deletes(pg_database, capture, "UPDATE items SET note = 'unseen' WHERE id % 11 = 0")
     conn = psycopg2.connect(pg_database)
     wrong = apply_changes(capture.changes(), Registry(capture.cfg.registry_url))["items"]
     assert len(compare(conn, "items", ["id"], wrong)[1]) > 400, "the topic did not go wrong"
@@ -652,10 +657,7 @@ def test_a_resnapshot_whose_keys_are_read_after_its_chunk_leaves_out_what_the_ch
     caplog.set_level(logging.INFO, "headwater.capture")
     run(pg_database, *(["UPDATE items SET note = note || '.'"] * 20))  # 60,000 changes to read
     capture.wait_caught_up(pg_database, timeout=120)
-    publication = capture.cfg.publication
-    run(pg_database, f"ALTER PUBLICATION {publication} DROP TABLE items", "DELETE FROM items WHERE id % 7 = 0",
-        f"ALTER PUBLICATION {publication} ADD TABLE items")  # fmt: skip
-    capture.wait_caught_up(pg_database)
+    lose_deletes(pg_database, capture)
     capture.snapshot("items")
     found = capture.wait_backfilled(pg_database)
     capture.stop()
@@ -685,10 +687,7 @@ def test_a_resnapshot_killed_mid_chunks_looks_up_only_the_keys_its_rows_do_not_c
     capture = capture_factory(pg_database, backfill_chunk_rows=50)
     capture.spawn()
     capture.wait_caught_up(pg_database, timeout=120)
-    publication = capture.cfg.publication
-    run(pg_database, f"ALTER PUBLICATION {publication} DROP TABLE items", "DELETE FROM items WHERE id % 7 = 0",
-        f"ALTER PUBLICATION {publication} ADD TABLE items")  # fmt: skip
-    capture.wait_caught_up(pg_database)
+    lose_deletes(pg_database, capture)
     capture.snapshot("items")
     saved = wait_for(lambda: _chunking(capture, "public.items", 1000), 120, every=0.05)
     assert saved is not None and saved.phase == "chunks", [b.describe() for b in capture.backfills()]
