@@ -133,15 +133,20 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 10.0) -> No
 def _confirmed(url: str) -> float:
     """The confirmed position capture's metrics last reported (0 before the first report; infinite when they do not
     answer: nothing to wait for)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
-        text = httpx.get(url + "/metrics", timeout=10).text
+        samples = _samples(url)
     except httpx.HTTPError:
         return float("inf")  # nothing to wait for
     name = capture_metrics.NAMES["confirmed_lsn"]
-    found = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
-    return max(found, default=0.0)
+    return max((s.value for s in samples if s.name == name), default=0.0)
+
+
+def _samples(url: str) -> list[Any]:
+    """Every sample the Prometheus metrics at ``url``/metrics expose (``httpx.HTTPError`` when they do not answer)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def show_changes(capture: CaptureConfig) -> None:
@@ -180,16 +185,13 @@ def show_metrics(url: str, names: tuple[str, ...], each: int = 4, focus: dict[st
     """Where the metrics are (``url``: /metrics, /health, /ready) and up to ``each`` samples of each of ``names``:
     those whose labels include ``focus`` first, then in label order (the exposition's order is the order in
     which label sets were first counted, which differs from run to run)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
-        text = httpx.get(url + "/metrics", timeout=10).text
+        samples = _samples(url)
         ready = httpx.get(url + "/ready", timeout=10).json()
     except httpx.HTTPError as exc:
         print(f"  {url}/metrics does not answer: {exc}")
         return
     print(f"  Prometheus metrics at {url}/metrics; GET {url}/ready: {'ready' if ready['ready'] else ready['reason']}")
-    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
     for name in names:
         found = sorted((s for s in samples if s.name == name), key=lambda s: _shown_first(s.labels, focus or {}))
         for sample in found[:each]:
