@@ -218,6 +218,15 @@ class KeyFilter:
             return True
 
 
+def _first_bytes(*ops: str) -> frozenset[int]:
+    """The first byte of the head of a change of each of ``ops`` (the op enum's index, zigzag-encoded)."""
+    return frozenset(2 * OPS.index(op) for op in ops)
+
+
+NO_REMOVAL = _first_bytes("READ", "INSERT")
+NO_READ = _first_bytes("INSERT")  # for a read past the end that wants the READ rows too
+
+
 class HeadReader:
     """(op, table, key, before) of raw changes: a record whose writer schema begins as ``CHANGE_VALUE_SCHEMA``
     does (framed images, any later fields) has only its head read, in C (``capture._copier.change_head``);
@@ -225,9 +234,9 @@ class HeadReader:
     Measured: a whole framed change reads in ~6 µs (fastavro), which made a re-snapshot of a 1M-row table
     wait 16.6 s for its own keys under load."""
 
-    def __init__(self, registry: Registry, skipped: frozenset[int] | None = None) -> None:
+    def __init__(self, registry: Registry, skipped: frozenset[int] = NO_REMOVAL) -> None:
         self.registry, self.whole = registry, ChangeReader(registry)
-        self.skipped = NO_REMOVAL if skipped is None else skipped  # first bytes ``may_remove`` says False to
+        self.skipped = skipped  # first bytes ``may_remove`` says False to
         self.heads: dict[bytes, bool] = {}  # frame (writer schema id) -> its head is CHANGE_VALUE_SCHEMA's
 
     def __call__(self, value: bytes) -> Earlier:
@@ -255,15 +264,6 @@ class HeadReader:
         if len(value) <= FRAME_SIZE or not self.heads.get(value[:FRAME_SIZE]):
             return True  # a writer schema not seen yet, or another layout: read it
         return value[FRAME_SIZE] not in self.skipped
-
-
-def _first_bytes(*ops: str) -> frozenset[int]:
-    """The first byte of the head of a change of each of ``ops`` (the op enum's index, zigzag-encoded)."""
-    return frozenset(2 * OPS.index(op) for op in ops)
-
-
-NO_REMOVAL = _first_bytes("READ", "INSERT")
-NO_READ = _first_bytes("INSERT")  # for a read past the end that wants the READ rows too
 
 
 class JsonHeads:
