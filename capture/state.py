@@ -178,7 +178,8 @@ class State:
         rows = self.db.execute(
             f"SELECT {BACKFILL_COLUMNS} FROM backfills {'WHERE ' + ' AND '.join(where) if where else ''}"  # noqa: S608
             " ORDER BY id DESC LIMIT ?",  # fixed text, values bound
-            (*(UNFINISHED if unfinished else ()), *((table,) if table is not None else ()), -1 if table else limit),
+            (*(UNFINISHED if unfinished else ()), *((table,) if table is not None else ()),
+             -1 if table is not None else limit),
         ).fetchall()
         return [_backfill(row) for row in reversed(rows)]
 
