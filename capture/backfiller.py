@@ -737,9 +737,9 @@ class Backfiller:
         return found
 
     def _own_rows(self, backfill: Backfill) -> Callable[[], bool] | None:
-        """Whether every chunk ``backfill`` wrote vouched (asked again later: a chunk may not), if no other backfill of
-        its table wrote rows since it began (one paused meanwhile may have): the READ rows of the table past its
-        ``keys_end`` are its own then (None: they may not be)."""
+        """Whether every chunk ``backfill`` wrote vouched and no other backfill of its table wrote rows since it began
+        (one paused meanwhile may have), asked again once the keys' read pinned its end: the READ rows of the table
+        past its ``keys_end`` are its own then (None: they may not be, already)."""
         if not backfill.vouched or backfill.started_at is None or self._others(backfill, self.state.backfills(
                 table=backfill.table)):  # fmt: skip
             return None
