@@ -49,6 +49,27 @@ def replayed(found: list[tuple[Record, Any, Any]]) -> dict[bytes, dict[str, Any]
     return rows
 
 
+def boundaries(capture: Capture, registry: Registry) -> list[dict[str, Any]]:
+    """The BEGIN and END records of the Debezium transaction topic, decoded."""
+    topic = debezium_transaction_topic(f"{capture.cfg.topic_prefix}.debezium")
+    return [registry.decode(r.value) for r in read_topic(capture.cfg.bootstrap, topic)]
+
+
+def per_transaction(found: dict[str, list[tuple[Record, Any, Any]]]) -> dict[str, dict[str, int]]:
+    """The streamed events of each transaction, counted per table as an END record counts them."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for table, got in found.items():
+        for _, _, value in got:
+            if value and value["transaction"]:
+                counts[value["transaction"]["id"]][f"public.{table}"] += 1
+    return defaultdict(dict, {ident: dict(c) for ident, c in counts.items()})
+
+
+def ended(end: dict[str, Any]) -> dict[str, int]:
+    """The events an END record counts, per table."""
+    return {c["data_collection"]: c["event_count"] for c in end["data_collections"]}
+
+
 def test_debezium_topics_carry_every_change_once_in_the_envelope_with_transactions_through_a_killed_worker(
     shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
     shop_writer: Callable[..., ShopWriter],
@@ -73,11 +94,15 @@ def test_debezium_topics_carry_every_change_once_in_the_envelope_with_transactio
     capture.wait_caught_up(pg_database)
     registry = Registry(capture.cfg.registry_url)
 
-    def settled() -> bool:
-        return any(v and v["op"] == "c" and v["after"]["id"] == 900002 for _, _, v in events(capture, registry,
-                                                                                              "customers"))  # fmt: skip
+    def settled() -> bool:  # the last transaction's END written, and every ended one's events landed
+        found = {table: events(capture, registry, table) for table in shop.TABLES}
+        last = [v["transaction"]["id"] for _, _, v in found["customers"]
+                if v and v["op"] == "c" and v["after"]["id"] == 900002 and v["transaction"]]  # fmt: skip
+        ends = {b["id"]: b for b in boundaries(capture, registry) if b["status"] == "END"}
+        counted = per_transaction(found)
+        return bool(last) and last[0] in ends and all(ended(end) == counted[ident] for ident, end in ends.items())
 
-    assert wait_for(settled, 90, every=1.0), worker.tail()
+    wait_for(settled, 90, every=1.0)  # records on other partitions land apart; on a timeout the checks below fail
     found = {table: events(capture, registry, table) for table in shop.TABLES}
 
     for table in shop.TABLES:  # replayed by key, each topic is the table
@@ -110,15 +135,10 @@ def test_debezium_topics_carry_every_change_once_in_the_envelope_with_transactio
                                                                                       "public", "customers")
     assert source["name"] == f"{prefix}.debezium" and source["lsn"] > 0 and source["txId"] > 0
 
-    boundaries = [registry.decode(r.value) for r in read_topic(capture.cfg.bootstrap,
-                                                               debezium_transaction_topic(f"{prefix}.debezium"))]
-    begins = Counter(b["id"] for b in boundaries if b["status"] == "BEGIN")
-    ends = {b["id"]: b for b in boundaries if b["status"] == "END"}
+    marks = boundaries(capture, registry)
+    begins = Counter(b["id"] for b in marks if b["status"] == "BEGIN")
+    ends = {b["id"]: b for b in marks if b["status"] == "END"}
     assert set(begins.values()) == {1} and set(begins) == set(ends) and len(ends) > 500
-    per_tx: dict[str, Counter[str]] = defaultdict(Counter)
-    for table, _, _, value in every:
-        if value and value["transaction"]:
-            per_tx[value["transaction"]["id"]][f"public.{table}"] += 1
+    per_tx = per_transaction(found)
     for ident, end in ends.items():
-        counts = {c["data_collection"]: c["event_count"] for c in end["data_collections"]}
-        assert counts == dict(per_tx[ident]) and end["event_count"] == sum(counts.values()), ident
+        assert ended(end) == per_tx[ident] and end["event_count"] == sum(per_tx[ident].values()), ident
