@@ -39,9 +39,12 @@ from tables.registry import shown
 
 CHECKPOINTS = "checkpoints"
 # Spark gives a streaming source's Python worker a hard-coded 10 s to connect back (PythonWorkerFactory's
-# createSimpleWorker, no setting); on a loaded machine a query fails so while it starts. ``run`` starts it again.
+# createSimpleWorker, no setting); on a loaded machine a query fails so while it starts. ``run`` starts it again
+# after a pause. The worker compiles pyspark from Spark's pyspark.zip on every start (1.2 s on an idle 2-core
+# machine); with CI's 2 cores busy with other tests, it once took more than 10 s three times in a row.
 WORKER_START = "Python worker failed to connect back"
-START_ATTEMPTS = 3
+START_ATTEMPTS = 5
+START_PAUSE = 3.0  # seconds before a query that failed to start is started again
 log = logging.getLogger("headwater.analytics")
 
 
@@ -103,7 +106,9 @@ def _start_again(queries: dict[str, StreamingQuery], starts: Mapping[str, Callab
             continue
         if not failed_to_start(error) or used >= left:
             raise error
-        log.warning("the query %s failed to start (%s); starting it again from its checkpoint", name, WORKER_START)
+        log.warning("the query %s failed to start (%s); starting it again from its checkpoint in %.0f s", name,
+                    WORKER_START, START_PAUSE)  # fmt: skip
+        time.sleep(START_PAUSE)
         queries[name], used = starts[name](), used + 1
     return used
 
