@@ -2,7 +2,9 @@
 
 Promise: ``apply_changes`` rebuilds each table's rows from the raw topic exactly as a
 consumer applying it in order would (an update that changed the key removes the old
-one); ``compare`` lists every difference between
+one), a row known by its key's values (a key written under an older key schema names the row whose key has
+the same values, whatever the bytes: ``numeric(10,2)`` made ``numeric(10,3)`` gives 1.50 and 0.150 the same
+body); ``compare`` lists every difference between
 those rows and the table in PostgreSQL (missing, extra, or differing values), with
 values compared by meaning (instants in UTC, JSON parsed, decimals exact). For the
 stream workers, ``latest_rows`` is a table topic's latest value per key (tombstones
@@ -19,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
@@ -34,14 +37,15 @@ from tables.kafka import read_topic
 from tables.registry import Registry
 from tables.topics import view_key
 from tables.views import LSN_FIELD
-from tables.wire import avro_body, body, schema_id
+from tables.wire import body, schema_id
 
 Docs = dict[tuple[str, ...], Any]  # key column values as text -> the view row as JSON
+Key = tuple[Any, ...]  # a row's key column values, as decoded
 
 
-def apply_changes(changes: list[dict[str, Any]], decode: Registry) -> dict[str, dict[bytes, dict[str, Any]]]:
-    """Table name to {key bytes (without frame): decoded row} after every change in topic order."""
-    state: dict[str, dict[bytes, dict[str, Any]]] = {}
+def apply_changes(changes: list[dict[str, Any]], decode: Registry) -> dict[str, dict[Key, dict[str, Any]]]:
+    """Table name to {the key's values: decoded row} after every change in topic order."""
+    state: dict[str, dict[Key, dict[str, Any]]] = {}
     for change in changes:
         op = change["op"]
         if op == "SNAPSHOT_END":
@@ -52,21 +56,25 @@ def apply_changes(changes: list[dict[str, Any]], decode: Registry) -> dict[str, 
         if op == "TRUNCATE":
             rows.clear()
         elif op == "DELETE":
-            rows.pop(body(change["key"]), None)
+            rows.pop(_values(decode(change["key"]).values()), None)
         else:
             if op == "UPDATE" and change.get("before") is not None:
                 rows.pop(_old_key(change["key"], change["before"], decode), None)
-            rows[body(change["key"])] = decode(change["after"])
+            rows[_values(decode(change["key"]).values())] = decode(change["after"])
     return state
 
 
-def _old_key(key: bytes, before: bytes, decode: Registry) -> bytes:
+def _values(values: Iterable[Any]) -> Key:
+    """A key's values, hashable (an array key column's list made a tuple)."""
+    return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+
+
+def _old_key(key: bytes, before: bytes, decode: Registry) -> Key:
     """The key an update had before it (the old key image, or the key columns of the full old row)."""
-    if before[:5] == key[:5]:
-        return body(before)
     old = decode(before)
-    parsed = decode.parsed(schema_id(key))
-    return avro_body(parsed, {f["name"]: old[f["name"]] for f in parsed["fields"]})
+    if before[:5] == key[:5]:
+        return _values(old.values())
+    return _values(old[f["name"]] for f in decode.parsed(schema_id(key))["fields"])
 
 
 def same(pg: Any, avro: Any) -> bool:
@@ -95,7 +103,7 @@ def pg_rows(conn: psycopg2.extensions.connection, table: str, key: list[str]) ->
 
 
 def compare(
-    conn: psycopg2.extensions.connection, table: str, key: list[str], captured: dict[bytes, dict[str, Any]]
+    conn: psycopg2.extensions.connection, table: str, key: list[str], captured: dict[Any, dict[str, Any]]
 ) -> tuple[int, list[str]]:
     """The table's row count and every difference between it and the rows rebuilt from the topic."""
     expected = pg_rows(conn, table, key)
@@ -110,7 +118,7 @@ def compare(
 
 
 def assert_table_matches(
-    conn: psycopg2.extensions.connection, table: str, key: list[str], captured: dict[bytes, dict[str, Any]]
+    conn: psycopg2.extensions.connection, table: str, key: list[str], captured: dict[Any, dict[str, Any]]
 ) -> int:
     """For tests: ``compare`` finds nothing; returns the row count."""
     count, problems = compare(conn, table, key, captured)
