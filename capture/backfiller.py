@@ -125,16 +125,17 @@ class Candidates:
     ``capture.backfill.vouches`` for) is not checked: its row was in the table after every change the stream
     carried before it, so the stream carries any later delete of it. (Asking
     PostgreSQL cost ~9 us a key: 34k keys took 0.3 s of a 1.5 s backfill, bench/RESULTS.md, 2026-11-28.)
-    ``ident`` is what identifies a key image, whatever framed it. The keys are those below ``end``: the raw
-    topic's end when the backfill started, found first when not given (``woken`` is called then) — the
+    Keys are compared as framed: a key written under another key schema id is looked up, because the same body
+    may mean another value under another schema (``numeric(10,2)`` made ``numeric(10,3)``: the bytes of 1.50 are
+    those of 0.150), and a key taken as read by mistake would never be retracted. The keys are those below
+    ``end``: the raw topic's end when the backfill started, found first when not given (``woken`` is called then) — the
     backfill's own chunks, written after it, are not candidates (reading to the end found later made the
     first 2-4 chunks' 16,384 keys each candidates, and after a restart every chunk written before it: 606k
     look-ups, 7.5 s, bench/RESULTS.md, 2026-11-28)."""
 
-    def __init__(self, cfg: CaptureConfig, table: Table, what: str, ident: Callable[[bytes], bytes],
-                 end: int | None = None, woken: Callable[[], None] = lambda: None, *,
-                 reads: Callable[[], bool] | None = None) -> None:  # fmt: skip
-        self.cfg, self.table, self.what, self.ident = cfg, table, what, ident
+    def __init__(self, cfg: CaptureConfig, table: Table, what: str, end: int | None = None,
+                 woken: Callable[[], None] = lambda: None, *, reads: Callable[[], bool] | None = None) -> None:
+        self.cfg, self.table, self.what = cfg, table, what
         self.end, self.woken = end, woken
         self.reads = reads  # whether the READ rows of the table past ``end`` are its own, their chunks vouched for
         # (asked once the end is pinned: every row below the topic's end then was written after its chunk was judged)
@@ -143,8 +144,8 @@ class Candidates:
         self.failed_at = 0.0  # when the read failed (monotonic): read again RETRY_AFTER later
         self.done = 0  # keys checked
         self.handed = 0  # keys handed to a read (checked once its high watermark comes through)
-        self.framed: tuple[bytes, set[bytes]] | None = None  # the keys framed as the chunks frame theirs
-        self.read: set[bytes] = set()  # those of the keys a chunk read (as ``ident`` gives them)
+        self.held: set[bytes] | None = None  # ``keys`` as a set, made when a chunk's keys are first marked
+        self.read: set[bytes] = set()  # those of the keys a chunk read
         self.early: list[list[bytes]] = []  # the keys of chunks read before the keys were known
         self.early_count = 0
         self.left_out = 0  # keys left out before they were handed to the stream (``_publish``)
@@ -171,7 +172,7 @@ class Candidates:
             if self.stop.is_set():
                 return  # keys left None: a stopped read never hands out an empty set
             if live is not None and reads:
-                self._keep_written(live.taken[self.table], live.reads[self.table])
+                self._keep_written(live.taken[self.table])
             self._publish(list(live.keys[self.table]) if live is not None else [])
             self.woken()
         except Exception as exc:  # reported by batch(), which reads again
@@ -181,25 +182,15 @@ class Candidates:
             if registry is not None:
                 registry.close()
 
-    def _keep_written(self, taken: int, others: list[bytes]) -> None:
-        """The keys of the rows its chunks wrote before a restart (on the raw topic past ``end``): those held as they
-        are framed were taken out by the read (``taken``); the ``others`` are left out as the keys of chunks read
-        before the keys are known are (``_publish``, by value), grouped by frame (``_unread`` compares a list framed
-        alike). (Without them, a re-snapshot of 1M rows killed after 311k-410k rows looked up 321k-420k keys after
-        its restart, ~9 us each, and the rest took 19-21 s instead of 12 s; bench/RESULTS.md, 2026-11-29.)"""
-        groups: list[list[bytes]] = []
-        frame: bytes | None = None
-        for key in others:
-            if frame is None or not key.startswith(frame):
-                frame = self._frame(key)
-                groups.append([])
-            groups[-1].append(key)
+    def _keep_written(self, taken: int) -> None:
+        """The keys of the rows its chunks wrote before a restart (on the raw topic past ``end``), held as they are
+        framed, were taken out by the read (``taken``). (Without that, a re-snapshot of 1M rows killed after
+        311k-410k rows looked up 321k-420k keys after its restart, ~9 us each, and the rest took 19-21 s instead of
+        12 s; bench/RESULTS.md, 2026-11-29.)"""
         with self.lock:
-            self.early.extend(groups)
             self.left_out += taken
         log.info("%s: %d of the keys the raw topic holds for %s.%s were read by the chunks it wrote before it was"
-                 " restarted: no look-up (%d more keys of those rows compared by value)", self.what, taken,
-                 *self.table, len(others))  # fmt: skip
+                 " restarted: no look-up", self.what, taken, *self.table)  # fmt: skip
 
     def _pin(self) -> int | None:
         """The end to read keys below (``end``); given (a restart), the topic's end now, up to which the keys' deletes
@@ -227,8 +218,8 @@ class Candidates:
             self._marked()
             held, early, self.told = len(self.keys) + self.left_out, self.left_out + self.marked_early, True
             if self.read:
-                self.keys = [k for k in self.keys if self.ident(k) not in self.read]
-            self.read, self.framed = set(), None
+                self.keys = [k for k in self.keys if k not in self.read]
+            self.read, self.held = set(), None
             log.info("%s: %d of the %d keys the raw topic holds for %s.%s were read by its chunks (%d of them before"
                      " the keys were known); looking for the other %d in the table", self.what, held - len(self.keys),
                      held, *self.table, early, len(self.keys))  # fmt: skip
@@ -287,34 +278,23 @@ class Candidates:
             self._mark(early, self.keys)
         self.marked_early += len(self.read) - before  # read before the keys were known, too
 
-    def _unread(self, keys: list[bytes], chunks: list[list[bytes]]) -> list[bytes]:
-        """``keys`` less those of ``chunks`` (compared as each chunk frames its keys; a key framed alike is compared
-        as it is: for 1M keys ~0.3 s, against 2.3 s going through ``ident`` for each)."""
-        by_frame: dict[bytes, set[bytes]] = {}
-        for chunk in chunks:
-            if chunk:
-                by_frame.setdefault(self._frame(chunk[0]), set()).update(chunk)
-        for framing, read in by_frame.items():
-            keys = [k for k in keys if (k if k.startswith(framing) else framing + self.ident(k)) not in read]
-        return keys
-
-    def _frame(self, key: bytes) -> bytes:
-        """What frames ``key`` around its ``ident`` (a schema id; nothing in the json format)."""
-        return key[: len(key) - len(self.ident(key))]
+    @staticmethod
+    def _unread(keys: list[bytes], chunks: list[list[bytes]]) -> list[bytes]:
+        """``keys`` less those of ``chunks`` (as framed: for 1M keys ~0.3 s)."""
+        read = set().union(*chunks)
+        return [k for k in keys if k not in read] if read else keys
 
     def _early(self) -> list[list[bytes]]:
         early, self.early = self.early, []
         return early
 
     def _mark(self, keys: list[bytes], candidates: list[bytes]) -> None:
-        """Those of ``keys`` (a chunk's, framed alike) that are among ``candidates`` are read."""
+        """Those of ``keys`` (a chunk's) that are among ``candidates`` (the keys, as a set in ``held``) are read."""
         if not keys:
             return
-        frame = self._frame(keys[0])
-        if self.framed is None or self.framed[0] != frame:
-            self.framed = (frame, {k if k.startswith(frame) else frame + self.ident(k) for k in candidates})
-        found = self.framed[1].intersection(keys)
-        self.read.update(key[len(frame) :] for key in found)
+        if self.held is None:
+            self.held = set(candidates)
+        self.read.update(self.held.intersection(keys))
 
     def rewind(self) -> None:
         """The read of the keys handed out was abandoned: they are handed out again."""
@@ -469,7 +449,7 @@ class Backfiller:
                     touch = touch or Touch()
                     touch.add(c.op, c.key, c.before, self.ident, self.framed, self.old_key)
                     if c.op == "DELETE" and c.key is not None:
-                        self.gone.add(self.ident(c.key))
+                        self.gone.add(c.key)  # as framed, as the candidates are compared
         if touch is not None:
             for flight in self.flights.values():
                 if flight.window.opened:
@@ -682,7 +662,7 @@ class Backfiller:
         if self.flights:
             return False
         candidates = self._candidates(backfill)
-        batch = candidates.batch(lambda key: plan.ident(key) in self.gone)
+        batch = candidates.batch(self.gone.__contains__)
         if batch is None:
             return False
         if not batch[0]:
@@ -729,8 +709,8 @@ class Backfiller:
                           backfill.id, backfill.table, found.error)  # fmt: skip
             failed = found
             found = self.candidates[backfill.id] = Candidates(
-                self.cfg, backfill.qualified, f"backfill #{backfill.id}", self._plan(backfill).ident,
-                backfill.keys_end, self.reader.poke, reads=self._own_rows(backfill))  # fmt: skip
+                self.cfg, backfill.qualified, f"backfill #{backfill.id}", backfill.keys_end, self.reader.poke,
+                reads=self._own_rows(backfill))  # fmt: skip
             if failed is not None:  # what its chunks read stays true
                 found.early, found.early_count = failed.early, failed.early_count
             found.start()

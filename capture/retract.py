@@ -57,7 +57,6 @@ class LiveKeys:
     def __init__(self, tables: Iterable[Table]) -> None:
         self.keys: dict[Table, dict[bytes, None]] = {t: {} for t in tables}
         self.taken: dict[Table, int] = {t: 0 for t in tables}  # keys held that a READ past the end took out (``read``)
-        self.reads: dict[Table, list[bytes]] = {t: [] for t in tables}  # the other keys of READ rows past the end
 
     def apply(self, op: str, table: Table, key: bytes | None, before: bytes | None) -> None:
         keys = self.keys.get(table)
@@ -83,16 +82,12 @@ class LiveKeys:
 
     def read(self, op: str, table: Table, key: bytes | None) -> None:
         """A READ row's key past the end, for a caller whose READ rows there need no check (``earlier_keys``'
-        ``reads``): a key held as it is framed is taken out (counted in ``taken``), any other kept in ``reads`` (a
-        row added since, or a held key framed by another schema id: the caller compares by value)."""
+        ``reads``): a key held as it is framed is taken out (counted in ``taken``). Any other is a row added since,
+        or a held key framed by another schema id, whose bytes may mean another value: the held one stays."""
         keys = self.keys.get(table)
-        if op != "READ" or key is None or keys is None:
-            return
-        if key in keys:
+        if op == "READ" and key is not None and keys is not None and key in keys:
             del keys[key]
             self.taken[table] += 1
-        else:
-            self.reads[table].append(key)
 
     def __len__(self) -> int:
         return sum(len(k) for k in self.keys.values())

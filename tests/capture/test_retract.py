@@ -66,12 +66,11 @@ def test_live_keys_past_a_backfills_end_lose_keys_and_gain_none() -> None:
     assert list(live.keys[OTHER]) == []
 
 
-
 @pytest.mark.unit
 def test_live_keys_past_the_end_take_out_the_keys_of_a_restarted_backfills_own_rows() -> None:
     """Its READ rows there were read by chunks that vouched: a key held as it is framed is taken out and counted,
-    any other (a row added since, or a held key framed by another schema id) is kept for a comparison by value;
-    other ops, other tables and a second READ of a key change nothing more."""
+    any other (a row added since, or a held key framed by another schema id, whose bytes may mean another value)
+    leaves the held keys as they are; other ops, other tables and a second READ of a key change nothing more."""
     live = retract.LiveKeys([T])
     for k in (1, 2, 3):
         live.apply("READ", T, key(k), None)
@@ -81,7 +80,7 @@ def test_live_keys_past_the_end_take_out_the_keys_of_a_restarted_backfills_own_r
         live.read(op, table, k)
     assert list(live.keys[T]) == [key(2), key(3)]
     assert live.taken[T] == 1
-    assert live.reads[T] == [key(1), other_frame, key(7)]
+
 
 def avro_key_decoder(calls: list[bytes]) -> Callable[[bytes], Any]:
     parsed = fastavro.parse_schema(CHANGE_KEY_SCHEMA)
