@@ -6,18 +6,23 @@ table has a key) under ``<topic>-value`` / ``<topic>-key`` and, when the raw top
 it returns their ids. ``register_changes`` registers the raw topic's key schema and the value
 schema its writer starts with: the framed change record under ``<raw topic>-value``, or for nested
 images the marker record (SNAPSHOT_END) under ``<raw topic>-headwater.Marker``. A refused schema
-is a ``SchemaChangeError`` naming the table and subject (see ``tables.registry``).
+is a ``SchemaChangeError`` naming the table and subject (see ``tables.registry``). A key schema that changed
+is warned of: the table topics keep the records of the old key.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 from capture.config import CaptureConfig
 from tables.catalog import TableSchema
 from tables.change import CHANGE_KEY_SCHEMA, CHANGE_VALUE_SCHEMA, MARKER_SCHEMA, nested_change_schema
+from tables.logs import facts
 from tables.registry import NoRegistry, Registry
 from tables.topics import key_subject, record_subject, value_subject
+
+log = logging.getLogger("headwater.capture")
 
 
 class Ids(NamedTuple):
@@ -32,16 +37,35 @@ def register_table(registry: Registry | NoRegistry, table: TableSchema, cfg: Cap
     """Register a table topic's value (and key, when it has one) schema, and with ``cfg.nested`` the table
     shape's change record on the raw topic."""
     value_id = registry.register(value_subject(table.topic), table.value_schema, table=table.qualified)
-    key_id = (
-        registry.register(key_subject(table.topic), table.key_schema, table=table.qualified)
-        if table.key_schema
-        else None
-    )
+    key_id = _register_key(registry, table) if table.key_schema else None
     if cfg is None or not cfg.nested:
         return Ids(value_id, key_id)
     change = nested_change_schema(table.value_schema, table.key_schema)
     subject = record_subject(cfg.changes_topic, f"{change['namespace']}.{change['name']}")
     return Ids(value_id, key_id, registry.register(subject, change, table=table.qualified))
+
+
+def _register_key(registry: Registry | NoRegistry, table: TableSchema) -> int:
+    """The key schema's id; a key column's type or name changed since the subject's newest version (int made
+    bigint, a numeric's scale, a rename) is warned of (``key_changed``)."""
+    subject = key_subject(table.topic)
+    before = registry.latest(subject) if isinstance(registry, Registry) else None
+    key_id = registry.register(subject, table.key_schema or {}, table=table.qualified)
+    if before is not None and before[0] != key_id:
+        key_changed(table, before[0], key_id)
+    return key_id
+
+
+def key_changed(table: TableSchema, was: int, now: int) -> None:
+    """A new key schema means new key bytes on the table topics, where the records written under the old one stay:
+    compaction, the Faust tables and a consumer keyed by the bytes hold a row changed since twice (README, Schema
+    changes)."""
+    log.warning("the key of %s changed (key schema id %d, was %d): the records its table topic %s holds under the old"
+                " key keep their key bytes, so a row changed from now on has two records there and in the Faust"
+                " tables (old and new key), and a delete reaches only the new one; to be rid of the old keys,"
+                " capture under a new topic_prefix (a new slot and snapshot) and move consumers to it",
+                table.qualified, now, was, table.topic,
+                extra=facts(table=table.qualified, topic=table.topic))  # fmt: skip
 
 
 def register_changes(registry: Registry | NoRegistry, cfg: CaptureConfig) -> tuple[int, int]:

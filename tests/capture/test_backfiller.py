@@ -673,6 +673,7 @@ def test_a_resnapshot_after_a_key_columns_scale_changed_looks_up_the_keys_the_ol
     decode = Registry(capture.cfg.registry_url)
     retracted = [decode(c["key"])["id"] for c in changes if c["backfill"] == found[0].id and c["op"] == "DELETE"]
     assert [str(k) for k in retracted] == ["1.50"]
+    assert len(re.findall(r"the key of public.prices changed \(key schema id \d+, was \d+\)", caplog.text)) == 1
     conn.close()
 
 
