@@ -65,8 +65,16 @@ def apply_changes(changes: list[dict[str, Any]], decode: Registry) -> dict[str, 
 
 
 def _values(values: Iterable[Any]) -> Key:
-    """A key's values, hashable (an array key column's list made a tuple)."""
-    return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+    """A key's values, hashable (an array's list made a tuple, an interval's record its items)."""
+    return tuple(_hashable(v) for v in values)
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _hashable(v)) for k, v in value.items())
+    return value
 
 
 def _old_key(key: bytes, before: bytes, decode: Registry) -> Key:
