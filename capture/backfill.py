@@ -161,15 +161,14 @@ KeyOf = Callable[[bytes], bytes | None]  # a full old row (REPLICA IDENTITY FULL
 
 @dataclass
 class Touch:
-    """What streamed changes did to the table being backfilled: the keys they changed (what identifies each,
-    old keys of moved rows included), whether one truncated it, whether one changed a row without key."""
+    """What streamed changes did to the table being backfilled: the keys they changed (as framed, old keys of moved
+    rows included), whether one truncated it, whether one changed a row without key."""
 
     keys: set[bytes] = field(default_factory=set)
     truncated: bool = False
     unkeyed: bool = False
 
-    def add(self, op: str, key: bytes | None, before: bytes | None, ident: Callable[[bytes], bytes], framed: bool,
-            old_key: KeyOf) -> None:  # fmt: skip
+    def add(self, op: str, key: bytes | None, before: bytes | None, framed: bool, old_key: KeyOf) -> None:
         """One change. ``framed``: images in the Confluent wire format (Avro), where an old key image shows
         by its schema id; else (JSON) an old image is always a full row, its key taken by ``old_key``."""
         if op == "TRUNCATE":
@@ -178,11 +177,11 @@ class Touch:
         if key is None:
             self.unkeyed = True
             return
-        self.keys.add(ident(key))
+        self.keys.add(key)
         if op == "UPDATE" and before is not None:
             old = before if framed and before[:5] == key[:5] else old_key(before)
             if old is not None:
-                self.keys.add(ident(old))
+                self.keys.add(old)
 
     def merge(self, other: Touch) -> None:
         self.keys |= other.keys
@@ -234,14 +233,15 @@ def vouches(watched_from: int | None, recent: Recent, snapshot: Snapshot) -> boo
 
 class Window:
     """One chunk between its watermarks: the rows (or, for a retraction, the keys) read, minus every key the
-    stream changed between the watermarks (``touch``). ``ident`` turns a key image into what identifies the key
-    (its Avro body, whatever schema id framed it); rows without key are kept as they are. The stream may change
+    stream changed between the watermarks (``touch``); rows without key are kept as they are. Keys are compared as
+    framed; where a key's schema id is not the touched keys' (a key column's type changed: int made bigint keeps
+    the bytes, a numeric's scale changes what they mean), by the values ``values`` decodes. The stream may change
     keys before the rows are there (``fill``): a chunk is read while the stream goes on, and its rows are
     due only at its high watermark, written after the read."""
 
     def __init__(self, backfill: int, table: Table, token: str, op: str, rows: Iterable[Row],
-                 ident: Callable[[bytes], bytes], *, framed: bool = True) -> None:  # fmt: skip
-        self.backfill, self.table, self.token, self.op, self.ident = backfill, table, token, op, ident
+                 values: Callable[[bytes], list[Any]] | None, *, framed: bool = True) -> None:  # fmt: skip
+        self.backfill, self.table, self.token, self.op, self.values = backfill, table, token, op, values
         self.framed = framed  # images in the Confluent wire format (Avro): an old key shows by its schema id
         self.rows: list[Row] = []
         self.read = 0
@@ -261,19 +261,39 @@ class Window:
 
     def see(self, op: str, key: bytes | None, before: bytes | None, old_key: KeyOf) -> None:
         """A streamed change to the table, committed inside the window."""
-        self.touch.add(op, key, before, self.ident, self.framed, old_key)
+        self.touch.add(op, key, before, self.framed, old_key)
 
     def result(self) -> list[Row]:
         """What is left to write at the high watermark: every row read unless the stream changed its key (a
         truncate of the table: none)."""
         if self.touch.truncated:
             return []
+        touched = self.touch.keys
         first = next((key for key, _ in self.rows if key is not None), None)
-        if not self.touch.keys or first is None:
+        if not touched or first is None:
             return self.rows
-        frame = first[: len(first) - len(self.ident(first))]  # what ``ident`` takes off: the chunk's key frame
-        drop = {frame + key for key in self.touch.keys}  # the changed keys as the chunk's rows spell them
-        return [row for row in self.rows if row[0] not in drop]
+        kept = [row for row in self.rows if row[0] not in touched]
+        if not self.framed or self.values is None or not kept:
+            return kept
+        if self.op == "READ" and all(key.startswith(first[:5]) for key in touched):
+            return kept  # a chunk's rows share one frame (its plan's), the touched keys too
+        return self._by_value(kept, touched)
+
+    def _by_value(self, rows: list[Row], touched: set[bytes]) -> list[Row]:
+        """``rows`` less those whose key has the values of a touched key (keys of several schema ids)."""
+        assert self.values is not None
+        values = self.values
+        gone = {hashable(values(key)) for key in touched}
+        return [row for row in rows if row[0] is None or hashable(values(row[0])) not in gone]
+
+
+def hashable(value: Any) -> Any:
+    """A decoded key's values as a set can hold them (lists made tuples, an interval's record its items)."""
+    if isinstance(value, list):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, hashable(v)) for k, v in value.items())
+    return value
 
 
 # ---- progress ------------------------------------------------------------------------------

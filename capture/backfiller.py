@@ -95,7 +95,6 @@ class Plan:
     """What reading one backfill's table needs; made when it starts, and again after its shape changed."""
 
     reading: chunker.Reading
-    ident: Callable[[bytes], bytes]  # a key image -> what identifies the key (whatever schema id framed it)
     old_key: KeyOf  # a full old row (REPLICA IDENTITY FULL) -> its key image
     decode: retract.KeyDecoder  # a key image -> the key's values (retractions)
 
@@ -324,7 +323,6 @@ class Backfiller:
         self.recent = Recent()
         self.gone: set[bytes] = set()  # keys of the watched table the stream deleted (their tombstone is written)
         self.watched_from: int | None = None  # the next xid when the table was watched (``backfill.vouches``)
-        self.ident: Callable[[bytes], bytes] = body
         self.pending: deque[tuple[int, Backfill]] = deque()  # (end LSN, progress) to save once Kafka has it
         self.last_end = 0
         self.ignored: set[Table] = set()  # relations seen that are not captured
@@ -447,7 +445,7 @@ class Backfiller:
             for c in changes:
                 if c.table == name and c.schema == schema:
                     touch = touch or Touch()
-                    touch.add(c.op, c.key, c.before, self.ident, self.framed, self.old_key)
+                    touch.add(c.op, c.key, c.before, self.framed, self.old_key)
                     if c.op == "DELETE" and c.key is not None:
                         self.gone.add(c.key)  # as framed, as the candidates are compared
         if touch is not None:
@@ -682,7 +680,7 @@ class Backfiller:
         if self.watching != backfill.qualified:
             self.watching, self.recent, self.gone = backfill.qualified, Recent(), set()
             self.watched_from = chunker.watch_start(self.conn, self.cfg.publication, plan.reading.ks.table)
-        self.ident, self.old_key = plan.ident, plan.old_key
+        self.old_key = plan.old_key
         self.streamer.watch = self
         if not backfill.since[0]:
             backfill.begin()
@@ -742,7 +740,7 @@ class Backfiller:
         """A read between watermarks for the reader; its window sees the stream from its low watermark on."""
         self.tokens += 1
         token = f"{self.session}:{self.tokens}"
-        window = Window(backfill.id, backfill.qualified, token, op, (), plan.ident, framed=self.framed)
+        window = Window(backfill.id, backfill.qualified, token, op, (), plan.decode, framed=self.framed)
         flight = self.job = self.flights[token] = Flight(window, chunker.Job(token, read), plan)
         self.reader.submit(flight.job)
         return window
@@ -773,26 +771,25 @@ class Backfiller:
         self.sink.writer.learn(shape, ids)
         encoder = RowEncoder(shape, ids.value, ids.key, self.cfg.format)
         spec = copier_spec(encoder) if self.fast else None
-        ident, old_key, decode = self._codecs(encoder, ids.key)
+        old_key, decode = self._codecs(encoder, ids.key)
         ks = chunker.keyset(self.conn, ref, shape)
         reading = chunker.Reading(ks, encoder, spec, self.cfg.backfill_chunk_rows, decode)
-        plan = self.plans[backfill.id] = Plan(reading, ident, old_key, decode)
+        plan = self.plans[backfill.id] = Plan(reading, old_key, decode)
         return plan
 
-    def _codecs(self, encoder: RowEncoder, key_id: int | None) -> tuple[Callable[[bytes], bytes], KeyOf,
-                                                                       retract.KeyDecoder]:  # fmt: skip
-        """How keys of this table are identified, taken from an old full row, and decoded."""
+    def _codecs(self, encoder: RowEncoder, key_id: int | None) -> tuple[KeyOf, retract.KeyDecoder]:
+        """How keys of this table are taken from an old full row, and decoded."""
         shape = encoder.table
         names = [shape.columns[i].name for i in shape.key_indexes]
         if self.cfg.format == "json" or not isinstance(self.registrar, Registry) or key_id is None:
-            return (lambda key: key), _json_old_key(names), retract.json_keys(shape)
+            return _json_old_key(names), retract.json_keys(shape)
         registry, key_schema = self.registrar, self.registrar.parsed(key_id)
 
         def old_key(before: bytes) -> bytes | None:
             row = registry.decode(before)
             return frame(key_id) + avro_body(key_schema, {n: row[n] for n in names}) if names else None
 
-        return body, old_key, retract.avro_keys(shape, registry.schema)
+        return old_key, retract.avro_keys(shape, registry.schema)
 
     # ---- ends ------------------------------------------------------------------------------
     def _end(self, backfill: Backfill, status: str, message: str = "") -> None:

@@ -1,10 +1,10 @@
 """Reconciling the raw change topic with PostgreSQL: apply the changes in order, compare rows.
 
-Promise: ``apply_changes`` rebuilds each table's rows from the raw topic exactly as a
-consumer applying it in order would (an update that changed the key removes the old
-one), a row known by its key's values (a key written under an older key schema names the row whose key has
-the same values, whatever the bytes: ``numeric(10,2)`` made ``numeric(10,3)`` gives 1.50 and 0.150 the same
-body); ``compare`` lists every difference between
+Promise: ``apply_changes`` rebuilds each table's rows from the raw topic as a consumer
+applying it in order by the key's values would (an update that changed the key removes the old
+one; a key written under an older key schema names the row whose key has the same values, whatever
+the bytes: ``numeric(10,2)`` made ``numeric(10,3)`` gives 1.50 and 0.150 the same body; a consumer keyed
+by the bytes, as compaction and the Faust tables are, differs there); ``compare`` lists every difference between
 those rows and the table in PostgreSQL (missing, extra, or differing values), with
 values compared by meaning (instants in UTC, JSON parsed, decimals exact). For the
 stream workers, ``latest_rows`` is a table topic's latest value per key (tombstones
@@ -32,6 +32,7 @@ import psycopg2.extensions
 import psycopg2.extras
 import redis
 
+from capture.backfill import hashable
 from streams.rows import to_json
 from tables.kafka import read_topic
 from tables.registry import Registry
@@ -66,15 +67,7 @@ def apply_changes(changes: list[dict[str, Any]], decode: Registry) -> dict[str, 
 
 def _values(values: Iterable[Any]) -> Key:
     """A key's values, hashable (an array's list made a tuple, an interval's record its items)."""
-    return tuple(_hashable(v) for v in values)
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, _hashable(v)) for k, v in value.items())
-    return value
+    return tuple(hashable(v) for v in values)
 
 
 def _old_key(key: bytes, before: bytes, decode: Registry) -> Key:

@@ -63,3 +63,12 @@ def test_a_key_widened_from_int_to_long_names_the_same_row_and_a_moved_key_leave
                           change("UPDATE", image(4, {"id": 9}), {"id": 9, "v": "moved"}, image(4, {"id": 1}))],
                          Schemas())["t"]  # type: ignore[arg-type]  # fmt: skip
     assert list(rows.values()) == [{"id": 9, "v": "moved"}]
+
+
+@pytest.mark.unit
+def test_a_row_sent_again_under_a_new_scale_is_the_same_row() -> None:
+    """1.50 under numeric(10,2) and 1.500 under numeric(10,3): other bytes, the same key."""
+    rows = apply_changes([change("INSERT", image(1, {"id": Decimal("1.50")}), {"id": 1, "v": "old"}),
+                          change("UPDATE", image(2, {"id": Decimal("1.500")}), {"id": 1, "v": "new"})],
+                         Schemas())["t"]  # type: ignore[arg-type]  # fmt: skip
+    assert list(rows.values()) == [{"id": 1, "v": "new"}]
