@@ -46,12 +46,15 @@ def register_table(registry: Registry | NoRegistry, table: TableSchema, cfg: Cap
 
 
 def _register_key(registry: Registry | NoRegistry, table: TableSchema) -> int:
-    """The key schema's id; a key column's type or name changed since the subject's newest version (int made
-    bigint, a numeric's scale, a rename) is warned of (``key_changed``)."""
-    subject = key_subject(table.topic)
-    before = registry.latest(subject) if isinstance(registry, Registry) else None
-    key_id = registry.register(subject, table.key_schema or {}, table=table.qualified)
-    if before is not None and before[0] != key_id:
+    """The key schema's id; a key column's type or name changed (int made bigint, a numeric's scale, a rename) is
+    warned of when its key schema becomes the subject's newest version (``key_changed``; once: a key changed back
+    to an older version is not). Asked of the registry only when this process did not register it before."""
+    subject, schema = key_subject(table.topic), table.key_schema or {}
+    if not isinstance(registry, Registry) or registry.known(subject, schema) is not None:
+        return registry.register(subject, schema, table=table.qualified)
+    before = registry.latest(subject)
+    key_id = registry.register(subject, schema, table=table.qualified)
+    if before is not None and before[0] != key_id and (registry.latest(subject) or (None,))[0] == key_id:
         key_changed(table, before[0], key_id)
     return key_id
 

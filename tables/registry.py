@@ -75,6 +75,10 @@ class Registry:
         self._ids[(subject, text)] = found = self._post(subject, text, table)
         return found
 
+    def known(self, subject: str, schema: dict[str, Any]) -> int | None:
+        """The id ``register`` gave ``schema`` under ``subject`` in this process, if it did (no request)."""
+        return self._ids.get((subject, json.dumps(schema, separators=(",", ":"))))
+
     def _post(self, subject: str, text: str, table: str | None) -> int:
         status, body = self._request(f"/subjects/{quote(subject, safe='')}/versions", {"schema": text})
         if status == 200 and isinstance(body.get("id"), int):
