@@ -280,11 +280,21 @@ class Window:
         return self._by_value(kept, touched)
 
     def _by_value(self, rows: list[Row], touched: set[bytes]) -> list[Row]:
-        """``rows`` less those whose key has the values of a touched key (keys of several schema ids)."""
+        """``rows`` less those whose key has the values of a touched key of another schema id (a row framed as
+        every touched key is, was compared by its bytes; only the others are decoded)."""
         assert self.values is not None
-        values = self.values
-        gone = {hashable(values(key)) for key in touched}
-        return [row for row in rows if row[0] is None or hashable(values(row[0])) not in gone]
+        values, frames = self.values, {key[:5] for key in touched}
+        only = next(iter(frames)) if len(frames) == 1 else None
+        gone: set[Any] | None = None
+        kept = []
+        for row in rows:
+            if row[0] is None or (only is not None and row[0].startswith(only)):
+                kept.append(row)
+                continue
+            gone = {hashable(values(key)) for key in touched} if gone is None else gone
+            if hashable(values(row[0])) not in gone:
+                kept.append(row)
+        return kept
 
 
 def hashable(value: Any) -> Any:

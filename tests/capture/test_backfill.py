@@ -69,6 +69,15 @@ def test_a_key_under_another_key_schema_id_drops_the_row_of_its_value_not_of_its
     assert [k for k, _ in widened.result()] == [key(2)]
 
 
+def test_keys_framed_as_every_touched_key_are_compared_by_their_bytes_and_not_decoded() -> None:
+    def undecodable(image: bytes) -> list[Any]:
+        raise AssertionError(f"decoded {image!r}")
+
+    w = Window(1, T, "s:6", "DELETE", [(key(1), b""), (key(2), b""), (None, b"")], undecodable)
+    w.see("INSERT", key(2), None, no_old_key)
+    assert w.result() == [(key(1), b""), (None, b"")]
+
+
 def test_decoded_keys_are_made_hashable_arrays_and_intervals_too() -> None:
     assert hashable([1, [2, [3]], {"months": 1, "days": 2}]) == (1, (2, (3,)), (("months", 1), ("days", 2)))
     assert hashable([Decimal("1.50")]) == hashable([Decimal("1.500")])
