@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tables.wire import FRAME_SIZE
+
 Table = tuple[str, str]  # (schema, name)
 Row = tuple[bytes | None, bytes | None]  # (key image, value image) as capture writes them
 WATERMARK_PREFIX = "headwater.backfill"  # pg_logical_emit_message prefix of the watermarks
@@ -179,7 +181,7 @@ class Touch:
             return
         self.keys.add(key)
         if op == "UPDATE" and before is not None:
-            old = before if framed and before[:5] == key[:5] else old_key(before)
+            old = before if framed and before[:FRAME_SIZE] == key[:FRAME_SIZE] else old_key(before)
             if old is not None:
                 self.keys.add(old)
 
@@ -275,15 +277,13 @@ class Window:
         kept = [row for row in self.rows if row[0] not in touched]
         if not self.framed or self.values is None or not kept:
             return kept
-        if self.op == "READ" and all(key.startswith(first[:5]) for key in touched):
-            return kept  # a chunk's rows share one frame (its plan's), the touched keys too
         return self._by_value(kept, touched)
 
     def _by_value(self, rows: list[Row], touched: set[bytes]) -> list[Row]:
         """``rows`` less those whose key has the values of a touched key of another schema id (a row framed as
         every touched key is, was compared by its bytes; only the others are decoded)."""
         assert self.values is not None
-        values, frames = self.values, {key[:5] for key in touched}
+        values, frames = self.values, {key[:FRAME_SIZE] for key in touched}
         only = next(iter(frames)) if len(frames) == 1 else None
         gone: set[Any] | None = None
         kept = []
