@@ -54,8 +54,10 @@ def _register_key(registry: Registry | NoRegistry, table: TableSchema) -> int:
         return registry.register(subject, schema, table=table.qualified)
     before = registry.latest(subject)
     key_id = registry.register(subject, schema, table=table.qualified)
-    if before is not None and before[0] != key_id and (registry.latest(subject) or (None,))[0] == key_id:
-        key_changed(table, before[0], key_id)
+    if before is not None and before[0] != key_id:
+        now = registry.latest(subject)  # the newest version only when this registration made it
+        if now is not None and now[0] == key_id:
+            key_changed(table, before[0], key_id)
     return key_id
 
 

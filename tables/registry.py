@@ -45,6 +45,11 @@ def shown(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"))
 
 
+def _text(schema: dict[str, Any]) -> str:
+    """A schema as ``register`` sends it, and remembers its id by."""
+    return json.dumps(schema, separators=(",", ":"))
+
+
 class Registry:
     """A Confluent-compatible registry over HTTP(S): basic auth from the URL, TLS verified."""
 
@@ -68,7 +73,7 @@ class Registry:
 
     def register(self, subject: str, schema: dict[str, Any], *, table: str | None = None) -> int:
         """The id of ``schema`` under ``subject`` (registered if new); ``table`` names a refusal."""
-        text = json.dumps(schema, separators=(",", ":"))
+        text = _text(schema)
         cached = self._ids.get((subject, text))
         if cached is not None:
             return cached
@@ -77,7 +82,7 @@ class Registry:
 
     def known(self, subject: str, schema: dict[str, Any]) -> int | None:
         """The id ``register`` gave ``schema`` under ``subject`` in this process, if it did (no request)."""
-        return self._ids.get((subject, json.dumps(schema, separators=(",", ":"))))
+        return self._ids.get((subject, _text(schema)))
 
     def _post(self, subject: str, text: str, table: str | None) -> int:
         status, body = self._request(f"/subjects/{quote(subject, safe='')}/versions", {"schema": text})
