@@ -5,7 +5,8 @@ stops there — at the planned end, or at partition EOF when compaction or trans
 markers left the last offsets empty — never later, whatever is written meanwhile.
 Values are decoded from the Confluent wire format with the writer's schema (fetched
 once per id per executor process and cached) resolved to the topic's newest schema,
-so a topic whose schema changed reads as its newest version. ``changes`` mode gives a
+so a topic whose schema changed reads as its newest version (a decimal written under another
+scale as the newest scale means it: ``analytics.rescale``). ``changes`` mode gives a
 row per message (a tombstone is a ``DELETE`` row holding only the key's columns);
 ``latest`` keeps each key's last message by offset and drops tombstones. Metadata
 columns: ``_op`` (changes mode, or with ``metadata``), ``_partition``, ``_offset``,
@@ -29,6 +30,7 @@ from pyspark.sql import types as T
 
 from analytics.errors import SourceError, SourceUnavailable
 from analytics.plan import Request, Slice, ValueSchema
+from analytics.rescale import Convert, rescaler
 from analytics.types import Field, arrow_schema, column_array, record_fields
 from tables.avro import plain
 from tables.errors import RetryableError
@@ -40,7 +42,7 @@ log = logging.getLogger("headwater.analytics")
 BATCH_ROWS = 20_000  # rows per Arrow batch handed to Spark
 POLL_MESSAGES = 5_000
 META = {"_op": T.StringType(), "_partition": T.IntegerType(), "_offset": T.LongType(), "_commit_lsn": T.LongType()}
-_WRITERS: dict[tuple[str, int], Any] = {}  # (registry, schema id) -> parsed plain schema; one per executor process
+_WRITERS: dict[tuple[str, int], tuple[Any, Any]] = {}  # (registry, schema id) -> (parsed plain schema, the schema)
 
 
 def meta_columns(req: Request) -> list[str]:
@@ -78,9 +80,10 @@ class SliceReader:
         self.schema = spark_schema(req, self.fields)
         self.arrow = arrow_schema(self.schema)
         self._reader_schema: Any = None
+        self._rescalers: dict[int, Convert | None] = {}  # writer schema id -> its decimals to the newest's scales
 
     # ---- decoding -------------------------------------------------------------------------
-    def _writer(self, schema_id: int, where: Slice, offset: int) -> Any:
+    def _writer(self, schema_id: int, where: Slice, offset: int) -> tuple[Any, Any]:
         cached = _WRITERS.get((self.req.registry, schema_id))
         if cached is None:
             try:
@@ -93,7 +96,7 @@ class SliceReader:
                                   topic=where.topic, partition=where.partition, offset=offset,
                                   hint="the record was written against another registry, or its schema was "
                                        "deleted") from exc  # fmt: skip
-            cached = _WRITERS[(self.req.registry, schema_id)] = fastavro.parse_schema(plain(schema))
+            cached = _WRITERS[(self.req.registry, schema_id)] = (fastavro.parse_schema(plain(schema)), schema)
         return cached
 
     def decode(self, data: bytes, where: Slice, offset: int, *, resolve: bool) -> dict[str, Any]:
@@ -102,7 +105,7 @@ class SliceReader:
             writer_id = schema_id(data)
         except UndecodableMessage as exc:
             raise SourceError(exc.message, topic=where.topic, partition=where.partition, offset=offset) from exc
-        writer = self._writer(writer_id, where, offset)
+        writer, original = self._writer(writer_id, where, offset)
         if self._reader_schema is None:
             self._reader_schema = fastavro.parse_schema(plain(self.value.schema))
         newest = self._reader_schema if resolve and writer_id != self.value.schema_id else None
@@ -114,7 +117,12 @@ class SliceReader:
         if not isinstance(out, dict):
             raise SourceError(f"schema {writer_id} is not a record", topic=where.topic, partition=where.partition,
                               offset=offset)  # fmt: skip
-        return out
+        if newest is None:
+            return out
+        if writer_id not in self._rescalers:
+            self._rescalers[writer_id] = rescaler(original, self.value.schema)
+        rescale = self._rescalers[writer_id]
+        return out if rescale is None else dict(rescale(out))
 
     def row(self, msg: Message, where: Slice) -> Row:
         offset = int(msg.offset() or 0)

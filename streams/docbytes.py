@@ -24,7 +24,7 @@ import fastavro
 
 from tables.flatavro import writer
 from tables.views import LSN_FIELD
-from tables.wire import avro_body
+from tables.wire import SCHEMA_VIEW, avro_body
 
 NULL = b"\x00"  # union index 0 (every lookup is ["null", record]); also an array's closing block
 PRESENT = b"\x02"  # union index 1
@@ -55,6 +55,7 @@ class Encoders:
     """Per path of a view, the parsed record of that path's own columns (see the module promise)."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
+        self.view = schema.get(SCHEMA_VIEW, schema.get("name", ""))
         named: dict[str, Any] = {}
         fastavro.parse_schema(schema, named_schemas=named)  # every named type the view schema defines
         self.paths: dict[str, Any] = {}
@@ -67,8 +68,14 @@ class Encoders:
     def own(self, path: str, row: Mapping[str, Any]) -> bytes:
         """A row's own columns at ``path``, encoded as they stand at the start of its record."""
         compiled = self.compiled[path]  # its write gives None for what fastavro must write (not a dict, say)
-        out = None if compiled is None else compiled.write(row)
-        return avro_body(self.paths[path], row) if out is None else out
+        try:
+            out = None if compiled is None else compiled.write(row)
+            return avro_body(self.paths[path], row) if out is None else out
+        except ValueError as exc:  # a type the view cannot follow (streams.follow): say where, not the values
+            where = f"view {self.view}" + (f", {path}" if path else "")
+            raise ValueError(f"{where}: a row does not fit the view's schema ({exc}); a column's type changed in a way "
+                             "the view does not follow: start the worker again to compose the view from the "
+                             "tables' schemas now") from exc
 
 
 def _records(record: dict[str, Any], path: str) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:

@@ -61,6 +61,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import Producer
@@ -71,6 +72,7 @@ from streams.cursor import Cursor, Raw
 from streams.cuts import Cuts, Ends, Point
 from streams.docbytes import Encoders
 from streams.fanout import STREAMED, Change
+from streams.follow import follow
 from streams.frontier import Points, fragment_value, read_point
 from streams.joins import Joiner, Space
 from streams.leader import Subjects, coordination_producer
@@ -83,7 +85,7 @@ from tables.change import ChangeReader
 from tables.partition import partition_for
 from tables.registry import Registry
 from tables.views import TableShape
-from tables.wire import FRAME_SIZE, UndecodableMessage, avro_body, lsn_text
+from tables.wire import FRAME_SIZE, UndecodableMessage, avro_body, frame, lsn_text, schema_id
 
 log = logging.getLogger("headwater.streams")
 PROGRESS = b"@applied\x1f"  # + space: the raw offset that space's state reflects, and the watermark there
@@ -116,6 +118,7 @@ class Materializer:
         self.publisher = Publisher(cfg, views, store, self.cuts)
         self.encoders = {name: Encoders(view.schema) for name, view in views.items()}
         self.key_columns = {name: view.key_columns for name, view in views.items()}
+        self.frames: set[bytes] = set()  # the row images' value frames whose types the views were made to hold
         self.on_fragment: Fragment | None = None  # the raw owner's assembler, on that worker
         self.joiner: Joiner | None = None
         self.wanted: set[int] = set()  # the view partitions assigned (taken at the feed's next start)
@@ -353,6 +356,7 @@ class Materializer:
         assert self.joiner is not None
         joiner, applied = self.joiner, 0
         while self.backlog and (self.backlog[0][0] < self.quiet_until or self.points.allows(self.backlog[0][0])):
+            self._follow(self.backlog[0][1])
             offset, change = self.backlog.popleft()
             if change.op in STREAMED:
                 ident = (change.commit_lsn, change.position)
@@ -366,6 +370,34 @@ class Materializer:
         if applied or self.store.pending:
             self._commit()
         return applied
+
+    def _follow(self, change: Change) -> None:
+        """A row image framed with a value schema not met before: every view showing its table is made to hold its
+        columns' types (``streams.follow``; an ``ALTER ... TYPE`` widened one), registered, written with from now."""
+        assert self.joiner is not None
+        image = change.after
+        if image is None or image[:FRAME_SIZE] in self.frames:
+            return
+        table = f"{change.schema}.{change.table}"
+        if table in self.joiner.nodes:
+            columns = {f["name"]: f["type"] for f in self.schemas.schema(schema_id(image))["fields"]}
+            for name, view in list(self.views.items()):
+                schema = follow(view.schema, table, columns)
+                if schema is not view.schema:
+                    self._swap(name, schema, table, schema_id(image))
+        self.frames.add(image[:FRAME_SIZE])
+
+    def _swap(self, name: str, schema: dict[str, Any], table: str, table_schema: int) -> None:
+        """A view written with a wider schema from now on (its records written before keep theirs)."""
+        assert self.joiner is not None
+        view = self.views[name]
+        value_id = self.schemas.register(f"{view.topic}-value", schema, table=f"view {name}")
+        self.views[name] = replace(view, schema=schema, value_frame=frame(value_id))
+        self.encoders[name] = self.joiner.encoders[name] = Encoders(schema)
+        self.joiner.encoded.clear()  # own encodings made with the old schema
+        log.warning("view %s now holds the types of %s's columns as its value schema %d has them (an ALTER ... TYPE "
+                    "widened one): its rows are written with schema id %d as they change; those written before keep "
+                    "theirs", name, table, table_schema, value_id)  # fmt: skip
 
     def _live(self, offset: int) -> Callable[[Space], bool]:
         """Which spaces apply the change at ``offset``: those whose state is not past it."""

@@ -10,7 +10,7 @@ to the join state's key of its view row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from streams.joins import canon, view_schema
 from streams.writer import TableWriter
 from tables.registry import Registry
 from tables.views import LSN_FIELD, TableShape, ViewSpec
-from tables.wire import avro_body, body, frame, read_framed
+from tables.wire import FRAME_SIZE, avro_body, body, frame, read_framed
 
 LONG = fastavro.parse_schema("long")
 COORDINATION_RETENTION_MS = 3_600_000  # the points and fragments topics: only their last records are read
@@ -38,6 +38,7 @@ class ViewTopic:
     value_frame: bytes
     key_frame: bytes  # the view's key subject; the body is the base table's key record
     codec: KeyCodec  # the base table's key
+    others: Callable[[bytes], Any] | None = None  # reads a value framed with another schema (the registry's decode)
     parsed: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,7 +71,10 @@ class ViewTopic:
         return value[: -len(tail)] if value.endswith(tail) else None
 
     def decode(self, value: bytes) -> dict[str, Any]:
-        return dict(read_framed(value, self.parsed))
+        """A view row's value, read with the schema its frame names (a wider one may have followed it)."""
+        if value[:FRAME_SIZE] == self.value_frame or self.others is None:
+            return dict(read_framed(value, self.parsed))
+        return dict(self.others(value))
 
     def key(self, row: dict[str, Any]) -> bytes:
         return self.key_frame + avro_body(self.codec.parsed, {c: row[c] for c in self.key_columns})
@@ -109,7 +113,7 @@ def setup_views(cfg: StreamsConfig, specs: Sequence[ViewSpec], tables: Sequence[
         base_key = by_table[spec.base].key
         out[spec.name] = ViewTopic(
             spec, topic, schema, frame(registrar.register(f"{topic}-value", schema, table=f"view {spec.name}")),
-            frame(registrar.register(f"{topic}-key", base_key.schema)), base_key,
+            frame(registrar.register(f"{topic}-key", base_key.schema)), base_key, schemas.decode,
         )  # fmt: skip
     if out:
         writer.ensure_topics([v.topic for v in out.values()])

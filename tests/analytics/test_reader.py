@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import fastavro
@@ -195,3 +196,26 @@ def test_bad_input_names_topic_partition_offset_and_the_fix(
 
     planning = error_of(lambda: read(spark, cfg, topic=things.topic, mode="newest"))
     assert "unknown mode 'newest'" in str(planning) and "changes, latest" in str(planning)
+
+
+def test_prices_written_before_a_numeric_column_got_a_larger_scale_read_at_their_value(
+    spark: SparkSession, local_stack: StackConfig, topic_factory: Callable[..., str],
+    analytics_config: Callable[..., AnalyticsConfig],
+) -> None:  # fmt: skip
+    """``ALTER ... TYPE numeric(14,3)``: the records written under scale 2 are read as the newest schema means them."""
+    price = {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}
+    old = {"type": "record", "name": "priced",
+           "fields": [{"name": "id", "type": "long"}, {"name": "price", "type": price}]}  # fmt: skip
+    new = {**old, "fields": [old["fields"][0], {"name": "price", "type": {**price, "precision": 14, "scale": 3}}]}
+    topic = topic_factory("priced", partitions=1)
+    registrar = Registry(local_stack.registry_url)
+    producer = Producer({"bootstrap.servers": local_stack.bootstrap})
+    key_id, old_id = registrar.register(f"{topic}-key", KEY), registrar.register(f"{topic}-value", old)
+    for n, value in [(1, framed(old_id, old, {"id": 1, "price": Decimal("1.50")})),
+                     (2, framed(registrar.register(f"{topic}-value", new), new, {"id": 2, "price": Decimal("0.150")}))]:
+        producer.produce(topic, value, framed(key_id, KEY, {"id": n}), headers=[("hw.lsn", b"%d" % n)])
+    assert producer.flush(30) == 0
+    del producer  # before the stack goes: no reconnect noise
+    registrar.close()
+    rows = read(spark, analytics_config(""), topic=topic, mode="latest").collect()
+    assert sorted((r.id, r.price) for r in rows) == [(1, Decimal("1.500")), (2, Decimal("0.150"))]

@@ -609,3 +609,27 @@ def test_views_joined_on_composite_keys_equal_the_sql_join_with_two_workers(
     expected = view_docs_sql(shop_db, sql)
     assert sum(len(d["notes"]) for d in expected.values()) > 20  # composite collects were seen
     assert sum(1 for d in expected.values() if d["order"] and d["order"]["warehouse"]) > 10  # and lookups
+
+
+def test_a_numeric_column_given_a_new_scale_reaches_the_views_and_a_restart_keeps_them(
+    shop_db: Any, pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker],
+    local_stack: StackConfig,
+) -> None:  # fmt: skip
+    """``ALTER ... TYPE numeric(14,3)`` under a view that shows the column: the view follows the wider type (its rows
+    written before keep their schema), and a worker started again composes the view with it from the start."""
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory)
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("ALTER TABLE products ALTER COLUMN price TYPE numeric(14, 3)")
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("UPDATE products SET price = price + 0.005 WHERE id IN (SELECT product_id FROM order_items "
+                    "ORDER BY order_id LIMIT 3)")  # fmt: skip
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
+    assert "now holds" in worker.log.read_text()
+    app_id, state_dir = worker.env["HEADWATER_STREAMS_APP_ID"], worker.env["HEADWATER_STREAMS_STATE_DIR"]
+    worker.kill(signal.SIGTERM)
+    with shop_db, shop_db.cursor() as cur:
+        cur.execute("UPDATE products SET price = price + 0.001 WHERE id IN (SELECT product_id FROM order_items "
+                    "ORDER BY order_id DESC LIMIT 3)")  # fmt: skip
+    worker = worker_factory(capture.cfg.topic_prefix, app_id=app_id, views=VIEWS, state_dir=state_dir).start()
+    views_reconciled(shop_db, capture, worker, local_stack.redis_url)
