@@ -62,13 +62,11 @@ def _register_key(registry: Registry | NoRegistry, table: TableSchema) -> int:
 
 
 def key_changed(table: TableSchema, was: int, now: int) -> None:
-    """A new key schema means new key bytes on the table topics, where the records written under the old one stay:
-    compaction, the Faust tables and a consumer keyed by the bytes hold a row changed since twice (README, Schema
-    changes)."""
-    log.warning("the key of %s changed (key schema id %d, was %d): the records its table topic %s holds under the old"
-                " key keep their key bytes, so a row changed from now on has two records there and in the Faust"
-                " tables (old and new key), and a delete reaches only the new one; to be rid of the old keys,"
-                " capture under a new topic_prefix (a new slot and snapshot) and move consumers to it",
+    """A new key schema means new key bytes for the same rows: the workers' fan-out moves the table topic's rows to
+    it (``streams.fanout.Rekey``), but a consumer keyed by the bytes of its own sees both (README, Schema changes)."""
+    log.warning("the key of %s changed (key schema id %d, was %d): the same rows get other key bytes; the workers "
+                "move the rows of table topic %s to the new key at its first change (a tombstone for each old key), "
+                "and consumers that keep rows by key bytes see each row under both keys until then",
                 table.qualified, now, was, table.topic,
                 extra=facts(table=table.qualified, topic=table.topic))  # fmt: skip
 

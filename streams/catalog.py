@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal, InvalidOperation
@@ -133,3 +133,14 @@ def registered(cfg: StreamsConfig, schemas: Registry, skip: Collection[str] = ()
             continue  # not a captured table, or one without key (not served)
         found[qualified] = TableTopic(qualified, topic, KeyCodec(key[0], key[1]))
     return found
+
+
+def rekeyed_tables(tables: Sequence[TableTopic], schemas: Registry) -> list[TableTopic]:
+    """Those of ``tables`` whose key subject's newest schema is not the one they read keys with, with it (a key
+    column's type changed: the fan-out moved their rows to it, ``streams.fanout.Rekey``)."""
+    out = []
+    for table in tables:
+        latest = schemas.latest(key_subject(table.topic))
+        if latest is not None and latest[0] != table.key.schema_id:
+            out.append(TableTopic(table.qualified, table.topic, KeyCodec(latest[0], latest[1])))
+    return out

@@ -29,11 +29,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streams import clients
-from streams.catalog import TableTopic, discover, registered, served
+from streams.catalog import TableTopic, discover, registered, rekeyed_tables, served
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
 from streams.cursor import Raw
@@ -85,6 +85,7 @@ class Found:
 
     tables: list[TableTopic]
     ids: dict[str, str]
+    rekeyed: list[TableTopic] = field(default_factory=list)  # served tables whose key schema changed, with the new
 
 
 def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry, writer: TableWriter,
@@ -311,11 +312,12 @@ class Engine:
         """The tables capture registered since the catalog was made, their topics made (registry and broker I/O:
         the host runs it off its loop; ``adopt`` then serves them)."""
         new = served(self.cfg, registered(self.cfg, self.schemas, skip=self.catalog.topics))
+        rekeyed = rekeyed_tables(self.catalog.tables, self.schemas)
         if not new:
-            return Found([], {})
+            return Found([], {}, rekeyed)
         topics = [t.topic for t in new]
         self.writer.ensure_topics(topics)
-        return Found(new, read_ids(self.writer.admin, topics))
+        return Found(new, read_ids(self.writer.admin, topics), rekeyed)
 
     def adopt(self, found: Found) -> list[str]:
         """Serve ``found``'s tables from now on (the endpoint, the table feed at the next assignment, the fan-out):
@@ -323,7 +325,13 @@ class Engine:
         the table store)."""
         if self.sources is not None and found.ids:
             adopt(self.sources, found.ids, self.store)
-        tables = sorted([*self.catalog.tables, *found.tables], key=lambda t: t.qualified)
+        moved = {t.topic: t for t in found.rekeyed}
+        for table in found.rekeyed:
+            log.warning("table %s is keyed with key schema %d now (was %d): the endpoint reads its keys with it",
+                        table.qualified, table.key.schema_id,
+                        next((t.key.schema_id for t in self.catalog.tables if t.topic == table.topic), -1),
+                        extra=facts(table=table.qualified, topic=table.topic))  # fmt: skip
+        tables = sorted([moved.get(t.topic, t) for t in self.catalog.tables] + found.tables, key=lambda t: t.qualified)
         self.catalog = replace(self.catalog, tables=tables)
         topics = [t.topic for t in found.tables]
         self.tables.topics = self.tables.topics | set(topics)

@@ -15,6 +15,13 @@ streamed changes move the watermark. ``truncate_outputs`` turns a TRUNCATE into 
 tombstone per key live on the table topic before it. ``behind`` names the keys another writer's records
 left older than this fan-out's own, and ``newest`` picks, from routes in raw order, each such key's last
 record: what it must read as newest again.
+
+A change keyed under another key schema than the records its table topic holds (``int`` made
+``bigint``, a numeric key's new scale: the same row, other key bytes) is a ``Rekey``: its own
+records, then ``rekey_outputs`` moves every key of the old frame live on the topic before it to
+the new frame — a tombstone for the old key and the row under the key re-encoded — so the topic,
+compacted, holds each row once and a later delete reaches it. The topic's frame is kept per topic
+(``frames``, saved in the checkpoint); a topic it does not know takes its next change's frame.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tables.partition import partition_for
-from tables.wire import HEADER_LSN, HEADER_OP, HEADER_POS, HEADER_RAW
+from tables.wire import FRAME_SIZE, HEADER_LSN, HEADER_OP, HEADER_POS, HEADER_RAW
 
 STREAMED = frozenset({"INSERT", "UPDATE", "DELETE", "TRUNCATE"})
 Position = tuple[int, int]  # (raw offset, sub-index of the record written for it)
@@ -79,6 +86,20 @@ class Truncate:
     position: int
 
 
+@dataclass(frozen=True)
+class Rekey:
+    """A change keyed with ``frame`` on a topic whose records had another key frame: its own records
+    (``outputs``, for keys ``own``), then every key of another frame live before raw ``offset`` moved to ``frame``."""
+
+    topic: str
+    offset: int
+    commit_lsn: int
+    position: int
+    frame: bytes
+    outputs: list[Output]
+    own: frozenset[bytes]
+
+
 def headers(op: str, offset: int, sub: int, lsn: int, position: int) -> list[tuple[str, bytes]]:
     return [(HEADER_OP, op.encode()), (HEADER_RAW, b"%d.%d" % (offset, sub)), (HEADER_LSN, b"%d" % lsn),
             (HEADER_POS, b"%d" % position)]  # fmt: skip
@@ -123,6 +144,7 @@ class FanOut:
         watermark: tuple[int, int] = (-1, -1),
         tails: dict[tuple[str, int], Position] | None = None,
         key_of_row: Callable[[bytes, bytes], bytes] | None = None,
+        frames: dict[str, bytes] | None = None,
     ) -> None:
         self.partitions = partitions
         self.watermark = watermark  # highest (commit_lsn, position) of a streamed change seen
@@ -130,6 +152,7 @@ class FanOut:
         self.key_of_row = key_of_row  # (old full row, new key) -> old key, for REPLICA IDENTITY FULL
         self.counters = Counters()
         self.unkeyed: set[str] = set()
+        self.frames = dict(frames or {})  # table topic -> the key frame of its records (``Rekey``)
 
     def fresh(self, topic: str, partition: int, at: Position) -> bool:
         """True unless the partition already holds the record written for ``at``."""
@@ -139,7 +162,7 @@ class FanOut:
             return False
         return True
 
-    def route(self, change: Change, offset: int) -> list[Output] | Truncate:
+    def route(self, change: Change, offset: int) -> list[Output] | Truncate | Rekey:
         """The records for one change at raw ``offset`` (empty if none or already written)."""
         self.counters.changes += 1
         if change.op in STREAMED:
@@ -167,7 +190,12 @@ class FanOut:
                 out.append(Output(change.topic, partition, key, value,
                                   headers(change.op, offset, sub, change.commit_lsn, change.position)))  # fmt: skip
         self.counters.written += len(out)
-        return out
+        was = self.frames.get(change.topic)
+        self.frames[change.topic] = change.key[:FRAME_SIZE]
+        if was is None or was == change.key[:FRAME_SIZE]:
+            return out
+        return Rekey(change.topic, offset, change.commit_lsn, change.position, change.key[:FRAME_SIZE], out,
+                     frozenset(key for key, _ in records))  # fmt: skip
 
     def duplicate(self, change: Change) -> bool:
         """A streamed change at or below the watermark: capture sent it twice (``route`` drops it)."""
@@ -194,6 +222,39 @@ def live_keys(records: Iterable[tuple[bytes | None, bytes | None, Position | Non
             continue
         latest[key] = value is not None
     return sorted(k for k, alive in latest.items() if alive)
+
+
+def rekey_outputs(fanout: FanOut, rekey: Rekey, records: Iterable[tuple[bytes | None, bytes | None, Position | None]],
+                  reframe: Callable[[bytes], bytes | None]) -> tuple[list[Output], list[bytes]]:  # fmt: skip
+    """The records that move ``rekey.topic``'s keys of other frames, live before the re-key's raw offset, to its
+    frame: a tombstone for each and its row under the key ``reframe`` gives — unless that key is the change's own
+    or has any record of the new frame before it (a row deleted under its new key stays deleted). Sub-indexes
+    from 2 in key order, minus those written; and the keys ``reframe`` cannot move (left as they are)."""
+    latest: dict[bytes, bytes | None] = {}
+    for key, value, at in records:
+        if key is not None and (at is None or at[0] < rekey.offset):
+            latest[key] = value
+    taken = rekey.own | {key for key in latest if key[:FRAME_SIZE] == rekey.frame}
+    moves: list[tuple[bytes, bytes | None]] = []
+    stuck = []
+    for key in sorted(k for k, v in latest.items() if v is not None and k[:FRAME_SIZE] != rekey.frame):
+        moved = reframe(key)
+        if moved is None:
+            stuck.append(key)
+            continue
+        moves.append((key, None))
+        if moved not in taken:
+            moves.append((moved, latest[key]))
+    return [o for sub, (key, value) in enumerate(moves, 2) if (o := _output(fanout, rekey, sub, key, value))], stuck
+
+
+def _output(fanout: FanOut, rekey: Rekey, sub: int, key: bytes, value: bytes | None) -> Output | None:
+    partition = partition_for(key, fanout.partitions)
+    if not fanout.fresh(rekey.topic, partition, (rekey.offset, sub)):
+        return None
+    fanout.counters.written += 1
+    marks = headers("READ" if value is not None else "DELETE", rekey.offset, sub, rekey.commit_lsn, rekey.position)
+    return Output(rekey.topic, partition, key, value, marks)
 
 
 def truncate_outputs(fanout: FanOut, truncate: Truncate, keys: list[bytes]) -> list[Output]:
@@ -238,11 +299,13 @@ def disordered(records: Iterable[tuple[bytes | None, Position | None]], since: i
     return found
 
 
-def newest(routed: Iterable[list[Output] | Truncate], keys: dict[tuple[str, int], set[bytes]]) -> list[Output]:
+def newest(routed: Iterable[list[Output] | Truncate | Rekey], keys: dict[tuple[str, int], set[bytes]]) -> list[Output]:
     """The last record each of ``keys`` (``(topic, partition)`` -> keys) got from ``routed`` (the routes of
     changes in raw order); a TRUNCATE of the topic makes it a tombstone, until a later change."""
     last: dict[tuple[str, int, bytes], Output] = {}
     for outputs in routed:
+        if isinstance(outputs, Rekey):  # its own records; the keys it moved are not followed here
+            outputs = outputs.outputs
         if isinstance(outputs, Truncate):
             marks = headers("TRUNCATE", outputs.offset, 0, outputs.commit_lsn, outputs.position)
             for (topic, partition), some in keys.items():

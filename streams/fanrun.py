@@ -13,7 +13,9 @@ writer put among the fan-out's on a table topic or a Debezium-format one (a zomb
 session, sending old records late; ``streams.writer.Landed``) are read back, and each key they touched gets
 the record of its newest change written again (``mend``), so an old one never stays a key's newest. The checkpoint
 says how far each partition it wrote was examined (``Landed.verified``); the next run examines the rest, and writes
-again the keys of records there written out of raw order (``streams.fanout.disordered``). Its
+again the keys of records there written out of raw order (``streams.fanout.disordered``). A change keyed under a
+new key schema (``streams.fanout.Rekey``) is written, then its topic is read and its rows under older key schemas
+are moved to the new one (``rekey``: like a TRUNCATE, once per key change; the topic is read whole). Its
 collaborators (settings, registry, writer) are passed in: it runs without a host.
 """
 
@@ -33,12 +35,14 @@ from streams.fanout import (
     FanOut,
     Output,
     Position,
+    Rekey,
     Truncate,
     behind,
     disordered,
     headers,
     live_keys,
     newest,
+    rekey_outputs,
     truncate_outputs,
 )
 from streams.metrics import StreamsMetrics, clock
@@ -54,6 +58,7 @@ from tables.wire import (
     HEADER_SOURCE_TOPIC,
     UndecodableMessage,
     avro_body,
+    frame,
     schema_id,
 )
 
@@ -109,7 +114,8 @@ class FanOutRun:
         named = self.debezium.kept(saved.verified, self.served) if self.debezium is not None and saved else []
         kept = self.writer.ensure_topics(named, create=False)  # those still there; none made again
         tails = self.writer.tails([*sorted(self.served), self.cfg.dlq_topic, *kept])
-        self.fanout = FanOut(self.cfg.partitions, watermark, tails, self.fan_key)
+        frames = {topic: frame(key) for topic, key in saved.key_schemas.items()} if saved else {}
+        self.fanout = FanOut(self.cfg.partitions, watermark, tails, self.fan_key, frames)
         self.reported = (self.reported[0], 0)  # its counters start at 0
         self.ready = 1 + max((at[0] for at in tails.values()), default=-1)
         self.writer.landed.unexamined(saved.verified if saved else {})
@@ -171,7 +177,8 @@ class FanOutRun:
         """Write the checkpoint of ``done`` (the newest acknowledged batch; None: the last one again), with how
         far each table partition was examined."""
         if done is not None:
-            self.last = Checkpoint(done.end, done.watermark, self.raw_id, {})
+            self.last = Checkpoint(done.end, done.watermark, self.raw_id, {},
+                                   {topic: schema_id(key) for topic, key in done.frames.items()})  # fmt: skip
         if self.last is not None:
             self.vouched = self.writer.landed.verified()
             self.writer.save_checkpoint(self.last._replace(verified=self.vouched))
@@ -230,7 +237,7 @@ class FanOutRun:
                     "the raw partition and had not noticed yet)", len(records), stray.topic, stray.partition,
                     extra=where)  # fmt: skip
 
-    def _routes(self, start: int, debezium: bool = False) -> Iterator[list[Output] | Truncate]:
+    def _routes(self, start: int, debezium: bool = False) -> Iterator[list[Output] | Truncate | Rekey]:
         """The routes of the raw changes from ``start`` up to where this fan-out stands, none left out as written;
         with ``debezium``, each change's Debezium-format records after them."""
         fan = FanOut(self.cfg.partitions, key_of_row=self.fan_key)
@@ -273,6 +280,8 @@ class FanOutRun:
             routed = fan.route(change, offset)
             if isinstance(routed, Truncate):
                 self.truncate(fan, routed, pending)
+            elif isinstance(routed, Rekey):
+                self.rekey(fan, routed, pending)
             elif routed:
                 self.ensure(routed[0].topic)
                 self.writer.write(routed, pending)
@@ -281,7 +290,7 @@ class FanOutRun:
         if fan.unkeyed - self.warned:
             log.warning("tables without key are not fanned out: %s", ", ".join(sorted(fan.unkeyed - self.warned)))
             self.warned |= fan.unkeyed
-        pending.end, pending.watermark = self.cursor.next, fan.watermark
+        pending.end, pending.watermark, pending.frames = self.cursor.next, fan.watermark, dict(fan.frames)
 
     def ensure(self, topic: str) -> None:
         if topic not in self.writer.known:
@@ -300,6 +309,38 @@ class FanOutRun:
         self.writer.flush()  # everything before the truncate is on the topic
         keys = live_keys(self.writer.scan(truncate.topic), truncate.offset)
         self.writer.write(truncate_outputs(fan, truncate, keys), pending)
+
+    def rekey(self, fan: FanOut, rekey: Rekey, pending: Pending) -> None:
+        """A change keyed under a new key schema: its records, then the topic's keys of the old one moved to it."""
+        self.ensure(rekey.topic)
+        self.writer.write(rekey.outputs, pending)
+        self.writer.flush()  # everything before the re-key is on the topic
+        moves, stuck = rekey_outputs(fan, rekey, self.writer.scan(rekey.topic), self._reframe(rekey.frame))
+        self.writer.write(moves, pending)
+        where = facts(topic=rekey.topic, offset=rekey.offset)
+        log.warning("%s is keyed with key schema %d from raw offset %d on: %d records move its rows keyed under an "
+                    "older key schema to it", rekey.topic, schema_id(rekey.frame), rekey.offset, len(moves),
+                    extra=where)  # fmt: skip
+        if stuck:
+            log.error("%s: %d rows keyed under an older key schema cannot be keyed with schema %d (their key values "
+                      "do not fit it) and stay under their old keys", rekey.topic, len(stuck),
+                      schema_id(rekey.frame), extra=where)  # fmt: skip
+
+    def _reframe(self, frame: bytes) -> Callable[[bytes], bytes | None]:
+        """An old key made the key ``frame`` names: its values, by field position, encoded with that schema."""
+        parsed = self.schemas.parsed(schema_id(frame))
+        names = [f["name"] for f in parsed["fields"]]
+
+        def reframe(key: bytes) -> bytes | None:
+            try:
+                values = list(self.schemas.decode(key).values())
+                if len(values) != len(names):
+                    return None
+                return frame + avro_body(parsed, dict(zip(names, values, strict=True)))
+            except (UndecodableMessage, ValueError, TypeError, OverflowError):
+                return None
+
+        return reframe
 
     def dead_letter(
         self, fan: FanOut, offset: int, key: bytes | None, value: bytes | None, reason: str, pending: Pending

@@ -54,6 +54,9 @@ CHECKPOINT_SCHEMA: dict[str, Any] = {
         {"name": "verified", "type": {"type": "map", "values": {"type": "array", "items": "long"}}, "default": {},
          "doc": "table topic -> each partition's offset up to which the writer found no record another writer put "
                 "there that it had not written over (-1: not known); the next writer examines what lies past it"},
+        {"name": "key_schemas", "type": {"type": "map", "values": "long"}, "default": {},
+         "doc": "table topic -> the key schema id its records below raw_offset are keyed with; a change keyed with "
+                "another moves the topic's rows to it (streams.fanout.Rekey)"},
     ],
 }
 CHECKPOINT_PARSED = fastavro.parse_schema(CHECKPOINT_SCHEMA)
@@ -66,6 +69,7 @@ class Checkpoint(NamedTuple):
     watermark: tuple[int, int]
     raw_topic_id: str
     verified: dict[tuple[str, int], int]  # (topic, partition) -> offset; see ``Landed.verified``
+    key_schemas: dict[str, int]  # table topic -> the key schema id of its records (``streams.fanout.Rekey``)
 Scanned = tuple[bytes | None, bytes | None, Position | None]
 
 
@@ -188,11 +192,12 @@ class Landed:
 class Pending:
     """The records written for a run of raw offsets, counted down as Kafka acknowledges them."""
 
-    __slots__ = ("end", "failed", "failed_topic", "landed", "outstanding", "strays", "watermark")
+    __slots__ = ("end", "failed", "failed_topic", "frames", "landed", "outstanding", "strays", "watermark")
 
     def __init__(self, landed: Landed | None = None) -> None:
         self.end = -1  # raw offset after the last one handled; -1 while still being written
         self.watermark = (-1, -1)
+        self.frames: dict[str, bytes] = {}  # the fan-out's key frames per table topic at ``end``
         self.outstanding = 0
         self.failed: KafkaError | None = None
         self.failed_topic = ""  # where the refused record went
@@ -309,7 +314,8 @@ class TableWriter:
                                                                     CHECKPOINT_SCHEMA))  # fmt: skip
         body = avro_body(CHECKPOINT_PARSED, {"raw_offset": saved.raw_offset, "commit_lsn": saved.watermark[0],
                                              "position": saved.watermark[1], "raw_topic_id": saved.raw_topic_id,
-                                             "verified": by_topic(saved.verified)})  # fmt: skip
+                                             "verified": by_topic(saved.verified),
+                                             "key_schemas": saved.key_schemas})  # fmt: skip
         self.produce(self.cfg.progress_topic, 0, self.cfg.changes_topic.encode(), self.checkpoint_frame + body, [])
 
     # ---- reading back ---------------------------------------------------------------
@@ -425,7 +431,8 @@ class TableWriter:
         verified = {(topic, p): int(end) for topic, ends in saved.get("verified", {}).items()
                     for p, end in enumerate(ends) if end >= 0}  # fmt: skip
         return Checkpoint(int(saved["raw_offset"]), (int(saved["commit_lsn"]), int(saved["position"])),
-                          str(saved.get("raw_topic_id", "")), verified)  # fmt: skip
+                          str(saved.get("raw_topic_id", "")), verified,
+                          {str(t): int(i) for t, i in saved.get("key_schemas", {}).items()})  # fmt: skip
 
     def raw_topic_id(self) -> str:
         """Kafka's id of the raw topic ('' if it has none or does not exist yet)."""

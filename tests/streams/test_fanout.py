@@ -8,12 +8,14 @@ from streams.fanout import (
     Change,
     FanOut,
     Output,
+    Rekey,
     Truncate,
     behind,
     disordered,
     header_position,
     live_keys,
     newest,
+    rekey_outputs,
     truncate_outputs,
 )
 from streams.writer import Landed, Stray
@@ -228,3 +230,69 @@ def test_keys_another_writer_left_behind_this_fan_out_are_mended_and_those_it_is
     assert behind(records, stop=50, since=30) == {key(1): 40, key(4): 30}
     assert behind(records, stop=70, since=30) == {key(1): 40, key(2): 41, key(3): 60, key(4): 30}
     assert behind([], stop=70, since=30) == {}
+
+
+def wide(n: int) -> bytes:
+    return b"\0\0\0\0\x09" + bytes([n * 2, 0])  # the same key under key schema 9 (other bytes: another type)
+
+
+def rekeyed(n: int, op: str = "UPDATE", offset: int = 10) -> tuple[FanOut, Rekey]:
+    fan = FanOut(partitions=4, frames={TOPIC: key(0)[:5]})
+    routed = fan.route(Change(op, "public", "customers", TOPIC, 500, 0, wide(n), None,
+                              None if op == "DELETE" else row(n, "new")), offset)  # fmt: skip
+    assert isinstance(routed, Rekey)
+    return fan, routed
+
+
+def reframe(old: bytes) -> bytes | None:
+    return None if old[5] == 2 * 9 else wide(old[5] // 2)  # key 9 does not fit the new key schema
+
+
+def at(offset: int) -> tuple[int, int]:
+    return offset, 0
+
+
+def test_a_change_keyed_under_a_new_key_schema_moves_the_topics_rows_to_it_once() -> None:
+    fan, rekey = rekeyed(1)
+    assert [(o.key, o.value) for o in rekey.outputs] == [(wide(1), row(1, "new"))], "the change's own record first"
+    topic = [(key(1), row(1), at(0)), (key(2), row(2), at(1)), (key(3), row(3), at(2)), (key(3), None, at(3)),
+             (key(4), row(4), at(4)), (wide(4), None, at(5)),  # deleted under its new key (written before this run)
+             (key(9), row(9), at(6)), (wide(1), row(1, "new"), at(10)), (key(5), row(5), at(11))]  # fmt: skip
+    moves, stuck = rekey_outputs(fan, rekey, topic, reframe)
+    assert [(o.key, o.value) for o in moves] == [
+        (key(1), None),  # the change's own key: its record stands
+        (key(2), None), (wide(2), row(2)),
+        (key(4), None),  # its new key's tombstone stands
+    ]  # fmt: skip
+    assert stuck == [key(9)], "a key the new schema cannot hold stays as it is"
+    assert [header_position(o.headers) for o in moves] == [(10, 2), (10, 3), (10, 4), (10, 5)]
+    assert all(o.partition == partition_for(o.key, 4) for o in moves)
+    assert dict(moves[2].headers)["hw.lsn"] == b"500"
+    assert fan.frames == {TOPIC: wide(1)[:5]}
+    again = fan.route(change("UPDATE", 600, 0, k=None, after=row(2))._replace(key=wide(2)), offset=11)
+    assert isinstance(again, list), "the topic's frame is the new one: no re-key again"
+
+
+def test_a_replayed_rekey_writes_only_what_the_crashed_run_did_not() -> None:
+    topic = [(key(1), row(1), at(0)), (key(2), row(2), at(1)), (key(3), row(3), at(2))]
+    fan, rekey = rekeyed(7)
+    first, _ = rekey_outputs(fan, rekey, topic, reframe)
+    tails = {(TOPIC, o.partition): header_position(o.headers) for o in first[:3]}
+    written = topic + [(o.key, o.value, header_position(o.headers)) for o in first[:3]]  # the crash: 3 of 6 landed
+    replay = FanOut(partitions=4, tails={k: v for k, v in tails.items() if v is not None}, frames={TOPIC: key(0)[:5]})
+    routed = replay.route(Change("UPDATE", "public", "customers", TOPIC, 500, 0, wide(7), None, row(7)), 10)
+    assert isinstance(routed, Rekey)
+    again, _ = rekey_outputs(replay, routed, written, reframe)
+    assert len(first) == 6
+    assert [(o.key, o.value, header_position(o.headers)) for o in again] == [
+        (o.key, o.value, header_position(o.headers)) for o in first[3:]]  # fmt: skip
+
+
+def test_a_topic_the_fan_out_does_not_know_takes_its_next_changes_key_schema() -> None:
+    fan = FanOut(partitions=4)
+    assert isinstance(fan.route(change("INSERT", 100, 0, k=1), offset=0), list)
+    assert fan.frames == {TOPIC: key(1)[:5]}
+    fan.frames.clear()
+    assert isinstance(fan.route(Change("INSERT", "public", "customers", TOPIC, 200, 0, wide(1), None, row(1)), 1), list)
+    _, rekey = rekeyed(3, op="DELETE")
+    assert rekey.own == frozenset({wide(3)}) and rekey.outputs[0].value is None

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg2
 import pytest
 
+from tables.kafka import read_topic
 from tests.plugins.capture import Capture
 from tests.plugins.streams import Worker
 from tests.streams.test_workers import Watch, wait_for
@@ -105,3 +106,56 @@ def test_200k_rows_load_restart_and_kill_without_a_404_for_a_row_that_exists(
     assert not sample_matches(conn, fresh, keys)
     capture.stop()
     conn.close()
+
+
+def live_records(bootstrap: str, topic: str) -> dict[bytes, bytes]:
+    """A table topic's live records by key bytes, as compaction leaves them."""
+    latest: dict[bytes, bytes | None] = {}
+    for msg in read_topic(bootstrap, topic):
+        latest[msg.key] = msg.value
+    return {k: v for k, v in latest.items() if v is not None}
+
+
+@pytest.mark.slow
+def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_and_in_the_faust_table(
+    pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
+) -> None:  # fmt: skip
+    """``int`` made ``bigint`` gives the table a new key schema: the fan-out moves the topic's rows to it (one
+    record per row, so a later delete reaches it), and a worker killed and started again writes nothing twice."""
+    conn = psycopg2.connect(pg_database)
+    with conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE rk (id int PRIMARY KEY, v text NOT NULL)")
+        cur.execute("INSERT INTO rk SELECT g, 'row ' || g FROM generate_series(1, 300) g")
+    capture = capture_factory(pg_database, include="public.rk").start()
+    capture.wait_caught_up(pg_database)
+    worker = worker_factory(capture.cfg.topic_prefix).start()
+    topic = f"{capture.cfg.topic_prefix}.rk"
+
+    def settled(rows: int, deleted: list[int]) -> bool:
+        table = progress(worker)
+        answers = {k: worker.get(f"/tables/rk/{k}").status_code for k in range(1, 6)}
+        return table["loaded"] and table["rows_here"] == rows and answers == {
+            k: 404 if k in deleted else 200 for k in range(1, 6)}  # fmt: skip
+
+    assert wait_for(lambda: settled(300, []), 60, every=0.2), worker.tail()
+    with conn, conn.cursor() as cur:
+        cur.execute("ALTER TABLE rk ALTER COLUMN id TYPE bigint")
+    with conn, conn.cursor() as cur:
+        cur.execute("UPDATE rk SET v = 'new' WHERE id = 1")
+    with conn, conn.cursor() as cur:
+        cur.execute("DELETE FROM rk WHERE id = 2")
+    capture.wait_caught_up(pg_database)
+    assert wait_for(lambda: settled(299, [2]), 60, every=0.2), f"{progress(worker)}\n{worker.tail()}"
+    assert worker.get("/tables/rk/1").json()["row"] == {"id": 1, "v": "new"}
+    assert worker.get("/tables/rk/3").json()["row"] == {"id": 3, "v": "row 3"}
+    live = live_records(capture.cfg.bootstrap, topic)
+    assert len(live) == 299 and len({k[:5] for k in live}) == 1, "every live record under the new key schema"
+    assert "is keyed with key schema" in worker.log.read_text()
+
+    worker.kill(signal.SIGKILL)
+    with conn, conn.cursor() as cur:
+        cur.execute("DELETE FROM rk WHERE id = 3")
+    capture.wait_caught_up(pg_database)
+    worker.start()
+    assert wait_for(lambda: settled(298, [2, 3]), 60, every=0.2), f"{progress(worker)}\n{worker.tail()}"
+    assert len(live_records(capture.cfg.bootstrap, topic)) == 298

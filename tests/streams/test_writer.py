@@ -32,11 +32,11 @@ def test_a_checkpoint_from_before_it_named_the_raw_topic_reads_and_the_next_one_
     writer.produce(cfg.progress_topic, 0, cfg.changes_topic.encode(), value, [])
     writer.flush()
     old_one = writer.checkpoint()
-    assert old_one == Checkpoint(7, (5, 1), "", {}), "an old checkpoint: offsets kept, the topic not checked"
+    assert old_one == Checkpoint(7, (5, 1), "", {}, {}), "an old checkpoint: offsets kept, the topic not checked"
     verified = {("p.orders", 0): 5, ("p.orders", 2): 9, ("p.items", 0): 0}  # partition 1 of orders: not known
-    writer.save_checkpoint(Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw", verified))
+    writer.save_checkpoint(Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw", verified, {"p.orders": 4}))
     writer.flush()
-    assert writer.checkpoint() == Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw", verified)
+    assert writer.checkpoint() == Checkpoint(9, (6, 0), "AaIU4nE8cGGQGSoJJXdFSw", verified, {"p.orders": 4})
     assert writer.raw_topic_id() == "", "no raw topic yet: no id"
 
 
