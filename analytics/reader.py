@@ -117,9 +117,7 @@ class SliceReader:
         if not isinstance(out, dict):
             raise SourceError(f"schema {writer_id} is not a record", topic=where.topic, partition=where.partition,
                               offset=offset)  # fmt: skip
-        if newest is None:
-            return out
-        if writer_id not in self._rescalers:
+        if writer_id not in self._rescalers:  # a key's columns too: a tombstone's row is its key
             self._rescalers[writer_id] = rescaler(original, self.value.schema)
         rescale = self._rescalers[writer_id]
         return out if rescale is None else dict(rescale(out))

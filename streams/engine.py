@@ -60,6 +60,7 @@ log = logging.getLogger("headwater.streams")
 Fatal = Callable[[str, FatalError], None]  # (which part stopped, why): called from the part's thread
 WAIT_WARN_EVERY = 60.0  # seconds between two WARNINGs while a worker waits at start for its views' tables
 Settings = Callable[[str], dict[str, Any]]  # a reader's librdkafka settings, by the reader's name
+KEYS_LOOK_EVERY = 30.0  # seconds between two looks at the served tables' key schemas (``rekeyed_tables``)
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ class Engine:
                  store: TableStore, view_store: ViewStore, on_fatal: Fatal,
                  sources: Sources | None = None) -> None:  # fmt: skip
         self.cfg, self.schemas, self.writer, self.catalog = cfg, schemas, writer, catalog
+        self.keys_looked = time.monotonic()  # when the served tables' key schemas were last looked at
         self.store, self.view_store, self.sources = store, view_store, sources
         self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after, cfg.bootstrap)
         self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics, metrics)
@@ -312,7 +314,10 @@ class Engine:
         """The tables capture registered since the catalog was made, their topics made (registry and broker I/O:
         the host runs it off its loop; ``adopt`` then serves them)."""
         new = served(self.cfg, registered(self.cfg, self.schemas, skip=self.catalog.topics))
-        rekeyed = rekeyed_tables(self.catalog.tables, self.schemas)
+        rekeyed = []
+        if time.monotonic() - self.keys_looked >= KEYS_LOOK_EVERY:  # a request per table: not at every look
+            self.keys_looked = time.monotonic()
+            rekeyed = rekeyed_tables(self.catalog.tables, self.schemas)
         if not new:
             return Found([], {}, rekeyed)
         topics = [t.topic for t in new]

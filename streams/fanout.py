@@ -26,7 +26,7 @@ compacted, holds each row once and a later delete reaches it. The topic's frame 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -35,6 +35,7 @@ from tables.wire import FRAME_SIZE, HEADER_LSN, HEADER_OP, HEADER_POS, HEADER_RA
 
 STREAMED = frozenset({"INSERT", "UPDATE", "DELETE", "TRUNCATE"})
 Position = tuple[int, int]  # (raw offset, sub-index of the record written for it)
+Move = tuple[bytes, bytes | None]  # a record a re-key writes: key, row or None (a tombstone)
 
 
 class Change(NamedTuple):
@@ -224,37 +225,46 @@ def live_keys(records: Iterable[tuple[bytes | None, bytes | None, Position | Non
     return sorted(k for k, alive in latest.items() if alive)
 
 
-def rekey_outputs(fanout: FanOut, rekey: Rekey, records: Iterable[tuple[bytes | None, bytes | None, Position | None]],
-                  reframe: Callable[[bytes], bytes | None]) -> tuple[list[Output], list[bytes]]:  # fmt: skip
-    """The records that move ``rekey.topic``'s keys of other frames, live before the re-key's raw offset, to its
-    frame: a tombstone for each and its row under the key ``reframe`` gives — unless that key is the change's own
-    or has any record of the new frame before it (a row deleted under its new key stays deleted). Sub-indexes
-    from 2 in key order, minus those written; and the keys ``reframe`` cannot move (left as they are)."""
-    latest: dict[bytes, bytes | None] = {}
+def rekey_moves(rekey: Rekey, records: Iterable[tuple[bytes | None, bytes | None, Position | None]],
+                reframe: Callable[[bytes], bytes | None]) -> tuple[list[Move], list[bytes]]:  # fmt: skip
+    """What moves ``rekey.topic``'s rows keyed under other frames, live before the re-key's raw offset, to its
+    frame, in old-key order: a tombstone for each old key, then its row under the key ``reframe`` gives — unless
+    that key is the change's own, or its own last record there is newer (a row deleted or written under the new
+    key stays so); of several old keys giving one new key, the newest's row. And the keys ``reframe`` cannot move
+    (left as they are)."""
+    latest: dict[bytes, tuple[bytes | None, Position]] = {}
     for key, value, at in records:
         if key is not None and (at is None or at[0] < rekey.offset):
-            latest[key] = value
-    taken = rekey.own | {key for key in latest if key[:FRAME_SIZE] == rekey.frame}
-    moves: list[tuple[bytes, bytes | None]] = []
-    stuck = []
-    for key in sorted(k for k, v in latest.items() if v is not None and k[:FRAME_SIZE] != rekey.frame):
-        moved = reframe(key)
+            latest[key] = (value, at or (-1, -1))
+    old = sorted(k for k, (v, _) in latest.items() if v is not None and k[:FRAME_SIZE] != rekey.frame)
+    target: dict[bytes, bytes] = {}  # new key -> the old key whose row it takes
+    stuck, targets = [], {}
+    for key in old:
+        moved = targets[key] = reframe(key)
         if moved is None:
             stuck.append(key)
-            continue
-        moves.append((key, None))
-        if moved not in taken:
-            moves.append((moved, latest[key]))
-    return [o for sub, (key, value) in enumerate(moves, 2) if (o := _output(fanout, rekey, sub, key, value))], stuck
+        elif moved not in rekey.own and latest.get(moved, (None, (-1, -1)))[1] < latest[key][1] and (
+                moved not in target or latest[target[moved]][1] < latest[key][1]):  # fmt: skip
+            target[moved] = key
+    moves: list[Move] = []
+    for key in old:
+        moved = targets[key]
+        if moved is not None:
+            moves.append((key, None))
+            if target.get(moved) == key:
+                moves.append((moved, latest[key][0]))
+    return moves, stuck
 
 
-def _output(fanout: FanOut, rekey: Rekey, sub: int, key: bytes, value: bytes | None) -> Output | None:
-    partition = partition_for(key, fanout.partitions)
-    if not fanout.fresh(rekey.topic, partition, (rekey.offset, sub)):
-        return None
-    fanout.counters.written += 1
-    marks = headers("READ" if value is not None else "DELETE", rekey.offset, sub, rekey.commit_lsn, rekey.position)
-    return Output(rekey.topic, partition, key, value, marks)
+def rekey_outputs(fanout: FanOut, rekey: Rekey, moves: list[Move]) -> Iterator[Output]:
+    """``moves`` (``rekey_moves``) as records, sub-indexes from 2 in their order, minus those written."""
+    for sub, (key, value) in enumerate(moves, 2):
+        partition = partition_for(key, fanout.partitions)
+        if fanout.fresh(rekey.topic, partition, (rekey.offset, sub)):
+            fanout.counters.written += 1
+            marks = headers("READ" if value is not None else "DELETE", rekey.offset, sub, rekey.commit_lsn,
+                            rekey.position)  # fmt: skip
+            yield Output(rekey.topic, partition, key, value, marks)
 
 
 def truncate_outputs(fanout: FanOut, truncate: Truncate, keys: list[bytes]) -> list[Output]:

@@ -42,6 +42,7 @@ from streams.fanout import (
     headers,
     live_keys,
     newest,
+    rekey_moves,
     rekey_outputs,
     truncate_outputs,
 )
@@ -315,28 +316,30 @@ class FanOutRun:
         self.ensure(rekey.topic)
         self.writer.write(rekey.outputs, pending)
         self.writer.flush()  # everything before the re-key is on the topic
-        moves, stuck = rekey_outputs(fan, rekey, self.writer.scan(rekey.topic), self._reframe(rekey.frame))
-        self.writer.write(moves, pending)
+        started = time.monotonic()
+        moves, stuck = rekey_moves(rekey, self.writer.scan(rekey.topic), self._reframe(rekey.frame))
         where = facts(topic=rekey.topic, offset=rekey.offset)
         log.warning("%s is keyed with key schema %d from raw offset %d on: %d records move its rows keyed under an "
-                    "older key schema to it", rekey.topic, schema_id(rekey.frame), rekey.offset, len(moves),
-                    extra=where)  # fmt: skip
+                    "older key schema to it (the topic read in %.1f s)", rekey.topic, schema_id(rekey.frame),
+                    rekey.offset, len(moves), time.monotonic() - started, extra=where)  # fmt: skip
+        self.writer.write(rekey_outputs(fan, rekey, moves), pending)
         if stuck:
             log.error("%s: %d rows keyed under an older key schema cannot be keyed with schema %d (their key values "
                       "do not fit it) and stay under their old keys", rekey.topic, len(stuck),
                       schema_id(rekey.frame), extra=where)  # fmt: skip
 
     def _reframe(self, frame: bytes) -> Callable[[bytes], bytes | None]:
-        """An old key made the key ``frame`` names: its values, by field position, encoded with that schema."""
+        """An old key made the key ``frame`` names: its columns, by name, encoded with that schema (None: they are not
+        the same columns, or a value does not fit)."""
         parsed = self.schemas.parsed(schema_id(frame))
         names = [f["name"] for f in parsed["fields"]]
 
         def reframe(key: bytes) -> bytes | None:
             try:
-                values = list(self.schemas.decode(key).values())
-                if len(values) != len(names):
+                record = self.schemas.decode(key)
+                if sorted(record) != sorted(names):  # a column renamed, another primary key: not the same key
                     return None
-                return frame + avro_body(parsed, dict(zip(names, values, strict=True)))
+                return frame + avro_body(parsed, record)
             except (UndecodableMessage, ValueError, TypeError, OverflowError):
                 return None
 

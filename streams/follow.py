@@ -6,7 +6,8 @@ Promise: pure. A view's schema is composed at start from its tables' value schem
 precision`` — the rows the worker applies carry values the composed schema cannot write (fastavro
 refuses a Decimal of a larger scale). ``follow(view, table, columns)`` gives the view's schema with
 each of ``table``'s columns widened to hold the values of both types (a decimal: the larger scale
-and the larger count of whole digits; ``int``→``long``; ``float``→``double``), or the same object
+and the larger count of whole digits; ``int``→``long`` or ``double``; ``float``→``double``; arrays item
+by item — only widenings that hold every value exactly), or the same object
 when none needs it. Only types change: the view keeps its columns (a column added still reaches
 it after a restart), and types it cannot widen (an enum's new symbol, a timestamp's new unit) are
 left as they are. Widening, never narrowing, means the rows the state already holds, written
@@ -21,13 +22,12 @@ from typing import Any
 
 from tables.wire import SCHEMA_BASE
 
-PROMOTIONS = {("int", "long"): "long", ("float", "double"): "double", ("int", "double"): "double",
-              ("long", "double"): "double", ("int", "float"): "float"}  # fmt: skip
+PROMOTIONS = {("int", "long"): "long", ("float", "double"): "double", ("int", "double"): "double"}  # exact ones
 
 
 def follow(view: dict[str, Any], table: str, columns: Mapping[str, Any]) -> dict[str, Any]:
-    """``view`` with ``table``'s columns widened to also hold ``columns``' types (a value schema's fields by
-    name); ``view`` itself when nothing needs widening."""
+    """``view`` with ``table``'s columns widened to also hold the types of ``columns`` (a value schema's fields by
+    name; their ``pg.type`` comes along); ``view`` itself when nothing needs widening."""
     return _record(view, view[SCHEMA_BASE], table, columns)
 
 
@@ -50,8 +50,11 @@ def _field(entry: dict[str, Any], own: str, table: str, columns: Mapping[str, An
         return {**entry, "type": {**kind, "items": new} if many else ["null", new]}
     if own != table or entry["name"] not in columns:
         return entry
-    kind = widened(entry["type"], columns[entry["name"]])
-    return entry if kind is entry["type"] else {**entry, "type": kind}
+    column = columns[entry["name"]]
+    kind = widened(entry["type"], column["type"])
+    if kind is entry["type"]:
+        return entry
+    return {**entry, "type": kind, **{k: v for k, v in column.items() if k == "pg.type"}}
 
 
 def widened(held: Any, new: Any) -> Any:
@@ -79,6 +82,9 @@ def _wider(a: Any, b: Any) -> Any:
     if _decimal(a) and _decimal(b):
         wide = _decimal_of_both(a, b)
         return None if wide == a else wide
+    if isinstance(a, dict) and isinstance(b, dict) and a.get("type") == b.get("type") == "array":
+        items = widened(a["items"], b["items"])  # numeric[] made numeric(14,3)[]
+        return None if items is a["items"] else {**a, "items": items}
     return None
 
 

@@ -380,7 +380,7 @@ class Materializer:
             return
         table = f"{change.schema}.{change.table}"
         if table in self.joiner.nodes:
-            columns = {f["name"]: f["type"] for f in self.schemas.schema(schema_id(image))["fields"]}
+            columns = {f["name"]: f for f in self.schemas.schema(schema_id(image))["fields"]}
             for name, view in list(self.views.items()):
                 schema = follow(view.schema, table, columns)
                 if schema is not view.schema:

@@ -443,10 +443,10 @@ class TableWriter:
             self.registry = Registry(self.cfg.registry_url, setting="registry_url in [pipeline] or [streams]")
         return self.registry
 
-    def scan(self, topic: str) -> list[Scanned]:
-        """Every record of a table topic: key, value and the position it was written for."""
+    def scan(self, topic: str) -> Iterator[Scanned]:
+        """Every record of a table topic, one by one: key, value and the position it was written for."""
         parts = [TopicPartition(topic, p, 0) for p in range(self.known.get(topic, self.cfg.partitions))]
-        return [(m.key, m.value, header_position(m.headers)) for m in self._read(parts)]
+        return ((m.key, m.value, header_position(m.headers)) for m in self._read(parts))
 
 
 def by_topic(verified: dict[tuple[str, int], int]) -> dict[str, list[int]]:

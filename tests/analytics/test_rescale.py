@@ -67,3 +67,14 @@ def test_a_table_column_not_nullable_is_rescaled_too() -> None:
     table = {"type": "record", "name": "t", "fields": [{"name": "price", "type": dec(10, 2)}]}
     wider = {"type": "record", "name": "t", "fields": [{"name": "price", "type": dec(12, 4)}]}
     assert read_as_newest(table, wider, {"price": Decimal("-0.01")}) == {"price": Decimal("-0.0100")}
+
+
+def test_a_key_written_under_the_old_scale_reads_as_the_newest_value_schema_means_its_columns() -> None:
+    """A tombstone's row is its key: its decimal columns are moved to the value schema's scale by name."""
+    key = {"type": "record", "name": "k", "fields": [{"name": "price", "type": dec(10, 2)}]}
+    value = {"type": "record", "name": "t", "fields": [{"name": "id", "type": "long"},
+                                                       {"name": "price", "type": dec(12, 3)}]}  # fmt: skip
+    convert = rescaler(key, value)
+    assert convert is not None
+    unscaled = [n.to_bytes(2, "big", signed=True) for n in (150, 1500)]
+    assert convert({"price": unscaled[0]}) == {"price": unscaled[1]}

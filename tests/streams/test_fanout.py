@@ -15,6 +15,7 @@ from streams.fanout import (
     header_position,
     live_keys,
     newest,
+    rekey_moves,
     rekey_outputs,
     truncate_outputs,
 )
@@ -258,7 +259,8 @@ def test_a_change_keyed_under_a_new_key_schema_moves_the_topics_rows_to_it_once(
     topic = [(key(1), row(1), at(0)), (key(2), row(2), at(1)), (key(3), row(3), at(2)), (key(3), None, at(3)),
              (key(4), row(4), at(4)), (wide(4), None, at(5)),  # deleted under its new key (written before this run)
              (key(9), row(9), at(6)), (wide(1), row(1, "new"), at(10)), (key(5), row(5), at(11))]  # fmt: skip
-    moves, stuck = rekey_outputs(fan, rekey, topic, reframe)
+    planned, stuck = rekey_moves(rekey, topic, reframe)
+    moves = list(rekey_outputs(fan, rekey, planned))
     assert [(o.key, o.value) for o in moves] == [
         (key(1), None),  # the change's own key: its record stands
         (key(2), None), (wide(2), row(2)),
@@ -276,13 +278,13 @@ def test_a_change_keyed_under_a_new_key_schema_moves_the_topics_rows_to_it_once(
 def test_a_replayed_rekey_writes_only_what_the_crashed_run_did_not() -> None:
     topic = [(key(1), row(1), at(0)), (key(2), row(2), at(1)), (key(3), row(3), at(2))]
     fan, rekey = rekeyed(7)
-    first, _ = rekey_outputs(fan, rekey, topic, reframe)
+    first = list(rekey_outputs(fan, rekey, rekey_moves(rekey, topic, reframe)[0]))
     tails = {(TOPIC, o.partition): header_position(o.headers) for o in first[:3]}
     written = topic + [(o.key, o.value, header_position(o.headers)) for o in first[:3]]  # the crash: 3 of 6 landed
     replay = FanOut(partitions=4, tails={k: v for k, v in tails.items() if v is not None}, frames={TOPIC: key(0)[:5]})
     routed = replay.route(Change("UPDATE", "public", "customers", TOPIC, 500, 0, wide(7), None, row(7)), 10)
     assert isinstance(routed, Rekey)
-    again, _ = rekey_outputs(replay, routed, written, reframe)
+    again = list(rekey_outputs(replay, routed, rekey_moves(routed, written, reframe)[0]))
     assert len(first) == 6
     assert [(o.key, o.value, header_position(o.headers)) for o in again] == [
         (o.key, o.value, header_position(o.headers)) for o in first[3:]]  # fmt: skip
@@ -296,3 +298,22 @@ def test_a_topic_the_fan_out_does_not_know_takes_its_next_changes_key_schema() -
     assert isinstance(fan.route(Change("INSERT", "public", "customers", TOPIC, 200, 0, wide(1), None, row(1)), 1), list)
     _, rekey = rekeyed(3, op="DELETE")
     assert rekey.own == frozenset({wide(3)}) and rekey.outputs[0].value is None
+
+
+def test_a_key_schema_changed_and_changed_back_moves_the_rows_back_and_resurrects_no_delete() -> None:
+    """A (``key``) made B (``wide``), then A again: B's rows go back under A, a row deleted under B stays deleted."""
+    topic = [(key(1), row(1), at(0)), (key(2), row(2), at(1)),
+             (key(1), None, (5, 2)), (wide(1), row(1), (5, 3)), (key(2), None, (5, 4)), (wide(2), row(2), (5, 5)),
+             (wide(2), None, at(6))]  # fmt: skip
+    fan = FanOut(partitions=4, frames={TOPIC: wide(0)[:5]})
+    rekey = fan.route(Change("INSERT", "public", "customers", TOPIC, 700, 0, key(3), None, row(3)), 8)
+    assert isinstance(rekey, Rekey)
+    moves, stuck = rekey_moves(rekey, topic, lambda k: key(k[5] // 2))
+    assert moves == [(wide(1), None), (key(1), row(1))] and not stuck
+
+
+def test_of_two_old_keys_giving_one_new_key_the_newest_row_moves() -> None:
+    topic = [(key(1), row(1, "older"), at(0)), (b"\0\0\0\0\x06\x02", row(1, "newer"), at(3))]
+    _, rekey = rekeyed(7)
+    moves, _ = rekey_moves(rekey, topic, lambda k: wide(1))
+    assert moves == [(b"\0\0\0\0\x06\x02", None), (wide(1), row(1, "newer")), (key(1), None)]

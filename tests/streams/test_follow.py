@@ -40,6 +40,8 @@ def column(record: dict[str, Any], name: str) -> Any:
     (["null", "int"], "long", ["null", "long"]),
     (["null", "float"], ["null", "double"], ["null", "double"]),
     ("int", "long", "long"),
+    (["null", {"type": "array", "items": ["null", PRICE]}], {"type": "array", "items": ["null", WIDER]},
+     ["null", {"type": "array", "items": ["null", WIDER]}]),
 ])  # fmt: skip
 def test_a_column_is_widened_to_hold_the_values_of_both_types(held: Any, new: Any, wide: Any) -> None:
     assert widened(held, new) == wide
@@ -48,6 +50,8 @@ def test_a_column_is_widened_to_hold_the_values_of_both_types(held: Any, new: An
 @pytest.mark.parametrize(("held", "new"), [
     (["null", WIDER], PRICE),  # an older change replayed: nothing narrows
     (["null", "long"], "int"),
+    (["null", "long"], "double"),  # not exact past 2**53
+    (["null", "int"], "float"),  # not exact past 2**24
     (["null", PRICE], PRICE),
     (["null", "string"], "long"),  # not a widening it knows
     (["null", {"type": "enum", "name": "e", "symbols": ["a"]}], {"type": "enum", "name": "e", "symbols": ["a", "b"]}),
@@ -58,9 +62,11 @@ def test_a_column_that_already_holds_the_values_or_that_no_widening_fits_is_left
 
 def test_a_view_follows_its_joined_tables_columns_and_leaves_every_other_record_alone() -> None:
     before = schema()
-    products = {f["name"]: f["type"] for f in VALUES["public.products"]["fields"]}
-    after = follow(before, "public.products", {**products, "price": [WIDER, "string"]})
+    products = {f["name"]: f for f in VALUES["public.products"]["fields"]}
+    price = {"name": "price", "type": [WIDER, "string"], "pg.type": "numeric(14,3)"}
+    after = follow(before, "public.products", {**products, "price": price})
     assert column(product(after), "price") == ["null", WIDER]
+    assert next(f for f in product(after)["fields"] if f["name"] == "price")["pg.type"] == "numeric(14,3)"
     assert column(product(before), "price") == ["null", PRICE], "the schema followed is not changed in place"
     assert column(after, "total") == ["null", PRICE], "the orders' own decimal column is another table's"
     assert [f["name"] for f in product(after)["fields"]] == [f["name"] for f in product(before)["fields"]]
@@ -74,15 +80,15 @@ def test_a_view_follows_its_joined_tables_columns_and_leaves_every_other_record_
 
 def test_a_view_that_already_holds_the_types_is_the_same_object() -> None:
     before = schema()
-    products = {f["name"]: f["type"] for f in VALUES["public.products"]["fields"]}
+    products = {f["name"]: f for f in VALUES["public.products"]["fields"]}
     assert follow(before, "public.products", products) is before
-    assert follow(before, "public.customers", {"name": "long"}) is before  # string to long: not a widening
-    assert follow(before, "public.products", {"added": "long"}) is before  # a new column: after a restart
+    assert follow(before, "public.customers", {"name": {"type": "long"}}) is before  # string to long: no widening
+    assert follow(before, "public.products", {"added": {"type": "long"}}) is before  # a new column: after a restart
 
 
 def test_base_table_columns_are_followed_too() -> None:
     before = schema()
-    after = follow(before, "public.orders", {"total": WIDER, "id": "long"})
+    after = follow(before, "public.orders", {"total": {"type": WIDER}, "id": {"type": "long"}})
     assert column(after, "total") == ["null", WIDER]
     assert column(product(after), "price") == ["null", PRICE]
 

@@ -145,7 +145,7 @@ def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_
     with conn, conn.cursor() as cur:
         cur.execute("DELETE FROM rk WHERE id = 2")
     capture.wait_caught_up(pg_database)
-    assert wait_for(lambda: settled(299, [2]), 60, every=0.2), f"{progress(worker)}\n{worker.tail()}"
+    assert wait_for(lambda: settled(299, [2]), 120, every=0.5), f"{progress(worker)}\n{worker.tail()}"
     assert worker.get("/tables/rk/1").json()["row"] == {"id": 1, "v": "new"}
     assert worker.get("/tables/rk/3").json()["row"] == {"id": 3, "v": "row 3"}
     live = live_records(capture.cfg.bootstrap, topic)
