@@ -114,10 +114,11 @@ def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> 
         raise FatalError(f"{exc}; see .headwater/logs/capture.log") from exc
 
 
-def wait_reported(capture: CaptureConfig, url: str, timeout: float = 10.0) -> None:
-    """Until capture's metrics at ``url`` were reported at or past the slot's confirmed position: capture counts
-    what Kafka acknowledged once per status interval, after it confirms, so a look right after catching up could
-    miss the last changes (a CI leg under load showed no INSERT of orders). Gives up quietly after ``timeout``."""
+def wait_reported(capture: CaptureConfig, url: str, timeout: float = 30.0) -> None:
+    """Until capture's metrics at ``url`` reported the slot's confirmed position, and then reported once more:
+    capture counts a change once Kafka acknowledged every message sent before the report that took its count,
+    so the report that confirms the last commit may still hold its count for the next (a CI leg under load
+    showed no INSERT of orders). Gives up quietly after ``timeout``."""
     conn = psycopg2.connect(capture.dsn.reveal())
     try:
         found = slot.find(conn, capture.slot)
@@ -125,19 +126,30 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 10.0) -> No
         conn.close()
     if found is None or found.confirmed_lsn is None:
         return
-    target, deadline = found.confirmed_lsn, time.monotonic() + timeout
-    while time.monotonic() < deadline and _confirmed(url) < target:
+    deadline, reached = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        confirmed, reported = _reported(url)
+        if reported == float("inf"):
+            return  # the metrics do not answer: nothing to wait for
+        if confirmed >= found.confirmed_lsn and reached is None:
+            reached = reported
+        if reached is not None and reported > reached + 2 * capture.status_interval:
+            return
         time.sleep(0.2)
 
 
-def _confirmed(url: str) -> float:
-    """The confirmed position capture's metrics last reported (0 before the first report; infinite when they do not
-    answer: nothing to wait for)."""
+def _reported(url: str) -> tuple[float, float]:
+    """The confirmed position capture's metrics last reported and when they were last reported (zeros before the
+    first report; infinite when they do not answer: nothing to wait for)."""
     try:
         samples = _samples(url)
     except httpx.HTTPError:
-        return float("inf")  # nothing to wait for
-    name = capture_metrics.NAMES["confirmed_lsn"]
+        return float("inf"), float("inf")
+    confirmed, reported = (capture_metrics.NAMES[k] for k in ("confirmed_lsn", "last_report"))
+    return _value(samples, confirmed), _value(samples, reported)
+
+
+def _value(samples: list[Any], name: str) -> float:
     return max((s.value for s in samples if s.name == name), default=0.0)
 
 
