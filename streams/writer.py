@@ -19,6 +19,7 @@ past it as found (``Landed.unexamined``).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -330,9 +331,10 @@ class TableWriter:
     def _consumer(self) -> Consumer:
         return reader(clients.reader_settings(self.cfg))
 
-    def _read(self, assignments: list[TopicPartition], timeout: float = 60.0) -> Iterator[Record]:
+    def _read(self, assignments: list[TopicPartition], timeout: float = 60.0, bulk: bool = False) -> Iterator[Record]:
+        """``bulk``: the read starts far from the end (``tables.kafka.read_on_batches``)."""
         starts = {(a.topic, a.partition): a.offset for a in assignments}
-        yield from map(record, read_on(clients.reader_settings(self.cfg), starts, timeout=timeout))
+        yield from map(record, read_on(clients.reader_settings(self.cfg), starts, timeout=timeout, bulk=bulk))
 
     def _ends(self, topics: Iterable[str], empty: dict[tuple[str, int], int] | None = None) -> list[TopicPartition]:
         """From each partition's reported end minus one (Tansu reports a batch's base + 1); the ends of
@@ -444,9 +446,11 @@ class TableWriter:
         return self.registry
 
     def scan(self, topic: str) -> Iterator[Scanned]:
-        """Every record of a table topic, one by one: key, value and the position it was written for."""
+        """Every record of a table topic, one by one: key, value and the position it was written for. No deadline:
+        the caller's work per record counts in a read's time (a re-key of 1M rows took 50 s against the 60 s
+        reads are given), and a reader that stops moving is replaced (``tables.kafka.read_on_batches``)."""
         parts = [TopicPartition(topic, p, 0) for p in range(self.known.get(topic, self.cfg.partitions))]
-        return ((m.key, m.value, header_position(m.headers)) for m in self._read(parts))
+        return ((m.key, m.value, header_position(m.headers)) for m in self._read(parts, math.inf, bulk=True))
 
 
 def by_topic(verified: dict[tuple[str, int], int]) -> dict[str, list[int]]:
