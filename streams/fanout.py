@@ -22,13 +22,16 @@ records, then ``rekey_outputs`` moves every key of the old frame live on the top
 the new frame — a tombstone for the old key and the row under the key re-encoded — so the topic,
 compacted, holds each row once and a later delete reaches it. The topic's frame is kept per topic
 (``frames``, saved in the checkpoint); a topic it does not know takes its next change's frame.
+``rekey_moves`` and ``live_keys`` keep a topic's latest records in scratch maps the caller gives (on
+disk in the worker), not in memory.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, cast
 
 from tables.partition import partition_for
 from tables.wire import FRAME_SIZE, HEADER_LSN, HEADER_OP, HEADER_POS, HEADER_RAW
@@ -215,48 +218,79 @@ class FanOut:
         return None if old == change.key else old
 
 
-def live_keys(records: Iterable[tuple[bytes | None, bytes | None, Position | None]], before: int) -> list[bytes]:
-    """Keys whose latest record written for a raw offset below ``before`` is not a tombstone, sorted."""
-    latest: dict[bytes, bool] = {}
+def live_keys(records: Iterable[tuple[bytes | None, bytes | None, Position | None]], before: int,
+              latest: SortedMap) -> Iterator[bytes]:  # fmt: skip
+    """Keys whose latest record written for a raw offset below ``before`` is not a tombstone, in key order:
+    ``records`` are read into ``latest`` (an empty scratch map) first, then the keys come from it."""
     for key, value, at in records:
-        if key is None or (at is not None and at[0] >= before):
-            continue
-        latest[key] = value is not None
-    return sorted(k for k, alive in latest.items() if alive)
+        if key is not None and (at is None or at[0] < before):
+            latest[key] = b"\0" if value is None else b"\1"
+    return (key for key, alive in latest.items() if alive == b"\1")
+
+
+class SortedMap(Protocol):
+    """A bytes map iterated in key order: a whole topic's scratch (rocksdict's ``Rdict`` on disk; a ``SortedDict``)."""
+
+    def __setitem__(self, key: bytes, value: bytes, /) -> None: ...
+
+    def get(self, key: bytes, /) -> Any: ...  # bytes or None
+
+    def items(self) -> Iterable[tuple[Any, Any]]: ...  # (bytes, bytes)
+
+
+_NONE: Position = (-2, -2)  # the position of a key a map does not hold: below a record's, even one that does not say
+
+
+def _entry(at: Position, value: bytes | None) -> bytes:
+    """A key's last record in the scratch: its position, then 1 and the row, or 0 (a tombstone)."""
+    return struct.pack(">qq", *at) + (b"\0" if value is None else b"\1" + value)
+
+
+def _at(entry: bytes | None) -> Position:
+    return _NONE if entry is None else cast(Position, struct.unpack_from(">qq", entry))
 
 
 def rekey_moves(rekey: Rekey, records: Iterable[tuple[bytes | None, bytes | None, Position | None]],
-                reframe: Callable[[bytes], bytes | None]) -> tuple[list[Move], list[bytes]]:  # fmt: skip
+                reframe: Callable[[bytes], bytes | None], latest: SortedMap, target: SortedMap,
+                ) -> tuple[Iterator[Move], int]:  # fmt: skip
     """What moves ``rekey.topic``'s rows keyed under other frames, live before the re-key's raw offset, to its
     frame, in old-key order: a tombstone for each old key, then its row under the key ``reframe`` gives — unless
     that key is the change's own, or its own last record there is newer (a row deleted or written under the new
-    key stays so); of several old keys giving one new key, the newest's row. And the keys ``reframe`` cannot move
-    (left as they are)."""
-    latest: dict[bytes, tuple[bytes | None, Position]] = {}
+    key stays so); of several old keys giving one new key, the newest's row. And how many keys ``reframe``
+    cannot move (left as they are). ``latest`` and ``target`` are empty scratch maps: each key's last record and
+    each new key's chosen old key live there, not in memory (a 1M-row topic's held 800 MB in dicts); the moves
+    are produced as they are written, after ``records`` were read."""
     for key, value, at in records:
         if key is not None and (at is None or at[0] < rekey.offset):
-            latest[key] = (value, at or (-1, -1))
-    old = sorted(k for k, (v, _) in latest.items() if v is not None and k[:FRAME_SIZE] != rekey.frame)
-    target: dict[bytes, bytes] = {}  # new key -> the old key whose row it takes
-    stuck, targets = [], {}
-    for key in old:
-        moved = targets[key] = reframe(key)
+            latest[key] = _entry(at or (-1, -1), value)
+    stuck = 0
+    for key, entry in _moved(rekey, latest):
+        moved = reframe(key)
         if moved is None:
-            stuck.append(key)
-        elif moved not in rekey.own and latest.get(moved, (None, (-1, -1)))[1] < latest[key][1] and (
-                moved not in target or latest[target[moved]][1] < latest[key][1]):  # fmt: skip
-            target[moved] = key
-    moves: list[Move] = []
-    for key in old:
-        moved = targets[key]
+            stuck += 1
+        elif moved not in rekey.own and _at(latest.get(moved)) < _at(entry) and _at(target.get(moved)) < _at(entry):
+            target[moved] = entry[:16] + key
+    return _moves(rekey, latest, target, reframe), stuck
+
+
+def _moved(rekey: Rekey, latest: SortedMap) -> Iterator[tuple[bytes, bytes]]:
+    """The keys of other frames live in ``latest``, in key order, with their entries."""
+    for key, entry in latest.items():
+        if entry[16] == 1 and key[:FRAME_SIZE] != rekey.frame:
+            yield key, entry
+
+
+def _moves(rekey: Rekey, latest: SortedMap, target: SortedMap, reframe: Callable[[bytes], bytes | None],
+           ) -> Iterator[Move]:  # fmt: skip
+    for key, entry in _moved(rekey, latest):
+        moved = reframe(key)
         if moved is not None:
-            moves.append((key, None))
-            if target.get(moved) == key:
-                moves.append((moved, latest[key][0]))
-    return moves, stuck
+            yield key, None
+            if (target.get(moved) or b"")[16:] == key:
+                yield moved, entry[17:]
 
 
-def rekey_outputs(fanout: FanOut, rekey: Rekey, moves: list[Move]) -> Iterator[Output]:
+def rekey_outputs(fanout: FanOut, rekey: Rekey, moves: Iterable[Move]) -> Iterator[Output]:
     """``moves`` (``rekey_moves``) as records, sub-indexes from 2 in their order, minus those written."""
     for sub, (key, value) in enumerate(moves, 2):
         partition = partition_for(key, fanout.partitions)
@@ -267,16 +301,14 @@ def rekey_outputs(fanout: FanOut, rekey: Rekey, moves: list[Move]) -> Iterator[O
             yield Output(rekey.topic, partition, key, value, marks)
 
 
-def truncate_outputs(fanout: FanOut, truncate: Truncate, keys: list[bytes]) -> list[Output]:
-    """A tombstone for each of ``keys`` (sub-index = place in the sorted list), minus those written."""
-    out = []
+def truncate_outputs(fanout: FanOut, truncate: Truncate, keys: Iterable[bytes]) -> Iterator[Output]:
+    """A tombstone for each of ``keys`` (sub-index = place in the sorted keys), minus those written."""
     for sub, key in enumerate(keys):
         partition = partition_for(key, fanout.partitions)
         if fanout.fresh(truncate.topic, partition, (truncate.offset, sub)):
+            fanout.counters.written += 1
             marks = headers("TRUNCATE", truncate.offset, sub, truncate.commit_lsn, truncate.position)
-            out.append(Output(truncate.topic, partition, key, None, marks))
-    fanout.counters.written += len(out)
-    return out
+            yield Output(truncate.topic, partition, key, None, marks)
 
 
 def behind(records: Iterable[tuple[bytes | None, Position | None]], stop: int, since: int) -> dict[bytes, int]:

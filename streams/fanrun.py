@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
+from streams import rocks
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
 from streams.dbzrun import DebeziumRun
@@ -53,6 +54,7 @@ from tables.errors import FatalError
 from tables.logs import facts
 from tables.registry import Registry
 from tables.wire import (
+    FRAME_SIZE,
     HEADER_ERROR,
     HEADER_SOURCE_OFFSET,
     HEADER_SOURCE_PARTITION,
@@ -95,6 +97,7 @@ class FanOutRun:
         self.reported = (time.monotonic(), 0)
         self.fan_key = KeyOfRow(schemas)
         self.read = ChangeReader(schemas)  # framed or nested images, as framed bytes
+        self.scratch = cfg.state_dir / f"{cfg.app_id}-scratch"  # whole-topic work: a TRUNCATE's keys, a re-key's rows
         self.debezium = DebeziumRun(cfg, schemas, writer, self._old_key, self.decode) if cfg.debezium else None
 
     def decode(self, value: bytes | None) -> Change:
@@ -308,38 +311,41 @@ class FanOutRun:
     def truncate(self, fan: FanOut, truncate: Truncate, pending: Pending) -> None:
         self.ensure(truncate.topic)
         self.writer.flush()  # everything before the truncate is on the topic
-        keys = live_keys(self.writer.scan(truncate.topic), truncate.offset)
-        self.writer.write(truncate_outputs(fan, truncate, keys), pending)
+        with rocks.scratch(self.scratch / "live") as latest:
+            keys = live_keys(self.writer.scan(truncate.topic), truncate.offset, latest)
+            self.writer.write(truncate_outputs(fan, truncate, keys), pending)
 
     def rekey(self, fan: FanOut, rekey: Rekey, pending: Pending) -> None:
         """A change keyed under a new key schema: its records, then the topic's keys of the old one moved to it."""
         self.ensure(rekey.topic)
         self.writer.write(rekey.outputs, pending)
         self.writer.flush()  # everything before the re-key is on the topic
-        started = time.monotonic()
-        moves, stuck = rekey_moves(rekey, self.writer.scan(rekey.topic), self._reframe(rekey.frame))
-        where = facts(topic=rekey.topic, offset=rekey.offset)
-        log.warning("%s is keyed with key schema %d from raw offset %d on: %d records move its rows keyed under an "
-                    "older key schema to it (the topic read in %.1f s)", rekey.topic, schema_id(rekey.frame),
-                    rekey.offset, len(moves), time.monotonic() - started, extra=where)  # fmt: skip
-        self.writer.write(rekey_outputs(fan, rekey, moves), pending)
+        started, written, where = time.monotonic(), fan.counters.written, facts(topic=rekey.topic, offset=rekey.offset)
+        log.warning("%s is keyed with key schema %d from raw offset %d on: reading the topic to move its rows keyed "
+                    "under an older key schema to it", rekey.topic, schema_id(rekey.frame), rekey.offset, extra=where)
+        with rocks.scratch(self.scratch / "latest") as latest, rocks.scratch(self.scratch / "target") as target:
+            moves, stuck = rekey_moves(rekey, self.writer.scan(rekey.topic), self._reframe(rekey.frame), latest, target)
+            read = time.monotonic() - started
+            self.writer.write(rekey_outputs(fan, rekey, moves), pending)
+        log.warning("%s: %d records moved its rows to key schema %d (the topic read in %.1f s, the moves written in "
+                    "%.1f s)", rekey.topic, fan.counters.written - written, schema_id(rekey.frame), read,
+                    time.monotonic() - started - read, extra=where)  # fmt: skip
         if stuck:
             log.error("%s: %d rows keyed under an older key schema cannot be keyed with schema %d (their key values "
-                      "do not fit it) and stay under their old keys", rekey.topic, len(stuck),
-                      schema_id(rekey.frame), extra=where)  # fmt: skip
+                      "do not fit it) and stay under their old keys", rekey.topic, stuck, schema_id(rekey.frame),
+                      extra=where)  # fmt: skip
 
     def _reframe(self, frame: bytes) -> Callable[[bytes], bytes | None]:
         """An old key made the key ``frame`` names: its columns, by name, encoded with that schema (None: they are not
         the same columns, or a value does not fit)."""
-        parsed = self.schemas.parsed(schema_id(frame))
-        names = [f["name"] for f in parsed["fields"]]
+        names = sorted(self.fan_key.columns(frame))
 
         def reframe(key: bytes) -> bytes | None:
             try:
                 record = self.schemas.decode(key)
-                if sorted(record) != sorted(names):  # a column renamed, another primary key: not the same key
+                if sorted(record) != names:  # a column renamed, another primary key: not the same key
                     return None
-                return frame + avro_body(parsed, record)
+                return self.fan_key.under(record, frame)
             except (UndecodableMessage, ValueError, TypeError, OverflowError):
                 return None
 
@@ -365,9 +371,16 @@ class KeyOfRow:
         self.schemas = registry
 
     def __call__(self, old_row: bytes, new_key: bytes) -> bytes:
-        row = self.schemas.decode(old_row)
-        key_schema = self.schemas.parsed(schema_id(new_key))
-        return new_key[:5] + avro_body(key_schema, {f["name"]: row[f["name"]] for f in key_schema["fields"]})
+        return self.under(self.schemas.decode(old_row), new_key[:FRAME_SIZE])
+
+    def columns(self, frame: bytes) -> list[str]:
+        """The key columns of the key schema ``frame`` names."""
+        return [f["name"] for f in self.schemas.parsed(schema_id(frame))["fields"]]
+
+    def under(self, row: dict[str, Any], frame: bytes) -> bytes:
+        """``row``'s key columns, by name, encoded with the key schema ``frame`` names (KeyError: one is missing)."""
+        schema = self.schemas.parsed(schema_id(frame))
+        return frame + avro_body(schema, {f["name"]: row[f["name"]] for f in schema["fields"]})
 
 
 def decode(read: Callable[[bytes], dict[str, Any]], value: bytes | None) -> Change:

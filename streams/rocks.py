@@ -14,7 +14,9 @@ lookup read and checksummed it again. Measured on 1.5M keys (200 MB) with the 32
 lookup 87-107 µs whole, 17-27 µs partitioned (of a key no file holds: 60-77 µs, 6 µs); py-spy had
 put half a view publication's time under load in that read (``bench/RESULTS.md``, 2026-11-26).
 
-``Database`` is what both stores share: open on demand, close once, scan by key prefix.
+``Database`` is what both stores share: open on demand, close once, scan by key prefix. ``scratch(path)``
+is a throwaway database (no write-ahead log, removed after use, and at the next use if a crash left it): work
+too big for memory, such as a re-key's view of a whole table topic.
 
 A database opened again gets these options too: rocksdict, given options but no column families,
 takes the default column family's from the OPTIONS file RocksDB wrote — with a block cache of its
@@ -24,10 +26,12 @@ so the default column family is named with the options here.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, Rdict
+from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, Rdict, WriteOptions
 
 BLOCK_CACHE = 32 << 20  # bytes of decompressed blocks kept for reads, shared by a worker's databases
 WRITE_BUFFER = 16 << 20  # per memtable
@@ -69,6 +73,22 @@ def open_db(path: Path, options: Options | None = None) -> Rdict:
     path.chmod(0o700)
     options = options or db_options()
     return Rdict(str(path / "rocksdb"), options, column_families={"default": options})
+
+
+@contextmanager
+def scratch(path: Path) -> Iterator[Rdict]:
+    """An empty database at ``path`` (owner-only) for the ``with`` block, without a write-ahead log (nothing in it
+    outlives the block), removed after it."""
+    shutil.rmtree(path, ignore_errors=True)
+    db = open_db(path)
+    unlogged = WriteOptions()
+    unlogged.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says a method
+    db.set_write_options(unlogged)
+    try:
+        yield db
+    finally:
+        db.close()
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class Database:

@@ -21,3 +21,16 @@ def test_a_database_opened_again_reads_through_the_shared_block_cache(tmp_path: 
     assert again.property_value("rocksdb.block-cache-capacity") == str(rocks.BLOCK_CACHE), "not a cache of its own"
     assert [again.get(b"k%06d" % n) for n in (0, 999, 1_999)] == [b"v" * 100] * 3
     again.close()
+
+
+def test_a_scratch_database_starts_empty_is_owner_only_and_is_gone_after_its_block(tmp_path: Path) -> None:
+    where = tmp_path / "rekey" / "latest"
+    left = rocks.open_db(where)  # what a crashed worker left
+    left[b"z"] = b"9"
+    left.close()
+    with rocks.scratch(where) as db:
+        assert list(db.items()) == []
+        db[b"b"], db[b"a"] = b"2", b"1"
+        assert list(db.items()) == [(b"a", b"1"), (b"b", b"2")], "in key order"
+        assert where.stat().st_mode & 0o077 == 0
+    assert not where.exists()
