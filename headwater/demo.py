@@ -114,11 +114,13 @@ def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> 
         raise FatalError(f"{exc}; see .headwater/logs/capture.log") from exc
 
 
-def wait_reported(capture: CaptureConfig, url: str, timeout: float = 30.0) -> None:
-    """Until capture's metrics at ``url`` reported the slot's confirmed position, and then reported once more:
-    capture counts a change once Kafka acknowledged every message sent before the report that took its count,
-    so the report that confirms the last commit may still hold its count for the next (a CI leg under load
-    showed no INSERT of orders). Gives up quietly after ``timeout``."""
+def wait_reported(capture: CaptureConfig, url: str) -> None:
+    """Until capture's metrics at ``url`` reported the slot's confirmed position, and then for two more status
+    intervals of capture's own time (its ``last_report`` stamp): capture counts a change once Kafka acknowledged
+    every message sent before the report that took its count, so the report that confirms the last commit may
+    still hold its count for the next (a CI leg under load showed no INSERT of orders). The stamp also moves while
+    capture waits on Kafka (a sign of life), so this is a wait for time, not for a count. Gives up quietly after
+    10 s and three status intervals."""
     conn = psycopg2.connect(capture.dsn.reveal())
     try:
         found = slot.find(conn, capture.slot)
@@ -126,7 +128,7 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 30.0) -> No
         conn.close()
     if found is None or found.confirmed_lsn is None:
         return
-    deadline, reached = time.monotonic() + timeout, None
+    deadline, reached = time.monotonic() + 10 + 3 * capture.status_interval, None
     while time.monotonic() < deadline:
         confirmed, reported = _reported(url)
         if reported == float("inf"):
@@ -139,7 +141,7 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 30.0) -> No
 
 
 def _reported(url: str) -> tuple[float, float]:
-    """The confirmed position capture's metrics last reported and when they were last reported (zeros before the
+    """The confirmed position capture's metrics last reported and capture's last sign of life (zeros before the
     first report; infinite when they do not answer: nothing to wait for)."""
     try:
         samples = _samples(url)

@@ -239,6 +239,7 @@ class SortedMap(Protocol):
 
 
 _NONE: Position = (-2, -2)  # the position of a key a map does not hold: below a record's, even one that does not say
+_NEW_OF = b"\x01"  # before an old key in a re-key's ``target``: the new key it got (framed keys begin with 0)
 
 
 def _entry(at: Position, value: bytes | None) -> bytes:
@@ -257,20 +258,21 @@ def rekey_moves(rekey: Rekey, records: Iterable[tuple[bytes | None, bytes | None
     frame, in old-key order: a tombstone for each old key, then its row under the key ``reframe`` gives — unless
     that key is the change's own, or its own last record there is newer (a row deleted or written under the new
     key stays so); of several old keys giving one new key, the newest's row. And how many keys ``reframe``
-    cannot move (left as they are). ``latest`` and ``target`` are empty scratch maps: each key's last record and
-    each new key's chosen old key live there, not in memory (a 1M-row topic's held 800 MB in dicts); the moves
-    are produced as they are written, after ``records`` were read."""
+    cannot move (left as they are). ``latest`` and ``target`` are empty scratch maps: each key's last record, and
+    each old key's new key and each new key's chosen old key, live there, not in memory (a 1M-row topic's held
+    800 MB in dicts); the moves are produced as they are written, after ``records`` were read."""
     for key, value, at in records:
         if key is not None and (at is None or at[0] < rekey.offset):
             latest[key] = _entry(at or (-1, -1), value)
     stuck = 0
     for key, entry in _moved(rekey, latest):
         moved = reframe(key)
+        target[_NEW_OF + key] = moved or b""  # asked once: the moves below follow this answer
         if moved is None:
             stuck += 1
         elif moved not in rekey.own and _at(latest.get(moved)) < _at(entry) and _at(target.get(moved)) < _at(entry):
             target[moved] = entry[:16] + key
-    return _moves(rekey, latest, target, reframe), stuck
+    return _moves(rekey, latest, target), stuck
 
 
 def _moved(rekey: Rekey, latest: SortedMap) -> Iterator[tuple[bytes, bytes]]:
@@ -280,11 +282,12 @@ def _moved(rekey: Rekey, latest: SortedMap) -> Iterator[tuple[bytes, bytes]]:
             yield key, entry
 
 
-def _moves(rekey: Rekey, latest: SortedMap, target: SortedMap, reframe: Callable[[bytes], bytes | None],
-           ) -> Iterator[Move]:  # fmt: skip
+def _moves(rekey: Rekey, latest: SortedMap, target: SortedMap) -> Iterator[Move]:
+    """``rekey_moves``' records, from its scratch maps: each old key's tombstone, then its row under its new key
+    when the new key chose it."""
     for key, entry in _moved(rekey, latest):
-        moved = reframe(key)
-        if moved is not None:
+        moved = target.get(_NEW_OF + key)
+        if moved:
             yield key, None
             if (target.get(moved) or b"")[16:] == key:
                 yield moved, entry[17:]

@@ -107,6 +107,7 @@ class FanOutRun:
         return (self.fanout or self.load()).old_key(change)
 
     def load(self) -> FanOut:
+        rocks.clear(self.scratch)  # a TRUNCATE's or re-key's that a crash cut short
         self.writer.drain(30.0)  # this writer's records in flight land before the tails are read: none is a stray
         saved, self.raw_id = self.writer.checkpoint(), self.writer.raw_topic_id()
         if saved is not None and saved.raw_topic_id and saved.raw_topic_id != self.raw_id:
@@ -311,7 +312,7 @@ class FanOutRun:
     def truncate(self, fan: FanOut, truncate: Truncate, pending: Pending) -> None:
         self.ensure(truncate.topic)
         self.writer.flush()  # everything before the truncate is on the topic
-        with rocks.scratch(self.scratch / "live") as latest:
+        with rocks.scratch(self.scratch) as latest:
             keys = live_keys(self.writer.scan(truncate.topic), truncate.offset, latest)
             self.writer.write(truncate_outputs(fan, truncate, keys), pending)
 
@@ -323,7 +324,7 @@ class FanOutRun:
         started, written, where = time.monotonic(), fan.counters.written, facts(topic=rekey.topic, offset=rekey.offset)
         log.warning("%s is keyed with key schema %d from raw offset %d on: reading the topic to move its rows keyed "
                     "under an older key schema to it", rekey.topic, schema_id(rekey.frame), rekey.offset, extra=where)
-        with rocks.scratch(self.scratch / "latest") as latest, rocks.scratch(self.scratch / "target") as target:
+        with rocks.scratch(self.scratch) as latest, rocks.scratch(self.scratch) as target:
             moves, stuck = rekey_moves(rekey, self.writer.scan(rekey.topic), self._reframe(rekey.frame), latest, target)
             read = time.monotonic() - started
             self.writer.write(rekey_outputs(fan, rekey, moves), pending)

@@ -14,8 +14,8 @@ lookup read and checksummed it again. Measured on 1.5M keys (200 MB) with the 32
 lookup 87-107 µs whole, 17-27 µs partitioned (of a key no file holds: 60-77 µs, 6 µs); py-spy had
 put half a view publication's time under load in that read (``bench/RESULTS.md``, 2026-11-26).
 
-``Database`` is what both stores share: open on demand, close once, scan by key prefix. ``scratch(path)``
-is a throwaway database (no write-ahead log, removed after use, and at the next use if a crash left it): work
+``Database`` is what both stores share: open on demand, close once, scan by key prefix. ``scratch(under)``
+is a throwaway database (no write-ahead log, removed after use; ``clear`` removes what a crash left): work
 too big for memory, such as a re-key's view of a whole table topic.
 
 A database opened again gets these options too: rocksdict, given options but no column families,
@@ -27,6 +27,7 @@ so the default column family is named with the options here.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,10 +77,13 @@ def open_db(path: Path, options: Options | None = None) -> Rdict:
 
 
 @contextmanager
-def scratch(path: Path) -> Iterator[Rdict]:
-    """An empty database at ``path`` (owner-only) for the ``with`` block, without a write-ahead log (nothing in it
-    outlives the block), removed after it."""
-    shutil.rmtree(path, ignore_errors=True)
+def scratch(under: Path) -> Iterator[Rdict]:
+    """An empty database in a new directory under ``under`` (both owner-only) for the ``with`` block, without a
+    write-ahead log (nothing in it outlives the block), removed after it. A new directory each time: a database a
+    failed use left open (its lock held) or a crash left behind is never the one given (``clear`` removes those)."""
+    under.mkdir(mode=0o700, parents=True, exist_ok=True)
+    under.chmod(0o700)
+    path = Path(tempfile.mkdtemp(dir=under))
     db = open_db(path)
     unlogged = WriteOptions()
     unlogged.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says a method
@@ -89,6 +93,11 @@ def scratch(path: Path) -> Iterator[Rdict]:
     finally:
         db.close()
         shutil.rmtree(path, ignore_errors=True)
+
+
+def clear(under: Path) -> None:
+    """Remove what scratch databases under ``under`` a crash left (at start, before any is in use)."""
+    shutil.rmtree(under, ignore_errors=True)
 
 
 class Database:

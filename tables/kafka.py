@@ -106,13 +106,14 @@ def reader(settings: Mapping[str, Any]) -> Consumer:
 
 
 def batches_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeout: float,
-                   wait: FetchWait | None = None) -> Iterator[list[Message]]:  # fmt: skip
+                   wait: FetchWait | None = None, idle: bool = False) -> Iterator[list[Message]]:  # fmt: skip
     """Messages of the assigned partitions, each from its offset to the partition EOF fetches report, in batches:
     lists of messages (none an error), in order. Taken in batches of what librdkafka holds already
     (``consume(n, 0)``), waiting (up to 0.5 s) only for one when it holds none: measured on Tansu, 1M messages
     read in 1.0 s, against 6.4-7.2 s by ``poll`` (one call, and one GIL round, a message). ``Stalled`` when the
     reader stalls (with ``wait``, the consumer's fetch wait, grown first if its fetches came back empty below the
-    end): ``read_on_batches`` reads on."""
+    end): ``read_on_batches`` reads on. ``idle``: ``timeout`` counts from the last batch taken, not the start (a
+    read as long as the caller's work on it)."""
     if not assignments:
         return
     consumer.assign(assignments)
@@ -130,6 +131,8 @@ def batches_to_end(consumer: Consumer, assignments: list[TopicPartition], *, tim
         taken = _taken(batch, waiting)
         if taken:
             yield taken
+            if idle:
+                deadline = time.monotonic() + timeout
 
 
 def _taken(batch: list[Message], waiting: set[tuple[str, int]]) -> list[Message]:
@@ -323,16 +326,18 @@ def read_topic_from(settings: Mapping[str, Any], topic: str, *, timeout: float =
 
 
 def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float,
-            consumer: Consumer | None = None, bulk: bool = False) -> Generator[Message, None, None]:  # fmt: skip
+            consumer: Consumer | None = None, bulk: bool = False, idle: bool = False,
+            ) -> Generator[Message, None, None]:  # fmt: skip
     """``read_on_batches``, message by message, ``starts`` kept up to date as each is yielded."""
-    for batch in read_on_batches(settings, starts, timeout=timeout, consumer=consumer, bulk=bulk):
+    for batch in read_on_batches(settings, starts, timeout=timeout, consumer=consumer, bulk=bulk, idle=idle):
         for msg in batch:
             starts[(str(msg.topic()), int(msg.partition() or 0))] = int(msg.offset() or 0) + 1
             yield msg
 
 
 def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float,
-                    consumer: Consumer | None = None, bulk: bool = False) -> Iterator[list[Message]]:  # fmt: skip
+                    consumer: Consumer | None = None, bulk: bool = False, idle: bool = False,
+                    ) -> Iterator[list[Message]]:  # fmt: skip
     """``batches_to_end`` of partitions from offsets (``starts``, moved past each batch once the next is asked for),
     by ``consumer`` (a ``reader`` of ``settings``; one is made if None) and closed at
     the end; a reader that stalls is replaced by a new one from where it stood, with a longer fetch wait when its
@@ -341,7 +346,8 @@ def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], i
     than ``BULK_FROM`` records, its made reader's wait starts at ``BULK_WAIT_MS`` at least, not the 10 ms a read at
     the tail wants (see ``BULK_WAIT_MS``). For reads whose work per message is small: a raw topic's keys' read
     took 4.8-5.1 s for 1M changes by batch, 6.3-7.2 s message by message through generators (``read_on``'s and
-    those below it; bench/RESULTS.md, 2026-11-29)."""
+    those below it; bench/RESULTS.md, 2026-11-29). ``idle``: ``timeout`` counts from the last batch (a whole
+    topic read while the caller works on each record), through the readers that replace a stalled one."""
     deadline = time.monotonic() + timeout
     waits = {"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings}
     wait = FetchWait(waits)
@@ -353,13 +359,16 @@ def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], i
     try:
         while True:
             try:
-                left = max(deadline - time.monotonic(), 1.0)
+                left = timeout if idle else max(deadline - time.monotonic(), 1.0)
                 assignments = [TopicPartition(t, p, o) for (t, p), o in starts.items()]
-                for batch in batches_to_end(consumer, assignments, timeout=left, wait=wait):
+                for batch in batches_to_end(consumer, assignments, timeout=left, wait=wait, idle=idle):
                     yield batch
                     starts.update(_past(batch, len(assignments)))
+                    deadline = time.monotonic() + timeout if idle else deadline
                 return
             except Stalled as exc:
+                if idle and time.monotonic() > deadline:
+                    raise RetryableError(f"{exc}, and nothing was read for {timeout:.0f} s") from exc
                 log.warning("%s: reading on from %s with a new consumer", exc, starts)
                 consumer.close()
                 consumer = reader(wait.applied(settings))

@@ -335,3 +335,16 @@ def test_a_row_whose_record_does_not_say_its_position_moves_too() -> None:
     _, rekey = rekeyed(7)
     moves, stuck = planned(rekey, [(key(1), row(1), None), (key(2), row(2), None), (wide(2), None, at(3))], reframe)
     assert moves == [(key(1), None), (wide(1), row(1)), (key(2), None)] and not stuck
+
+
+def test_each_old_key_is_reframed_once_and_its_moves_follow_that_answer() -> None:
+    asked: list[bytes] = []
+
+    def once(old: bytes) -> bytes | None:  # a registry that stops answering after the first look
+        asked.append(old)
+        return wide(old[5] // 2) if asked.count(old) == 1 else None
+
+    _, rekey = rekeyed(7)
+    moves, stuck = planned(rekey, [(key(1), row(1), at(0)), (key(2), row(2), at(1))], once)
+    assert moves == [(key(1), None), (wide(1), row(1)), (key(2), None), (wide(2), row(2))] and not stuck
+    assert sorted(asked) == [key(1), key(2)]

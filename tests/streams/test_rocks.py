@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
+from sortedcontainers import SortedDict
 
 from streams import rocks
+from streams.fanout import Change, FanOut, Rekey, rekey_moves
 
 pytestmark = pytest.mark.unit
 
@@ -23,14 +26,34 @@ def test_a_database_opened_again_reads_through_the_shared_block_cache(tmp_path: 
     again.close()
 
 
-def test_a_scratch_database_starts_empty_is_owner_only_and_is_gone_after_its_block(tmp_path: Path) -> None:
-    where = tmp_path / "rekey" / "latest"
-    left = rocks.open_db(where)  # what a crashed worker left
+def test_scratch_databases_start_empty_are_owner_only_and_are_gone_after_their_block(tmp_path: Path) -> None:
+    under = tmp_path / "app-scratch"
+    under.mkdir()
+    left = rocks.open_db(under / "crashed")  # what a crashed worker left, still open (its lock held)
     left[b"z"] = b"9"
-    left.close()
-    with rocks.scratch(where) as db:
-        assert list(db.items()) == []
+    with rocks.scratch(under) as db, rocks.scratch(under) as other:
+        assert list(db.items()) == [] and list(other.items()) == []
         db[b"b"], db[b"a"] = b"2", b"1"
         assert list(db.items()) == [(b"a", b"1"), (b"b", b"2")], "in key order"
-        assert where.stat().st_mode & 0o077 == 0
-    assert not where.exists()
+        assert list(other.items()) == []
+        assert under.stat().st_mode & 0o077 == 0
+        assert all(p.stat().st_mode & 0o077 == 0 for p in under.iterdir())
+    assert [p.name for p in under.iterdir()] == ["crashed"]
+    left.close()
+    rocks.clear(under)
+    assert not under.exists()
+
+
+def test_a_rekeys_moves_over_scratch_databases_are_those_over_sorted_maps(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    old, new = b"\0\0\0\0\x04", b"\0\0\0\0\x0b"
+    topic = [(rng.choice((old, new)) + bytes([rng.randrange(40)]), rng.choice((None, b"row%d" % i)), (i, 0))
+             for i in range(400)]  # fmt: skip
+    fan = FanOut(partitions=4, frames={"t": old})
+    rekey = fan.route(Change("UPDATE", "public", "t", "t", 9, 0, new + b"\x05", None, b"own"), 500)
+    assert isinstance(rekey, Rekey)
+    reframe = lambda k: None if k[5] == 13 else new + k[5:]  # noqa: E731
+    in_memory, stuck = rekey_moves(rekey, topic, reframe, SortedDict(), SortedDict())
+    with rocks.scratch(tmp_path) as latest, rocks.scratch(tmp_path) as target:
+        on_disk, stuck_on_disk = rekey_moves(rekey, topic, reframe, latest, target)
+        assert list(on_disk) == list(in_memory) and stuck_on_disk == stuck

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -77,6 +78,41 @@ def test_one_shot_reads_of_a_partition_of_many_batches_grow_their_fetch_wait_and
         whole = [int(m.offset() or 0) for m in read_on(settings, {(unique_name, 0): 0}, timeout=60, bulk=True)]
     assert whole == list(range(batches))
     assert not [r.getMessage() for r in caplog.records], "a bulk read had to grow its wait from BULK_WAIT_MS"
+
+
+@pytest.mark.slow
+def test_an_idle_timed_read_lasts_as_long_as_its_callers_work_and_ends_once_nothing_comes(
+    local_stack: StackConfig, unique_name: str
+) -> None:
+    """A whole table topic read for a re-key or a TRUNCATE: the caller's work on each record counts in the read's
+    time, so its timeout counts from the last batch; a broker that stops answering still ends it."""
+    one_record_batches(local_stack.bootstrap, unique_name, 3_000)
+    settings = {"bootstrap.servers": local_stack.bootstrap}
+
+    def slowly(idle: bool) -> list[int]:  # 3,000 records at 1 ms each: past the 2 s timeout in all
+        out = []
+        for m in read_on(settings, {(unique_name, 0): 0}, timeout=2, idle=idle):
+            out.append(int(m.offset() or 0))
+            time.sleep(0.001)
+        return out
+
+    with pytest.raises(RetryableError, match="no end of"):
+        slowly(idle=False)
+    assert slowly(idle=True) == list(range(3_000))
+    broker = Broker(local_stack).pid()
+    assert broker is not None
+    small = {"queued.max.messages.kbytes": 16, "fetch.max.bytes": 65536, "message.max.bytes": 65536,
+             "max.partition.fetch.bytes": 16384}  # fmt: skip
+    reading = read_on({**settings, **small}, {(unique_name, 0): 0}, timeout=2, idle=True)
+    next(reading)
+    os.kill(broker, signal.SIGSTOP)  # the reader drains what it holds, then nothing comes
+    started = time.monotonic()
+    try:
+        with pytest.raises(RetryableError, match=r"no end of|nothing was read for"):
+            list(reading)
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    assert time.monotonic() - started < 30
 
 
 def test_a_topic_made_again_has_another_id_and_a_missing_one_none(
