@@ -1,4 +1,4 @@
-"""``python -m bench [capture|backfill|fanout|debezium|tables|views|shopview|analytics|lookups|brokerfetch]
+"""``python -m bench [capture|backfill|fanout|debezium|tables|schema|views|shopview|analytics|lookups|brokerfetch]
 [--changes N] [--rows N] [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N]
 [--messages N] [--customers N] [--orders N] [--fault pause|kill]`` (or ``./dev bench``); ``capture`` runs the
 backfill benchmark after its own."""
@@ -8,19 +8,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import analytics, backfill, brokerfetch, capture, debezium, fanout, lookups, shopview, tables, views
+from bench import analytics, backfill, brokerfetch, capture, debezium, fanout, lookups, schema, shopview, tables, views
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("which", nargs="?", default="all",
-                        choices=["all", "capture", "backfill", "fanout", "debezium", "tables", "views", "shopview",
-                                 "analytics", "lookups", "brokerfetch"])  # fmt: skip
+                        choices=["all", "capture", "backfill", "fanout", "debezium", "tables", "schema", "views",
+                                 "shopview", "analytics", "lookups", "brokerfetch"])  # fmt: skip
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes in the slot backlog")
     parser.add_argument("--rows", type=int, default=1_000_000,
                         help="rows to snapshot, orders to backfill, keys of the lookups benchmark")  # fmt: skip
     parser.add_argument("--scale", type=int, default=10,
-                        help="pgbench scale of the tables and backfill benchmarks (x 100,000 rows)")  # fmt: skip
+                        help="pgbench scale of the tables, schema and backfill benchmarks (x 100,000 rows)",
+                        )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="steady load of the views benchmark (shopview: at least 120)")  # fmt: skip
     parser.add_argument(
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         debezium.main(changes=min(args.changes, 200_000))
     if args.which in ("all", "tables"):
         tables.main(scale=args.scale)
+    if args.which in ("all", "schema"):
+        schema.main(scale=args.scale)
     if args.which in ("all", "views"):
         views.main(
             seconds=args.seconds,

@@ -1,0 +1,170 @@
+"""A key column's type change and a TRUNCATE at a real size: pgbench's accounts moved to a new key, then emptied.
+
+``pgbench -i -s SCALE`` is captured and served by one worker, as in ``bench.tables``; its first load (the fan-out's
+own time for every row) is the baseline the rest is a ratio of, in the same run. Then ``ALTER TABLE
+pgbench_accounts ALTER COLUMN aid TYPE bigint`` gives the table a new key schema, and ``pgbench -c 2 -R 200 -T
+60`` runs: the fan-out moves every account to the new key (``streams.fanout.Rekey``). Printed: the move's read
+and write times (the worker's log), when every account was served under its new key with 300 sampled accounts and
+the last one written equal to PostgreSQL, the worker's peak RSS, and the records on the table topic afterwards
+(each account once, all under the new key schema). Then ``TRUNCATE pgbench_accounts``: the time until the worker
+holds no account, and its peak RSS.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from subprocess import Popen, TimeoutExpired
+
+import psycopg2
+from confluent_kafka import TopicPartition
+
+from bench import capture
+from bench import tables as bt
+from bench.fanout import spawn_worker
+from headwater import stack
+from tables.kafka import batches_to_end, reader
+
+ACCOUNTS = "pgbench_accounts"
+MOVED = re.compile(r"(\d+) records moved its rows to key schema \d+ \(the topic read in ([\d.]+) s, the moves "
+                   r"written in ([\d.]+) s\)")  # fmt: skip
+
+
+@contextmanager
+def peak_rss(pid: int) -> Iterator[Callable[[], float]]:
+    """The process's peak RSS (MB) while the block runs, sampled every 0.1 s."""
+    peak, done = [0.0], threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            peak[0] = max(peak[0], bt.rss_mb(pid))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield lambda: peak[0]
+    finally:
+        done.set()
+        thread.join()
+
+
+def accounts_held() -> int | None:
+    answer = bt.get("/tables/") or {}
+    return next((t["rows_here"] for t in answer.get("tables", []) if t["name"] == ACCOUNTS), None)
+
+
+def equal(rows: list[tuple[int, int]]) -> bool:
+    return all((bt.get(f"/tables/{ACCOUNTS}/{aid}") or {}).get("row", {}).get("abalance") == b for aid, b in rows)
+
+
+def sampled(cur: psycopg2.extensions.cursor) -> list[tuple[int, int]]:
+    cur.execute("SELECT aid, abalance FROM pgbench_accounts ORDER BY random() LIMIT 300")
+    rows = cur.fetchall()
+    cur.execute("SELECT aid, abalance FROM pgbench_accounts WHERE aid = (SELECT aid FROM pgbench_history "
+                "ORDER BY mtime DESC LIMIT 1)")  # fmt: skip
+    return rows + cur.fetchall()
+
+
+def wait_for(done: Callable[[], bool], worker: Popen[bytes], work: Path, timeout: float = 1800) -> float:
+    started = time.monotonic()
+    while not done():
+        if worker.poll() is not None:
+            raise RuntimeError(f"worker exited:\n{(work / 'worker.log').read_text(errors='replace')[-3000:]}")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"not done in {timeout:.0f} s")
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def topic_keys(cfg: stack.StackConfig) -> Counter[bytes]:
+    """Live keys of the accounts' table topic, counted by key frame."""
+    consumer = reader({"bootstrap.servers": f"127.0.0.1:{cfg.kafka_port}"})
+    live: dict[bytes | None, bool] = {}
+    try:
+        parts = [TopicPartition(f"pgb.{ACCOUNTS}", p, 0) for p in range(4)]
+        for batch in batches_to_end(consumer, parts, timeout=600):
+            live.update((m.key(), m.value() is not None) for m in batch)
+    finally:
+        consumer.close()
+    return Counter(key[:5] for key, alive in live.items() if alive and key is not None)
+
+
+def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], rows: int) -> dict[str, float]:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn, conn.cursor() as cur, peak_rss(worker.pid) as peak:
+        cur.execute("ALTER TABLE pgbench_accounts ALTER COLUMN aid TYPE bigint")
+        bt.pgbench(cfg, "-c", "2", "-R", "200", "-T", "60", "-n")
+        ended = time.monotonic()
+        wait_for(lambda: accounts_held() == rows and equal(sampled(cur)), worker, work)
+        served, most = time.monotonic() - ended, peak()
+    conn.close()
+    moved = MOVED.search((work / "worker.log").read_text(errors="replace"))
+    if moved is None:
+        raise RuntimeError("the worker logged no move")
+    return {"records": float(moved[1]), "read": float(moved[2]), "written": float(moved[3]), "served": served,
+            "peak": most}  # fmt: skip
+
+
+def truncate(dsn: str, work: Path, worker: Popen[bytes]) -> tuple[float, float, float]:
+    """(seconds until the worker holds no account, RSS before, peak RSS)."""
+    before = bt.rss_mb(worker.pid)
+    with peak_rss(worker.pid) as peak:
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        conn.cursor().execute("TRUNCATE pgbench_accounts")
+        conn.close()
+        took = wait_for(lambda: accounts_held() == 0, worker, work)
+        return took, before, peak()
+
+
+def main(scale: int) -> None:
+    rows = scale * 100_000
+    with capture.seeded_stack() as (cfg, dsn, work):
+        print(f"pgbench -i -s {scale} ...", flush=True)
+        bt.pgbench(cfg, "-i", "-s", str(scale), "-q")
+        cap = bt.start_capture(cfg, dsn, work)
+        try:
+            capture.wait_confirmed(dsn, "bench_tables", cap)
+            worker = spawn_worker(cfg, work, "pgb", bt.PORT)
+            try:
+                fanned, _, first_peak = bt.load(worker, scale * (100_000 + 10 + 1), work)
+                moved = rekey(cfg, dsn, work, worker, rows)
+                frames = topic_keys(cfg)
+                emptied = truncate(dsn, work, worker)
+            finally:
+                stop(worker)
+        finally:
+            stop(cap)
+    report(scale, rows, fanned, first_peak, moved, frames, emptied)
+
+
+def stop(process: Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 60 s (before the stack goes away under it)."""
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def report(scale: int, rows: int, fanned: float, first_peak: float, moved: dict[str, float],
+           frames: Counter[bytes], emptied: tuple[float, float, float]) -> None:  # fmt: skip
+    took, before, peak = emptied
+    print(f"\nschema changes: pgbench -s {scale}, {rows} accounts, one worker")
+    print(f"  first load (baseline): fan-out {fanned:.1f} s, peak RSS {first_peak:.0f} MB")
+    print(f"  aid made bigint, then pgbench -R 200 for 60 s: {moved['records']:.0f} records moved, the topic read in "
+          f"{moved['read']:.1f} s ({moved['read'] / fanned:.2f}x the first load), written in {moved['written']:.1f} s "
+          f"({moved['written'] / fanned:.2f}x)")  # fmt: skip
+    print(f"  every account served, 300 sampled and the last written equal to PostgreSQL {moved['served']:.0f} s "
+          f"after the load ended; worker peak RSS {moved['peak']:.0f} MB")  # fmt: skip
+    by_schema = {int.from_bytes(frame[1:], "big"): n for frame, n in frames.items()}
+    print(f"  the table topic's live keys, by key schema id: {by_schema}")
+    print(f"  TRUNCATE {ACCOUNTS}: the worker held none {took:.1f} s after ({took / fanned:.2f}x the first load); RSS "
+          f"{before:.0f} MB before, peak {peak:.0f} MB")  # fmt: skip
