@@ -96,14 +96,16 @@ def topic_keys(cfg: stack.StackConfig) -> Counter[bytes]:
 
 def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], rows: int) -> dict[str, float]:
     conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn, conn.cursor() as cur, peak_rss(worker.pid) as peak:
-        cur.execute("ALTER TABLE pgbench_accounts ALTER COLUMN aid TYPE bigint")
-        bt.pgbench(cfg, "-c", "2", "-R", "200", "-T", "60", "-n")
-        ended = time.monotonic()
-        wait_for(lambda: accounts_held() == rows and equal(sampled(cur)), worker, work)
-        served, most = time.monotonic() - ended, peak()
-    conn.close()
+    conn.autocommit = True  # and no ``with conn``: psycopg2 2.9 opens a transaction there, which would hold the ALTER
+    try:
+        with conn.cursor() as cur, peak_rss(worker.pid) as peak:
+            cur.execute("ALTER TABLE pgbench_accounts ALTER COLUMN aid TYPE bigint")
+            bt.pgbench(cfg, "-c", "2", "-R", "200", "-T", "60", "-n")
+            ended = time.monotonic()
+            wait_for(lambda: accounts_held() == rows and equal(sampled(cur)), worker, work)
+            served, most = time.monotonic() - ended, peak()
+    finally:
+        conn.close()
     moved = MOVED.search((work / "worker.log").read_text(errors="replace"))
     if moved is None:
         raise RuntimeError("the worker logged no move")
