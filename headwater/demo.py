@@ -114,12 +114,12 @@ def wait_caught_up(capture: CaptureConfig, pid: int, timeout: float = 120.0) -> 
         raise FatalError(f"{exc}; see .headwater/logs/capture.log") from exc
 
 
-def wait_reported(capture: CaptureConfig, url: str, timeout: float = 60.0) -> None:
+def wait_reported(capture: CaptureConfig, url: str, timeout: float = 15.0) -> None:
     """Until capture's metrics at ``url`` reported the slot's confirmed position and count the load's streamed
     changes (``events_total`` other than READ): capture counts a change once Kafka acknowledged every message sent
     before the report that took its count, so its counts can trail the confirmed position by a report or more on a
     busy machine (CI legs twice showed no INSERT after the confirmed position and two more status intervals).
-    Gives up quietly after ``timeout`` (the demo then shows what capture counted)."""
+    After ``timeout`` it says what it waited for and goes on (the demo then shows what capture counted)."""
     conn = psycopg2.connect(capture.dsn.reveal())
     try:
         found = slot.find(conn, capture.slot)
@@ -127,15 +127,18 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 60.0) -> No
         conn.close()
     if found is None or found.confirmed_lsn is None:
         return
-    deadline = time.monotonic() + timeout
+    deadline, samples, confirmed = time.monotonic() + timeout, [], 0.0
     while time.monotonic() < deadline:
         try:
             samples = _samples(url)
         except httpx.HTTPError:
             return  # the metrics do not answer: nothing to wait for
-        if _value(samples, capture_metrics.NAMES["confirmed_lsn"]) >= found.confirmed_lsn and _streamed(samples):
+        confirmed = _value(samples, capture_metrics.NAMES["confirmed_lsn"])
+        if confirmed >= found.confirmed_lsn and _streamed(samples):
             return
         time.sleep(0.2)
+    print(f"  after {timeout:g} s capture's metrics report confirmed LSN {confirmed:.0f} (the slot: "
+          f"{found.confirmed_lsn}) and {'some' if _streamed(samples) else 'no'} streamed change counted")
 
 
 def _streamed(samples: list[Any]) -> bool:
