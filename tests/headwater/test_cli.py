@@ -24,14 +24,15 @@ from headwater import stack
 from tests.plugins.stack import free_ports, stack_dir
 
 
-def headwater(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def headwater(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180
+              ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "headwater.cli", *args],
         cwd=cwd,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
 
 
@@ -151,9 +152,11 @@ def test_unknown_command_exits_non_zero(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(480)
 def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, str]]) -> None:
     cwd, _ = project
-    result = headwater("demo", "run", "--duration", "2", "--rate", "40", cwd=cwd)
+    # the whole pipeline and a Spark job: 82 s alone here, ~170 s beside another test's worker (Spark ~100 s of it)
+    result = headwater("demo", "run", "--duration", "2", "--rate", "40", cwd=cwd, timeout=420)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "started headwater capture" in out and "SNAPSHOT_END 1" in out
