@@ -13,11 +13,9 @@ holds no account, and its peak RSS.
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen, TimeoutExpired
 
@@ -33,24 +31,6 @@ from tables.kafka import batches_to_end, reader
 ACCOUNTS = "pgbench_accounts"
 MOVED = re.compile(r"(\d+) records moved its rows to key schema \d+ \(the topic read in ([\d.]+) s, the moves "
                    r"written in ([\d.]+) s\)")  # fmt: skip
-
-
-@contextmanager
-def peak_rss(pid: int) -> Iterator[Callable[[], float]]:
-    """The process's peak RSS (MB) while the block runs, sampled every 0.1 s."""
-    peak, done = [0.0], threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.1):
-            peak[0] = max(peak[0], bt.rss_mb(pid))
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield lambda: peak[0]
-    finally:
-        done.set()
-        thread.join()
 
 
 def accounts_held() -> int | None:
@@ -97,15 +77,17 @@ def topic_keys(cfg: stack.StackConfig) -> Counter[bytes]:
 def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], rows: int) -> dict[str, float]:
     conn = psycopg2.connect(dsn)
     conn.autocommit = True  # and no ``with conn``: psycopg2 2.9 opens a transaction there, which would hold the ALTER
+    peak = bt.Peak(lambda: worker.pid)
     try:
-        with conn.cursor() as cur, peak_rss(worker.pid) as peak:
+        with conn.cursor() as cur:
             cur.execute("ALTER TABLE pgbench_accounts ALTER COLUMN aid TYPE bigint")
             bt.pgbench(cfg, "-c", "2", "-R", "200", "-T", "60", "-n")
             ended = time.monotonic()
             wait_for(lambda: accounts_held() == rows and equal(sampled(cur)), worker, work)
-            served, most = time.monotonic() - ended, peak()
+            served, most = time.monotonic() - ended, peak.take()
     finally:
         conn.close()
+        peak.stop.set()
     moved = MOVED.search((work / "worker.log").read_text(errors="replace"))
     if moved is None:
         raise RuntimeError("the worker logged no move")
@@ -115,14 +97,16 @@ def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], ro
 
 def truncate(dsn: str, work: Path, worker: Popen[bytes]) -> tuple[float, float, float]:
     """(seconds until the worker holds no account, RSS before, peak RSS)."""
-    before = bt.rss_mb(worker.pid)
-    with peak_rss(worker.pid) as peak:
+    before, peak = bt.rss_mb(worker.pid), bt.Peak(lambda: worker.pid)
+    try:
         conn = psycopg2.connect(dsn)
         conn.autocommit = True
         conn.cursor().execute("TRUNCATE pgbench_accounts")
         conn.close()
         took = wait_for(lambda: accounts_held() == 0, worker, work)
-        return took, before, peak()
+        return took, before, peak.take()
+    finally:
+        peak.stop.set()
 
 
 def main(scale: int) -> None:

@@ -34,7 +34,7 @@ import psycopg2
 import redis
 
 from bench import capture, fanout, views
-from bench.tables import rss_mb
+from bench.tables import Peak, rss_mb
 from bench.views import cpu_seconds
 from headwater import shop
 from headwater.reconcile import (
@@ -52,27 +52,6 @@ from tables.views import TableShape, parse_views
 
 VIEW = "orders_enriched"
 FAULTS = ("pause", "kill")
-
-
-class Peak:
-    """The peak RSS of a process (``pid()``: the one running now, after a restart too), sampled twice a second."""
-
-    def __init__(self, pid: Callable[[], int]) -> None:
-        self.pid, self.peak, self.stop = pid, 0.0, threading.Event()
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self) -> None:
-        while not self.stop.wait(0.5):
-            try:
-                self.peak = max(self.peak, rss_mb(self.pid()))
-            except OSError:
-                continue  # killed by a fault: its successor is sampled next
-
-    def take(self) -> float:
-        """The peak so far, and start over."""
-        peak, self.peak = self.peak, 0.0
-        return peak
 
 
 def redis_rows(client: redis.Redis) -> int:

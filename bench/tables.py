@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,27 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+class Peak:
+    """The peak RSS of a process (``pid()``: the one running now, after a restart too), sampled twice a second."""
+
+    def __init__(self, pid: Callable[[], int]) -> None:
+        self.pid, self.peak, self.stop = pid, 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.5):
+            try:
+                self.peak = max(self.peak, rss_mb(self.pid()))
+            except OSError:
+                continue  # killed by a fault: its successor is sampled next
+
+    def take(self) -> float:
+        """The peak so far, and start over."""
+        peak, self.peak = self.peak, 0.0
+        return peak
 
 
 def get(path: str) -> Any:
