@@ -256,8 +256,10 @@ def rekey_moves(rekey: Rekey, records: Iterable[tuple[bytes | None, bytes | None
                 ) -> tuple[Iterator[Move], int]:  # fmt: skip
     """What moves ``rekey.topic``'s rows keyed under other frames, live before the re-key's raw offset, to its
     frame, in old-key order: a tombstone for each old key, then its row under the key ``reframe`` gives — unless
-    that key is the change's own, or its own last record there is newer (a row deleted or written under the new
-    key stays so); of several old keys giving one new key, the newest's row. And how many keys ``reframe``
+    that key is the change's own, or its own last record there was written for a later raw offset (a row deleted or
+    written under the new key stays so; a key changed and changed back: the tombstone an earlier move wrote for the
+    raw offset the old key's row came from, when it took the row away, does not count); of several old keys giving
+    one new key, the newest's row. And how many keys ``reframe``
     cannot move (left as they are). ``latest`` and ``target`` are empty scratch maps: each key's last record, and
     each old key's new key and each new key's chosen old key, live there, not in memory (a 1M-row topic's held
     800 MB in dicts); the moves are produced as they are written, after ``records`` were read."""
@@ -270,9 +272,15 @@ def rekey_moves(rekey: Rekey, records: Iterable[tuple[bytes | None, bytes | None
         target[_NEW_OF + key] = moved or b""  # asked once: the moves below follow this answer
         if moved is None:
             stuck += 1
-        elif moved not in rekey.own and _at(latest.get(moved)) < _at(entry) and _at(target.get(moved)) < _at(entry):
+        elif moved not in rekey.own and _newer(entry, latest.get(moved)) and _at(target.get(moved)) < _at(entry):
             target[moved] = entry[:16] + key
     return _moves(rekey, latest, target), stuck
+
+
+def _newer(entry: bytes, new_keys: bytes | None) -> bool:
+    """An old key's last record against its new key's: the new key's stands only when written for a later raw
+    offset (``rekey_moves``)."""
+    return _at(new_keys)[0] <= _at(entry)[0]
 
 
 def _moved(rekey: Rekey, latest: SortedMap) -> Iterator[tuple[bytes, bytes]]:

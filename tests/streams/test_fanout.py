@@ -312,15 +312,18 @@ def test_a_topic_the_fan_out_does_not_know_takes_its_next_changes_key_schema() -
 
 
 def test_a_key_schema_changed_and_changed_back_moves_the_rows_back_and_resurrects_no_delete() -> None:
-    """A (``key``) made B (``wide``), then A again: B's rows go back under A, a row deleted under B stays deleted."""
-    topic = [(key(1), row(1), at(0)), (key(2), row(2), at(1)),
+    """A (``key``) made B (``wide``), then A again: B's rows go back under A, a row deleted under B stays deleted,
+    and the row the first re-key's own change wrote under B (its old key's tombstone came after it, for the same raw
+    offset: that move took it away) goes back too."""
+    topic = [(key(1), row(1), at(0)), (key(2), row(2), at(1)), (key(3), row(3), at(2)),
+             (wide(3), row(3, "new"), (5, 0)),  # the first re-key's own change
              (key(1), None, (5, 2)), (wide(1), row(1), (5, 3)), (key(2), None, (5, 4)), (wide(2), row(2), (5, 5)),
-             (wide(2), None, at(6))]  # fmt: skip
+             (key(3), None, (5, 6)), (wide(2), None, at(6))]  # fmt: skip
     fan = FanOut(partitions=4, frames={TOPIC: wide(0)[:5]})
-    rekey = fan.route(Change("INSERT", "public", "customers", TOPIC, 700, 0, key(3), None, row(3)), 8)
+    rekey = fan.route(Change("INSERT", "public", "customers", TOPIC, 700, 0, key(4), None, row(4)), 8)
     assert isinstance(rekey, Rekey)
     moves, stuck = planned(rekey, topic, lambda k: key(k[5] // 2))
-    assert moves == [(wide(1), None), (key(1), row(1))] and not stuck
+    assert moves == [(wide(1), None), (key(1), row(1)), (wide(3), None), (key(3), row(3, "new"))] and not stuck
 
 
 def test_of_two_old_keys_giving_one_new_key_the_newest_row_moves() -> None:
