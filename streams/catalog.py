@@ -3,7 +3,8 @@
 Promise: ``discover`` lists the table topics capture registered under the topic prefix
 (``<topic>-value`` subjects whose schema names its ``pg.table``), or the tables named in
 ``[streams] tables``; ``registered`` those not among topics already known (a running worker's look for
-tables captured since it started); ``KeyCodec``
+tables captured since it started); ``rekeyed_tables`` those whose records are keyed with another key
+schema now than the one they are served with (the fan-out's checkpoint says which); ``KeyCodec``
 turns key columns given as text (a URL) into the exact key bytes capture wrote, and
 key bytes back into columns. Registry failures raise ``RetryableError``.
 """
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import date
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -135,12 +136,25 @@ def registered(cfg: StreamsConfig, schemas: Registry, skip: Collection[str] = ()
     return found
 
 
-def rekeyed_tables(tables: Sequence[TableTopic], schemas: Registry) -> list[TableTopic]:
-    """Those of ``tables`` whose key subject's newest schema is not the one they read keys with, with it (a key
-    column's type changed: the fan-out moved their rows to it, ``streams.fanout.Rekey``)."""
+def rekeyed_tables(tables: Sequence[TableTopic], schemas: Registry, written: Mapping[str, int]) -> list[TableTopic]:
+    """Those of ``tables`` whose records are keyed with another key schema than they read keys with, with it (a key
+    column's type changed: the fan-out moved their rows to it, ``streams.fanout.Rekey``). ``written``: table topic ->
+    the key schema id the fan-out's checkpoint says its records have."""
     out = []
     for table in tables:
-        latest = schemas.latest(key_subject(table.topic))
-        if latest is not None and latest[0] != table.key.schema_id:
-            out.append(TableTopic(table.qualified, table.topic, KeyCodec(latest[0], latest[1])))
+        now = key_in_use(table, schemas, written)
+        if now is not None and now.schema_id != table.key.schema_id:
+            out.append(replace(table, key=now))
     return out
+
+
+def key_in_use(table: TableTopic, schemas: Registry, written: Mapping[str, int]) -> KeyCodec | None:
+    """The key schema ``table``'s records are keyed with: the one ``written`` names for its topic, else (a topic the
+    fan-out has not written since it keeps them) the key subject's newest. Not simply the newest: a key changed and
+    changed back registers nothing new (the registry answers the first version's id), so the newest version stays the
+    one in between while the rows are moved back."""
+    schema_id = written.get(table.topic)
+    if schema_id is None:
+        latest = schemas.latest(key_subject(table.topic))
+        return None if latest is None else KeyCodec(latest[0], latest[1])
+    return table.key if schema_id == table.key.schema_id else KeyCodec(schema_id, schemas.schema(schema_id))

@@ -1,12 +1,13 @@
 """The streams engine: the fan-out, the table feed and the views, wired from collaborators, with no host.
 
 Promise: ``open_catalog`` is the engine's only I/O before it starts: it discovers the captured
-tables through the registry (with discovery on, a worker started before capture registered the
-views' tables waits for them: ``view_tables``), validates the view specs against them (registering the views'
-schemas) and makes every topic — compacted, with ``[streams] partitions`` partitions — before
-anything reads one. ``Engine`` is given its settings, registry, writer, catalog and stores; the
-host (``streams.host``, a Faust app) tells it which partitions this worker is assigned
-(``assigned``), when they are taken away (``revoked``) and when to stop (``close``, which stops
+tables through the registry, each served with the key schema its records are keyed with (the fan-out's
+checkpoint says which: ``written_keys``; ``discover`` looks again every ``KEYS_LOOK_EVERY`` s) (with
+discovery on, a worker started before capture registered the views' tables waits for them: ``view_tables``),
+validates the view specs against them (registering the views' schemas) and makes every topic — compacted, with
+``[streams] partitions`` partitions — before anything reads one. ``Engine`` is given its settings, registry,
+writer, catalog and stores; the host (``streams.host``, a Faust app) tells it which partitions this worker is
+assigned (``assigned``), when they are taken away (``revoked``) and when to stop (``close``, which stops
 every thread the engine started); ``discover`` finds the tables capture registered since the catalog
 was made (their topics made) and ``adopt`` serves them from then on (the host adds their topics to the
 group's subscription). The owner of the raw partition runs the fan-out
@@ -94,9 +95,18 @@ def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registr
     """Discover the tables, check and register the views, make every topic (see the module promise)."""
     tables = view_tables(cfg, specs, schemas, sleep)
     writer.ensure_topics([t.topic for t in tables])
+    written = written_keys(writer)
+    rekeyed = {t.topic: t for t in rekeyed_tables([t for t in tables if t.topic in written], schemas, written)}
+    tables = [rekeyed.get(t.topic, t) for t in tables]
     writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
     views, shapes = setup_views(cfg, specs, tables, schemas, writer)
     return Catalog(tables, views, shapes)
+
+
+def written_keys(writer: TableWriter) -> dict[str, int]:
+    """Table topic -> the key schema id of its records, as the fan-out's checkpoint has it (none before the first)."""
+    saved = writer.checkpoint()
+    return saved.key_schemas if saved is not None else {}
 
 
 def view_tables(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registry,
@@ -317,7 +327,7 @@ class Engine:
         rekeyed = []
         if time.monotonic() - self.keys_looked >= KEYS_LOOK_EVERY:  # a request per table: not at every look
             self.keys_looked = time.monotonic()
-            rekeyed = rekeyed_tables(self.catalog.tables, self.schemas)
+            rekeyed = rekeyed_tables(self.catalog.tables, self.schemas, written_keys(self.writer))
         if not new:
             return Found([], {}, rekeyed)
         topics = [t.topic for t in new]

@@ -121,7 +121,9 @@ def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_
     pg_database: str, capture_factory: Callable[..., Capture], worker_factory: Callable[..., Worker]
 ) -> None:  # fmt: skip
     """``int`` made ``bigint`` gives the table a new key schema: the fan-out moves the topic's rows to it (one
-    record per row, so a later delete reaches it), and a worker killed and started again writes nothing twice."""
+    record per row, so a later delete reaches it), and a worker killed and started again writes nothing twice.
+    Made ``int`` again, the rows move back, and the endpoint finds them under the key schema they are written with
+    (the registry's newest key version is still ``bigint``'s), before and after a restart."""
     conn = psycopg2.connect(pg_database)
     with conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE rk (id int PRIMARY KEY, v text NOT NULL)")
@@ -138,6 +140,7 @@ def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_
             k: 404 if k in deleted else 200 for k in range(1, 6)}  # fmt: skip
 
     assert wait_for(lambda: settled(300, []), 60, every=0.2), worker.tail()
+    first = {k[:5] for k in live_records(capture.cfg.bootstrap, topic)}
     with conn, conn.cursor() as cur:
         cur.execute("ALTER TABLE rk ALTER COLUMN id TYPE bigint")
     with conn, conn.cursor() as cur:
@@ -159,3 +162,16 @@ def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_
     worker.start()
     assert wait_for(lambda: settled(298, [2, 3]), 60, every=0.2), f"{progress(worker)}\n{worker.tail()}"
     assert len(live_records(capture.cfg.bootstrap, topic)) == 298
+
+    with conn, conn.cursor() as cur:  # back to int: the registry's newest key version stays bigint's
+        cur.execute("ALTER TABLE rk ALTER COLUMN id TYPE int")
+    with conn, conn.cursor() as cur:
+        cur.execute("UPDATE rk SET v = 'back' WHERE id = 4")
+    capture.wait_caught_up(pg_database)
+    back = lambda: settled(298, [2, 3]) and worker.get("/tables/rk/4").json()["row"]["v"] == "back"  # noqa: E731
+    assert wait_for(back, 120, every=0.5), f"{progress(worker)}\n{worker.tail()}"
+    live = live_records(capture.cfg.bootstrap, topic)
+    assert len(live) == 298 and {k[:5] for k in live} == first, "every live record under the first key schema again"
+    worker.kill(signal.SIGKILL)
+    worker.start()
+    assert wait_for(back, 60, every=0.2), f"a restarted worker reads keys as written\n{worker.tail()}"
