@@ -195,13 +195,15 @@ class StallWatch:
     are timed from when the reader was last at its end (messages read meanwhile do not reset it: on a
     long partition a short wait lets a fetch through now and then); past ``DRY`` seconds the wait grows
     and ``Stalled`` asks for a new consumer with it — if the broker answers: silence from a broker paused
-    or restarting is not an empty fetch (the dry time starts again, the wait stays)."""
+    or restarting is not an empty fetch (the dry time starts again, the wait stays), and the first dry time
+    after a silence, which may hold some of it, is timed again from when the broker answered."""
 
     def __init__(self, *, until_eof: bool = False, wait: FetchWait | None = None) -> None:
         self.last = self.polled = time.monotonic()
         self.nudged = False
         self.until_eof = until_eof
         self.wait, self.dry = wait, 0.0
+        self.silent = False  # the broker did not answer the last look: the dry time since may be its silence
 
     def seen(self) -> None:
         self.last = self.polled = time.monotonic()
@@ -224,9 +226,11 @@ class StallWatch:
         self.polled = now
         if self.dry < DRY or self.wait is None or not self.wait.can_grow():
             return
-        if not answers(consumer, late[0]):  # the broker's silence (its other signs are logged elsewhere)
-            log.debug("fetches of %s not answered: the fetch wait stays %s ms", sorted(parts), self.wait.ms)
-            self.dry = 0.0
+        answered = answers(consumer, late[0])
+        if not answered or self.silent:  # the broker's silence (its other signs are logged elsewhere), or its end
+            log.debug("fetches of %s %s: the fetch wait stays %s ms", sorted(parts),
+                      "answered again" if answered else "not answered", self.wait.ms)  # fmt: skip
+            self.dry, self.silent = 0.0, not answered
             return
         self.wait.grow()
         raise Stalled(f"fetches of {sorted(parts)} came back empty below the known end for {self.dry:.1f} s; "

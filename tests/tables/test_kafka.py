@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.stack import Broker, StackConfig
+from tables import kafka
 from tables.errors import RetryableError
-from tables.kafka import _past, _taken, bounds, create_topics, read_on, topic_ids
+from tables.kafka import DRY, FetchWait, Stalled, StallWatch, _past, _taken, bounds, create_topics, read_on, topic_ids
 from tests.plugins.stack import one_record_batches
 
 RECORDS = 30_000
@@ -153,3 +154,29 @@ def test_a_batch_moves_each_partition_past_its_last_message() -> None:
     assert _past(batch, 3) == {("t", 0): 9, ("t", 1): 5, ("t", 2): 2}
     assert _past(batch, 5) == {("t", 0): 9, ("t", 1): 5, ("t", 2): 2}  # fewer partitions in it than assigned
     assert _past([msg(0, 7), msg(0, 8)], 1) == {("t", 0): 9}
+
+
+@pytest.mark.unit
+def test_empty_fetches_grow_the_wait_only_when_the_broker_answered_before_and_after_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker paused (SIGSTOP) sends nothing: its silence is not an empty fetch, nor is the dry time in which it
+    came back (a CI leg's feed grew its wait to 20 ms from a pause's end)."""
+    now, answered = [0.0], iter([False, True, True])
+    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(kafka, "behind", lambda consumer, parts: [TopicPartition("t", 0, 5)])
+    monkeypatch.setattr(kafka, "answers", lambda consumer, tp: next(answered))
+    wait = FetchWait({"fetch.wait.max.ms": 10})
+    watch = StallWatch(wait=wait)
+
+    def dry_for(seconds: float) -> None:
+        for _ in range(int(seconds / 0.25)):
+            now[0] += 0.25
+            watch._dry(None, {("t", 0)})  # type: ignore[arg-type]  # behind and answers are the test's
+
+    dry_for(DRY + 0.25)  # the broker silent: no answer
+    dry_for(DRY + 0.25)  # it answers: but this dry time began in its silence
+    assert wait.ms == 10
+    with pytest.raises(Stalled, match="came back empty"):
+        dry_for(DRY + 0.25)  # empty fetches from a broker that answers
+    assert wait.ms == 20
