@@ -6,8 +6,10 @@ pgbench_accounts ALTER COLUMN aid TYPE bigint`` gives the table a new key schema
 60`` runs: the fan-out moves every account to the new key (``streams.fanout.Rekey``). Printed: the move's read
 and write times (the worker's log), when every account was served under its new key with 300 sampled accounts and
 the last one written equal to PostgreSQL, the worker's peak RSS, and the records on the table topic afterwards
-(each account once, all under the new key schema). Then ``TRUNCATE pgbench_accounts``: the time until the worker
-holds no account, and its peak RSS.
+(each account once, all under the new key schema). Then ``aid`` is made ``integer`` again, under the same load: the
+key schema is the first one again (the registry answers its id; its newest version stays ``bigint``'s), the rows move
+back, and the same is printed (the endpoint must read keys with the first key schema for the accounts to be served).
+Then ``TRUNCATE pgbench_accounts``: the time until the worker holds no account, and its peak RSS.
 """
 
 from __future__ import annotations
@@ -74,13 +76,15 @@ def topic_keys(cfg: stack.StackConfig) -> Counter[bytes]:
     return Counter(key[:5] for key, alive in live.items() if alive and key is not None)
 
 
-def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], rows: int) -> dict[str, float]:
+def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], rows: int, to: str
+          ) -> dict[str, float]:  # fmt: skip
+    """``aid`` made of type ``to`` under load: the move's figures, from the worker's log (its newest move)."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True  # and no ``with conn``: psycopg2 2.9 opens a transaction there, which would hold the ALTER
     peak = bt.Peak(lambda: worker.pid)
     try:
         with conn.cursor() as cur:
-            cur.execute("ALTER TABLE pgbench_accounts ALTER COLUMN aid TYPE bigint")
+            cur.execute(f"ALTER TABLE pgbench_accounts ALTER COLUMN aid TYPE {to}")
             bt.pgbench(cfg, "-c", "2", "-R", "200", "-T", "60", "-n")
             ended = time.monotonic()
             wait_for(lambda: accounts_held() == rows and equal(sampled(cur)), worker, work)
@@ -88,10 +92,11 @@ def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], ro
     finally:
         conn.close()
         peak.stop.set()
-    moved = MOVED.search((work / "worker.log").read_text(errors="replace"))
-    if moved is None:
+    found = MOVED.findall((work / "worker.log").read_text(errors="replace"))
+    if not found:
         raise RuntimeError("the worker logged no move")
-    return {"records": float(moved[1]), "read": float(moved[2]), "written": float(moved[3]), "served": served,
+    records, read, written = found[-1]
+    return {"records": float(records), "read": float(read), "written": float(written), "served": served,
             "peak": most}  # fmt: skip
 
 
@@ -120,14 +125,15 @@ def main(scale: int) -> None:
             worker = spawn_worker(cfg, work, "pgb", bt.PORT)
             try:
                 fanned, _, first_peak = bt.load(worker, scale * (100_000 + 10 + 1), work)
-                moved = rekey(cfg, dsn, work, worker, rows)
-                frames = topic_keys(cfg)
+                moves = []
+                for to in ("bigint", "integer"):
+                    moves.append((to, rekey(cfg, dsn, work, worker, rows, to), topic_keys(cfg)))
                 emptied = truncate(dsn, work, worker)
             finally:
                 stop(worker)
         finally:
             stop(cap)
-    report(scale, rows, fanned, first_peak, moved, frames, emptied)
+    report(scale, rows, fanned, first_peak, moves, emptied)
 
 
 def stop(process: Popen[bytes]) -> None:
@@ -140,17 +146,19 @@ def stop(process: Popen[bytes]) -> None:
         process.wait()
 
 
-def report(scale: int, rows: int, fanned: float, first_peak: float, moved: dict[str, float],
-           frames: Counter[bytes], emptied: tuple[float, float, float]) -> None:  # fmt: skip
+def report(scale: int, rows: int, fanned: float, first_peak: float,
+           moves: list[tuple[str, dict[str, float], Counter[bytes]]], emptied: tuple[float, float, float]
+           ) -> None:  # fmt: skip
     took, before, peak = emptied
     print(f"\nschema changes: pgbench -s {scale}, {rows} accounts, one worker")
     print(f"  first load (baseline): fan-out {fanned:.1f} s, peak RSS {first_peak:.0f} MB")
-    print(f"  aid made bigint, then pgbench -R 200 for 60 s: {moved['records']:.0f} records moved, the topic read in "
-          f"{moved['read']:.1f} s ({moved['read'] / fanned:.2f}x the first load), written in {moved['written']:.1f} s "
-          f"({moved['written'] / fanned:.2f}x)")  # fmt: skip
-    print(f"  every account served, 300 sampled and the last written equal to PostgreSQL {moved['served']:.0f} s "
-          f"after the load ended; worker peak RSS {moved['peak']:.0f} MB")  # fmt: skip
-    by_schema = {int.from_bytes(frame[1:], "big"): n for frame, n in frames.items()}
-    print(f"  the table topic's live keys, by key schema id: {by_schema}")
+    for to, moved, frames in moves:
+        print(f"  aid made {to}, then pgbench -R 200 for 60 s: {moved['records']:.0f} records moved, the topic read in "
+              f"{moved['read']:.1f} s ({moved['read'] / fanned:.2f}x the first load), written in "
+              f"{moved['written']:.1f} s ({moved['written'] / fanned:.2f}x)")  # fmt: skip
+        print(f"    every account served, 300 sampled and the last written equal to PostgreSQL {moved['served']:.0f} s "
+              f"after the load ended; worker peak RSS {moved['peak']:.0f} MB")  # fmt: skip
+        by_schema = {int.from_bytes(frame[1:], "big"): n for frame, n in frames.items()}
+        print(f"    the table topic's live keys, by key schema id: {by_schema}")
     print(f"  TRUNCATE {ACCOUNTS}: the worker held none {took:.1f} s after ({took / fanned:.2f}x the first load); RSS "
           f"{before:.0f} MB before, peak {peak:.0f} MB")  # fmt: skip
