@@ -45,6 +45,7 @@ MOST_WAIT_MS = 1000  # the longest fetch wait FetchWait grows to
 BULK_WAIT_MS = 250
 BULK_FROM = 2000
 ANSWER_S = 2.0  # how long a reader about to grow its wait waits for the broker to answer a ListOffsets
+QUICK_S = 0.5  # an answer slower than this came from a broker just back (paused or restarting): not yet a dry time
 
 
 @dataclass(frozen=True)
@@ -195,8 +196,9 @@ class StallWatch:
     are timed from when the reader was last at its end (messages read meanwhile do not reset it: on a
     long partition a short wait lets a fetch through now and then); past ``DRY`` seconds the wait grows
     and ``Stalled`` asks for a new consumer with it — if the broker answers: silence from a broker paused
-    or restarting is not an empty fetch (the dry time starts again, the wait stays), and the first dry time
-    after a silence, which may hold some of it, is timed again from when the broker answered."""
+    or restarting is not an empty fetch (the dry time starts again, the wait stays), nor is an answer slower
+    than ``QUICK_S``, and the first dry time after a silence, which may hold some of it, is timed again from
+    when the broker answered (unless the reader reached its end meanwhile)."""
 
     def __init__(self, *, until_eof: bool = False, wait: FetchWait | None = None) -> None:
         self.last = self.polled = time.monotonic()
@@ -223,10 +225,12 @@ class StallWatch:
         now = time.monotonic()
         late = behind(consumer, parts)
         self.dry = self.dry + min(now - self.polled, 0.5) if late else 0.0
+        self.silent = self.silent and bool(late)  # at its end: a silence lies behind the reader
         self.polled = now
         if self.dry < DRY or self.wait is None or not self.wait.can_grow():
             return
-        answered = answers(consumer, late[0])
+        asked = time.monotonic()
+        answered = answers(consumer, late[0]) and time.monotonic() - asked < QUICK_S  # a slow answer: a broker back
         if not answered or self.silent:  # the broker's silence (its other signs are logged elsewhere), or its end
             log.debug("fetches of %s %s: the fetch wait stays %s ms", sorted(parts),
                       "answered again" if answered else "not answered", self.wait.ms)  # fmt: skip

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from headwater.stack import Broker, StackConfig
 from tables import kafka
 from tables.errors import RetryableError
-from tables.kafka import DRY, FetchWait, Stalled, StallWatch, _past, _taken, bounds, create_topics, read_on, topic_ids
+from tables.kafka import FetchWait, Stalled, StallWatch, _past, _taken, bounds, create_topics, read_on, topic_ids
 from tests.plugins.stack import one_record_batches
 
 RECORDS = 30_000
@@ -160,23 +160,41 @@ def test_a_batch_moves_each_partition_past_its_last_message() -> None:
 def test_empty_fetches_grow_the_wait_only_when_the_broker_answered_before_and_after_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A broker paused (SIGSTOP) sends nothing: its silence is not an empty fetch, nor is the dry time in which it
-    came back (a CI leg's feed grew its wait to 20 ms from a pause's end)."""
-    now, answered = [0.0], iter([False, True, True])
-    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(kafka, "behind", lambda consumer, parts: [TopicPartition("t", 0, 5)])
-    monkeypatch.setattr(kafka, "answers", lambda consumer, tp: next(answered))
-    wait = FetchWait({"fetch.wait.max.ms": 10})
-    watch = StallWatch(wait=wait)
+    """A broker paused (SIGSTOP) sends nothing: its silence is not an empty fetch, nor is a slow answer, nor the dry
+    time in which it came back (a CI leg's feed grew its wait to 20 ms from a pause's end); a reader that reached its
+    end since has left the silence behind."""
+    now, late, asked = [0.0], [True], [0]
 
-    def dry_for(seconds: float) -> None:
-        for _ in range(int(seconds / 0.25)):
+    def dry_until_asked(ok: bool, took: float = 0.0) -> None:
+        """Empty fetches every 0.25 s until the watch asks the broker, which answers (``ok``) in ``took`` s."""
+        def answer(consumer: object, tp: TopicPartition) -> bool:
+            asked[0] += 1
+            now[0] += took
+            return ok
+
+        monkeypatch.setattr(kafka, "answers", answer)
+        before = asked[0]
+        while asked[0] == before:
             now[0] += 0.25
             watch._dry(None, {("t", 0)})  # type: ignore[arg-type]  # behind and answers are the test's
 
-    dry_for(DRY + 0.25)  # the broker silent: no answer
-    dry_for(DRY + 0.25)  # it answers: but this dry time began in its silence
+    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(kafka, "behind", lambda consumer, parts: [TopicPartition("t", 0, 5)] if late[0] else [])
+    wait = FetchWait({"fetch.wait.max.ms": 10})
+    watch = StallWatch(wait=wait)
+    dry_until_asked(False, 2.0)  # the broker silent: no answer
+    dry_until_asked(True)  # it answers: but this dry time began in its silence
+    dry_until_asked(True, 1.0)  # a slow answer: a broker just back
+    dry_until_asked(True)  # after which the first dry time is timed again
     assert wait.ms == 10
     with pytest.raises(Stalled, match="came back empty"):
-        dry_for(DRY + 0.25)  # empty fetches from a broker that answers
+        dry_until_asked(True)  # empty fetches from a broker that answers
     assert wait.ms == 20
+    dry_until_asked(False, 2.0)  # silent again
+    late[0] = False
+    now[0] += 0.25
+    watch._dry(None, {("t", 0)})  # type: ignore[arg-type]  # the reader at its end
+    late[0] = True
+    with pytest.raises(Stalled, match="came back empty"):
+        dry_until_asked(True)
+    assert wait.ms == 40
