@@ -33,6 +33,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from streams import clients
 from streams.catalog import TableTopic, discover, registered, rekeyed_tables, served
 from streams.clients import reader_settings
@@ -51,7 +53,7 @@ from streams.tablefeed import Backlog, Part, Progress, TableFeed
 from streams.viewstore import ViewStore
 from streams.viewtopic import ViewTopic, setup_views
 from streams.writer import TableWriter
-from tables.errors import FatalError
+from tables.errors import FatalError, RetryableError
 from tables.kafka import bounds
 from tables.logs import facts
 from tables.registry import Registry
@@ -95,17 +97,19 @@ def open_catalog(cfg: StreamsConfig, specs: Sequence[ViewSpec], schemas: Registr
     """Discover the tables, check and register the views, make every topic (see the module promise)."""
     tables = view_tables(cfg, specs, schemas, sleep)
     writer.ensure_topics([t.topic for t in tables])
+    writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
+    views, shapes = setup_views(cfg, specs, tables, schemas, writer)  # view keys: the newest, as registered before
     written = written_keys(writer)
     rekeyed = {t.topic: t for t in rekeyed_tables([t for t in tables if t.topic in written], schemas, written)}
-    tables = [rekeyed.get(t.topic, t) for t in tables]
-    writer.ensure_topics([cfg.dlq_topic], partitions=1, compact=False)
-    views, shapes = setup_views(cfg, specs, tables, schemas, writer)
-    return Catalog(tables, views, shapes)
+    return Catalog([rekeyed.get(t.topic, t) for t in tables], views, shapes)
 
 
 def written_keys(writer: TableWriter) -> dict[str, int]:
     """Table topic -> the key schema id of its records, as the fan-out's checkpoint has it (none before the first)."""
-    saved = writer.checkpoint()
+    try:
+        saved = writer.checkpoint()
+    except KafkaException as exc:
+        raise RetryableError(f"reading the fan-out's checkpoint (the key schema of each table topic): {exc}") from exc
     return saved.key_schemas if saved is not None else {}
 
 
