@@ -22,13 +22,12 @@ from pathlib import Path
 from subprocess import Popen, TimeoutExpired
 
 import psycopg2
-from confluent_kafka import TopicPartition
 
 from bench import capture
 from bench import tables as bt
 from bench.fanout import spawn_worker
 from headwater import stack
-from tables.kafka import batches_to_end, reader
+from tables.kafka import read_on_batches
 
 ACCOUNTS = "pgbench_accounts"
 MOVED = re.compile(r"(\d+) records moved its rows to key schema \d+ \(the topic read in ([\d.]+) s, the moves "
@@ -65,14 +64,11 @@ def wait_for(done: Callable[[], bool], worker: Popen[bytes], work: Path, timeout
 
 def topic_keys(cfg: stack.StackConfig) -> Counter[bytes]:
     """Live keys of the accounts' table topic, counted by key frame."""
-    consumer = reader({"bootstrap.servers": f"127.0.0.1:{cfg.kafka_port}"})
     live: dict[bytes | None, bool] = {}
-    try:
-        parts = [TopicPartition(f"pgb.{ACCOUNTS}", p, 0) for p in range(4)]
-        for batch in batches_to_end(consumer, parts, timeout=600):
-            live.update((m.key(), m.value() is not None) for m in batch)
-    finally:
-        consumer.close()
+    starts = {(f"pgb.{ACCOUNTS}", p): 0 for p in range(4)}  # a whole topic: in bulk (a second move's 4.5M records
+    settings = {"bootstrap.servers": f"127.0.0.1:{cfg.kafka_port}"}  # stalled a plain reader on the local broker)
+    for batch in read_on_batches(settings, starts, timeout=600, bulk=True, idle=True):
+        live.update((m.key(), m.value() is not None) for m in batch)
     return Counter(key[:5] for key, alive in live.items() if alive and key is not None)
 
 
