@@ -137,8 +137,10 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 15.0) -> No
         if confirmed >= found.confirmed_lsn and _streamed(samples):
             return
         time.sleep(0.2)
+    said = {what: _value(samples, capture_metrics.NAMES[what]) for what in ("queue", "delivery_errors", "reconnects")}
     print(f"  after {timeout:g} s capture's metrics report confirmed LSN {confirmed:.0f} (the slot: "
-          f"{found.confirmed_lsn}) and {'some' if _streamed(samples) else 'no'} streamed change counted")
+          f"{found.confirmed_lsn}) and {'some' if _streamed(samples) else 'no'} streamed change counted; "
+          + ", ".join(f"{what} {n:.0f}" for what, n in said.items()))  # fmt: skip
 
 
 def _streamed(samples: list[Any]) -> bool:

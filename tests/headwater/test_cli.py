@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,6 +152,14 @@ def test_unknown_command_exits_non_zero(tmp_path: Path) -> None:
     assert result.returncode == 2 and "invalid choice: 'sideways'" in result.stderr
 
 
+def log_tail(cwd: Path, service: str, lines: int = 80) -> list[str]:
+    """The last ``lines`` of a stack service's log in the project at ``cwd`` (for a failure's message: the data
+    directory goes with the test; a CI leg's demo showed no streamed change counted, with no log left to read)."""
+    data = Path(tomllib.loads((cwd / "headwater.toml").read_text(encoding="utf-8"))["stack"]["data_dir"])
+    log = data / "logs" / f"{service}.log"
+    return [f"== {log}", *log.read_text(errors="replace").splitlines()[-lines:]] if log.exists() else [f"no {log}"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, str]]) -> None:
@@ -173,7 +182,8 @@ def test_demo_runs_the_pipeline_and_reconciles(project: tuple[Path, dict[str, st
     assert re.search(r"shop-report +\d+ groups in PostgreSQL: equal", out)  # Spark's report against PostgreSQL's
     for shown in ('headwater_capture_events_total{op="INSERT",table="public.orders"}',
                   "headwater_streams_fanout_changes_total", "/ready: ready"):  # fmt: skip
-        assert shown in out, (shown, [line for line in out.splitlines() if "metrics" in line or "headwater_" in line])
+        assert shown in out, f"{shown} not shown:\n" + "\n".join(
+            [line for line in out.splitlines() if "metrics" in line or "headwater_" in line] + log_tail(cwd, "capture"))
     assert (cwd / "analytics-output" / "shop-report").is_dir()
     down = headwater("stack", "down", cwd=cwd)
     assert down.stdout.startswith("stopped: streams, capture, registry")
