@@ -140,6 +140,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     stack_env = {f"HEADWATER_STACK_{k.upper()}": str(v) for k, v in flag_values(args, stack.StackConfig).items()}
     passthrough = (["--config", args.config] if args.config else []) + _as_flags(flag_values(args, CaptureConfig))
     pid = demo.start_capture(local, capture, passthrough, stack_env)
+    demo.wait_caught_up(capture, pid)  # the load must come after the slot's start, or the snapshot holds all of it
     print(f"\n== running the shop workload for {args.duration:g} s at {args.rate:g} tx/s")
     cmd_demo_load(args)
     demo.wait_caught_up(capture, pid)

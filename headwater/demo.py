@@ -118,8 +118,8 @@ def wait_reported(capture: CaptureConfig, url: str, timeout: float = 15.0) -> No
     """Until capture's metrics at ``url`` reported the slot's confirmed position and count the load's streamed
     changes (``events_total`` other than READ): capture counts a change once Kafka acknowledged every message sent
     before the report that took its count, so its counts can trail the confirmed position by a report or more on a
-    busy machine (CI legs twice showed no INSERT after the confirmed position and two more status intervals).
-    After ``timeout`` it says what it waited for and goes on (the demo then shows what capture counted)."""
+    busy machine. After ``timeout`` it says what it waited for and goes on (the demo then shows what capture
+    counted)."""
     conn = psycopg2.connect(capture.dsn.reveal())
     try:
         found = slot.find(conn, capture.slot)
