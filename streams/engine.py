@@ -2,7 +2,8 @@
 
 Promise: ``open_catalog`` is the engine's only I/O before it starts: it discovers the captured
 tables through the registry, each served with the key schema its records are keyed with (the fan-out's
-checkpoint says which: ``written_keys``; ``discover`` looks again every ``KEYS_LOOK_EVERY`` s) (with
+checkpoint says which: ``written_keys``; ``discover`` looks again, at every look on the worker running the fan-out,
+every ``KEYS_LOOK_EVERY`` s on the others) (with
 discovery on, a worker started before capture registered the views' tables waits for them: ``view_tables``),
 validates the view specs against them (registering the views' schemas) and makes every topic — compacted, with
 ``[streams] partitions`` partitions — before anything reads one. ``Engine`` is given its settings, registry,
@@ -328,15 +329,25 @@ class Engine:
         """The tables capture registered since the catalog was made, their topics made (registry and broker I/O:
         the host runs it off its loop; ``adopt`` then serves them)."""
         new = served(self.cfg, registered(self.cfg, self.schemas, skip=self.catalog.topics))
-        rekeyed = []
-        if time.monotonic() - self.keys_looked >= KEYS_LOOK_EVERY:  # a request per table: not at every look
-            self.keys_looked = time.monotonic()
-            rekeyed = rekeyed_tables(self.catalog.tables, self.schemas, written_keys(self.writer))
+        rekeyed = self.rekeyed()
         if not new:
             return Found([], {}, rekeyed)
         topics = [t.topic for t in new]
         self.writer.ensure_topics(topics)
         return Found(new, read_ids(self.writer.admin, topics), rekeyed)
+
+    def rekeyed(self) -> list[TableTopic]:
+        """The served tables whose records are keyed with another key schema now: at every look from this worker's
+        own fan-out while it runs one (its newest checkpoint, in memory: no request), else from the checkpoint on
+        the broker every ``KEYS_LOOK_EVERY`` s (a request per table: not at every look)."""
+        own = self.fanout.last if self.fanout.fanout is not None else None
+        if own is not None:
+            moved = [t for t in self.catalog.tables if own.key_schemas.get(t.topic, t.key.schema_id) != t.key.schema_id]
+            return rekeyed_tables(moved, self.schemas, own.key_schemas)
+        if time.monotonic() - self.keys_looked < KEYS_LOOK_EVERY:
+            return []
+        self.keys_looked = time.monotonic()
+        return rekeyed_tables(self.catalog.tables, self.schemas, written_keys(self.writer))
 
     def adopt(self, found: Found) -> list[str]:
         """Serve ``found``'s tables from now on (the endpoint, the table feed at the next assignment, the fan-out):

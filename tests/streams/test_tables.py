@@ -148,7 +148,9 @@ def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_
     with conn, conn.cursor() as cur:
         cur.execute("DELETE FROM rk WHERE id = 2")
     capture.wait_caught_up(pg_database)
+    moved = time.monotonic()
     assert wait_for(lambda: settled(299, [2]), 120, every=0.5), f"{progress(worker)}\n{worker.tail()}"
+    took = [time.monotonic() - moved]
     assert worker.get("/tables/rk/1").json()["row"] == {"id": 1, "v": "new"}
     assert worker.get("/tables/rk/3").json()["row"] == {"id": 3, "v": "row 3"}
     live = live_records(capture.cfg.bootstrap, topic)
@@ -168,12 +170,15 @@ def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_
     with conn, conn.cursor() as cur:
         cur.execute("UPDATE rk SET v = 'back' WHERE id = 4")
     capture.wait_caught_up(pg_database)
+    moved = time.monotonic()
 
     def back() -> bool:  # 1: the row the bigint key's first change wrote
         return settled(298, [2, 3]) and [worker.get(f"/tables/rk/{k}").json()["row"]["v"] for k in (1, 4)] == [
             "new", "back"]  # fmt: skip
 
     assert wait_for(back, 120, every=0.5), f"{progress(worker)}\n{worker.tail()}"
+    took.append(time.monotonic() - moved)  # the worker running the fan-out reads keys anew at its next look (5 s)
+    assert max(took) < 20, f"the endpoint found the moved rows {took} s after they were captured"
     live = live_records(capture.cfg.bootstrap, topic)
     assert len(live) == 298 and {k[:5] for k in live} == first, "every live record under the first key schema again"
     worker.kill(signal.SIGKILL)
