@@ -4,7 +4,7 @@ Promise: ``GET /tables/`` lists the served tables with, per table, the partition
 worker holds and how far each was read (rows, offset, end, ETA); ``GET /tables/<table>/<key>``
 answers the latest row for a key as typed JSON (``streams.rows.to_json``) with the commit LSN
 that wrote it, from whichever worker holds the key's partition (the request is routed
-there). 404 for an unknown table, and for a key only once its partition has read everything
+there, once: ``Router``). 404 for an unknown table, and for a key only once its partition has read everything
 its topic had at the last fetch; until then — loading after a start, catching up behind the
 fan-out — 503 with ``Retry-After`` and the progress, never 404. 400 for a key that does not
 fit the key columns, 503 with ``Retry-After`` while a rebalance is under way.
@@ -62,8 +62,14 @@ def describe(engine: Engine, t: TableTopic) -> dict[str, Any]:
             "progress": here}  # fmt: skip
 
 
+ROUTED = "X-Headwater-Routed-By"  # on a request one worker sent another: the sender's URL
+
+
 class Router:
-    """Sends a request to the worker that holds a partition (Faust's assignor metadata says which)."""
+    """Sends a request to the worker that holds a partition (Faust's assignor metadata says which), once: a
+    request another worker sent is answered where it lands (503 when the partition is not held there), never sent
+    on, so two workers that disagree on the holder (stale metadata; a re-keyed table's key read with two key schemas,
+    ``streams.engine.Engine.rekeyed``) do not send it back and forth."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -83,6 +89,8 @@ class Router:
         app = self.app
         if app.rebalancing or app.in_recovery:
             return web.json({"error": "rebalancing: partitions are moving between workers"}, status=503, headers=RETRY)
+        if ROUTED in request.headers:
+            return None
         try:
             dest = owner_of()
         except KeyError:
@@ -90,7 +98,8 @@ class Router:
         if (dest.host, dest.port) == (app.conf.canonical_url.host, app.conf.canonical_url.port):
             return None
         try:
-            async with app.http_client.get(request.url.with_host(dest.host).with_port(dest.port)) as answer:
+            url, sender = request.url.with_host(dest.host).with_port(dest.port), str(app.conf.canonical_url)
+            async with app.http_client.get(url, headers={ROUTED: sender}) as answer:
                 kept = {"Retry-After": answer.headers["Retry-After"]} if "Retry-After" in answer.headers else None
                 return web.text(await answer.text(), content_type=answer.content_type, status=answer.status,
                                 headers=kept)  # fmt: skip
