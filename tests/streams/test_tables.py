@@ -178,7 +178,7 @@ def test_a_key_column_widened_to_bigint_leaves_each_row_once_on_the_table_topic_
 
     assert wait_for(back, 120, every=0.5), f"{progress(worker)}\n{worker.tail()}"
     took.append(time.monotonic() - moved)  # the worker running the fan-out reads keys anew at its next look (5 s)
-    assert max(took) < 20, f"the endpoint found the moved rows {took} s after they were captured"
+    assert max(took) < 25, f"the endpoint found the moved rows {took} s after they were captured"
     live = live_records(capture.cfg.bootstrap, topic)
     assert len(live) == 298 and {k[:5] for k in live} == first, "every live record under the first key schema again"
     worker.kill(signal.SIGKILL)
