@@ -4,7 +4,8 @@
 own time for every row) is the baseline the rest is a ratio of, in the same run. Then ``ALTER TABLE
 pgbench_accounts ALTER COLUMN aid TYPE bigint`` gives the table a new key schema, and ``pgbench -c 2 -R 200 -T
 60`` runs: the fan-out moves every account to the new key (``streams.fanout.Rekey``). Printed: the move's read
-and write times (the worker's log), when every account was served under its new key with 300 sampled accounts and
+and write times (the worker's log), the statuses of random accounts asked for from the ``ALTER`` on (every one
+exists: a 404 is wrong), when every account was served under its new key with 300 sampled accounts and
 the last one written equal to PostgreSQL, the worker's peak RSS, and the records on the table topic afterwards
 (each account once, all under the new key schema). Then ``aid`` is made ``integer`` again, under the same load: the
 key schema is the first one again (the registry answers its id; its newest version stays ``bigint``'s), the rows move
@@ -14,13 +15,16 @@ Then ``TRUNCATE pgbench_accounts``: the time until the worker holds no account, 
 
 from __future__ import annotations
 
+import random
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen, TimeoutExpired
 
+import httpx
 import psycopg2
 
 from bench import capture
@@ -62,6 +66,32 @@ def wait_for(done: Callable[[], bool], worker: Popen[bytes], work: Path, timeout
     return time.monotonic() - started
 
 
+class Prober:
+    """Random accounts asked for, five a second, while a move runs: every one exists, so a 404 is a wrong answer
+    (503 with ``Retry-After`` is the endpoint saying to ask again). Their statuses, counted."""
+
+    def __init__(self, rows: int) -> None:
+        self.statuses: Counter[int] = Counter()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(rows,), daemon=True)
+        self.thread.start()
+
+    def _run(self, rows: int) -> None:
+        rng = random.Random(7)
+        with httpx.Client(timeout=5) as client:
+            while not self.stop.wait(0.2):
+                try:
+                    status = client.get(f"http://127.0.0.1:{bt.PORT}/tables/{ACCOUNTS}/{rng.randint(1, rows)}")
+                    self.statuses[status.status_code] += 1
+                except httpx.HTTPError:
+                    self.statuses[0] += 1
+
+    def take(self) -> Counter[int]:
+        self.stop.set()
+        self.thread.join()
+        return self.statuses
+
+
 def topic_keys(cfg: stack.StackConfig) -> Counter[bytes]:
     """Live keys of the accounts' table topic, counted by key frame."""
     live: dict[bytes | None, bool] = {}
@@ -81,10 +111,11 @@ def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], ro
     try:
         with conn.cursor() as cur:
             cur.execute(f"ALTER TABLE pgbench_accounts ALTER COLUMN aid TYPE {to}")
+            prober = Prober(rows)
             bt.pgbench(cfg, "-c", "2", "-R", "200", "-T", "60", "-n")
             ended = time.monotonic()
             wait_for(lambda: accounts_held() == rows and equal(sampled(cur)), worker, work)
-            served, most = time.monotonic() - ended, peak.take()
+            served, most, asked = time.monotonic() - ended, peak.take(), prober.take()
     finally:
         conn.close()
         peak.stop.set()
@@ -93,7 +124,7 @@ def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], ro
         raise RuntimeError("the worker logged no move")
     records, read, written = found[-1]
     return {"records": float(records), "read": float(read), "written": float(written), "served": served,
-            "peak": most}  # fmt: skip
+            "peak": most, **{f"status {code}": float(n) for code, n in sorted(asked.items())}}  # fmt: skip
 
 
 def truncate(dsn: str, work: Path, worker: Popen[bytes]) -> tuple[float, float, float]:
@@ -154,6 +185,9 @@ def report(scale: int, rows: int, fanned: float, first_peak: float,
               f"{moved['written']:.1f} s ({moved['written'] / fanned:.2f}x)")  # fmt: skip
         print(f"    every account served, 300 sampled and the last written equal to PostgreSQL {moved['served']:.0f} s "
               f"after the load ended; worker peak RSS {moved['peak']:.0f} MB")  # fmt: skip
+        statuses = ", ".join(f"{k.split()[1]}: {n:.0f}" for k, n in moved.items() if k.startswith("status "))
+        print(f"    random accounts asked for from the ALTER until then, by status (all exist: 404 is wrong): "
+              f"{statuses}")
         by_schema = {int.from_bytes(frame[1:], "big"): n for frame, n in frames.items()}
         print(f"    the table topic's live keys, by key schema id: {by_schema}")
     print(f"  TRUNCATE {ACCOUNTS}: the worker held none {took:.1f} s after ({took / fanned:.2f}x the first load); RSS "
