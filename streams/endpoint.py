@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -38,6 +39,7 @@ from streams.errors import KeyError400
 from streams.rows import to_json, unpack
 from streams.tablefeed import Progress
 from streams.viewtopic import view_key
+from tables.errors import RetryableError
 from tables.partition import partition_for
 from tables.views import LSN_FIELD
 from tables.wire import UndecodableMessage, lsn_text
@@ -124,7 +126,8 @@ def table_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, key
         return web.json({"error": f"{table.qualified} is still loading: the fan-out is at raw offset {backlog.at} of"
                          f" {backlog.target}", **shown(progress)}, status=503, headers=RETRY)  # fmt: skip
     if found is None:
-        return web.json({"error": f"no row of {table.qualified} with key {key}"}, status=404)
+        return moving_row(engine, web, table, key) or web.json({"error": f"no row of {table.qualified} with key {key}"},
+                                                                status=404)  # fmt: skip
     lsn, position, value = unpack(found)
     try:
         row = engine.schemas.decode(value)
@@ -132,6 +135,29 @@ def table_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, key
         return web.json({"error": f"stored row cannot be decoded: {exc}"}, status=500)
     return web.json({"table": table.qualified, "key": to_json(engine.schemas.decode(key_bytes)),
                      "commit_lsn": lsn_text(lsn), "position": position, "row": to_json(row)})  # fmt: skip
+
+
+def moving_row(engine: Engine, web: Any, table: TableTopic, key: str) -> Any:
+    """A row already moved to the key schema this worker's fan-out is moving ``table`` to (``Engine.moving_key``),
+    503 when that key's partition is held elsewhere, or None (no move under way, or no such row under it either)."""
+    try:
+        codec = engine.moving_key(table)
+    except (RetryableError, UndecodableMessage) as exc:
+        return web.json({"error": f"{table.qualified} is moving to another key schema, not known here: {exc}"},
+                        status=503, headers=RETRY)  # fmt: skip
+    if codec is None:
+        return None
+    try:
+        key_bytes = codec.encode_text(key)
+    except KeyError400:
+        return None
+    partition = partition_for(key_bytes, engine.cfg.partitions)
+    if engine.tables.progress((table.topic, partition)) is None:
+        return web.json({"error": f"{table.qualified} is moving to key schema {codec.schema_id}: this key's partition "
+                         f"{partition} under it is held by another worker"}, status=503, headers=RETRY)  # fmt: skip
+    if engine.store.get(table.topic, partition, key_bytes) is None:
+        return None
+    return table_row(engine, web, replace(table, key=codec), key_bytes, key)
 
 
 def view_row(engine: Engine, web: Any, name: str, key_bytes: bytes, key: str, partition: int) -> Any:

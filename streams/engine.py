@@ -37,7 +37,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from streams import clients
-from streams.catalog import TableTopic, discover, registered, rekeyed_tables, served
+from streams.catalog import KeyCodec, TableTopic, discover, registered, rekeyed_tables, served
 from streams.clients import reader_settings
 from streams.config import StreamsConfig
 from streams.cursor import Raw
@@ -59,6 +59,7 @@ from tables.kafka import bounds
 from tables.logs import facts
 from tables.registry import Registry
 from tables.views import CAPTURED_WHEN, TableShape, ViewSpec
+from tables.wire import schema_id
 
 log = logging.getLogger("headwater.streams")
 Fatal = Callable[[str, FatalError], None]  # (which part stopped, why): called from the part's thread
@@ -278,6 +279,7 @@ class Engine:
                  sources: Sources | None = None) -> None:  # fmt: skip
         self.cfg, self.schemas, self.writer, self.catalog = cfg, schemas, writer, catalog
         self.keys_looked = time.monotonic()  # when the served tables' key schemas were last looked at
+        self.key_codecs: dict[int, KeyCodec] = {}  # key schema id -> its codec (``moving_key``)
         self.store, self.view_store, self.sources = store, view_store, sources
         self.metrics = metrics = StreamsMetrics(cfg.cut_warn_after, cfg.bootstrap)
         self.fanout = FanOutRun(cfg, schemas, writer, catalog.topics, metrics)
@@ -348,6 +350,19 @@ class Engine:
             return []
         self.keys_looked = time.monotonic()
         return rekeyed_tables(self.catalog.tables, self.schemas, written_keys(self.writer))
+
+    def moving_key(self, table: TableTopic) -> KeyCodec | None:
+        """On the worker running the fan-out, while it moves ``table``'s rows to another key schema (its last record
+        for the topic has that frame; the endpoint reads keys with the one before until the checkpoint after the move
+        names it, ``rekeyed``): that key schema's codec (a registry request the first time). Else None."""
+        fan = self.fanout.fanout
+        moving = fan.frames.get(table.topic) if fan is not None else None
+        if moving is None or moving == table.key.frame:
+            return None
+        sid = schema_id(moving)
+        if sid not in self.key_codecs:
+            self.key_codecs[sid] = KeyCodec(sid, self.schemas.schema(sid))
+        return self.key_codecs[sid]
 
     def adopt(self, found: Found) -> list[str]:
         """Serve ``found``'s tables from now on (the endpoint, the table feed at the next assignment, the fan-out):
