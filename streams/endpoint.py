@@ -39,7 +39,6 @@ from streams.errors import KeyError400
 from streams.rows import to_json, unpack
 from streams.tablefeed import Progress
 from streams.viewtopic import view_key
-from tables.errors import RetryableError
 from tables.partition import partition_for
 from tables.views import LSN_FIELD
 from tables.wire import UndecodableMessage, lsn_text
@@ -125,9 +124,11 @@ def table_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, key
     if found is None and not backlog.done.is_set():
         return web.json({"error": f"{table.qualified} is still loading: the fan-out is at raw offset {backlog.at} of"
                          f" {backlog.target}", **shown(progress)}, status=503, headers=RETRY)  # fmt: skip
+    moved = moving_row(engine, web, table, key) if found is None else None
+    if moved is not None:
+        return moved
     if found is None:
-        return moving_row(engine, web, table, key) or web.json({"error": f"no row of {table.qualified} with key {key}"},
-                                                                status=404)  # fmt: skip
+        return web.json({"error": f"no row of {table.qualified} with key {key}"}, status=404)
     lsn, position, value = unpack(found)
     try:
         row = engine.schemas.decode(value)
@@ -139,12 +140,9 @@ def table_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, key
 
 def moving_row(engine: Engine, web: Any, table: TableTopic, key: str) -> Any:
     """A row already moved to the key schema this worker's fan-out is moving ``table`` to (``Engine.moving_key``),
-    503 when that key's partition is held elsewhere, or None (no move under way, or no such row under it either)."""
-    try:
-        codec = engine.moving_key(table)
-    except (RetryableError, UndecodableMessage) as exc:
-        return web.json({"error": f"{table.qualified} is moving to another key schema, not known here: {exc}"},
-                        status=503, headers=RETRY)  # fmt: skip
+    503 when that key's partition is held elsewhere or not read to its end, or None (no move under way, or no such
+    row under it either)."""
+    codec = engine.moving_key(table)
     if codec is None:
         return None
     try:
@@ -152,9 +150,11 @@ def moving_row(engine: Engine, web: Any, table: TableTopic, key: str) -> Any:
     except KeyError400:
         return None
     partition = partition_for(key_bytes, engine.cfg.partitions)
-    if engine.tables.progress((table.topic, partition)) is None:
+    progress = engine.tables.progress((table.topic, partition))
+    if progress is None or not progress.current:
         return web.json({"error": f"{table.qualified} is moving to key schema {codec.schema_id}: this key's partition "
-                         f"{partition} under it is held by another worker"}, status=503, headers=RETRY)  # fmt: skip
+                         f"{partition} under it is held by another worker or not read to its end"}, status=503,
+                        headers=RETRY)  # fmt: skip
     if engine.store.get(table.topic, partition, key_bytes) is None:
         return None
     return table_row(engine, web, replace(table, key=codec), key_bytes, key)

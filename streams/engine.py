@@ -342,6 +342,7 @@ class Engine:
         """The served tables whose records are keyed with another key schema now: at every look from this worker's
         own fan-out while it runs one (its newest checkpoint, in memory: no request), else from the checkpoint on
         the broker every ``KEYS_LOOK_EVERY`` s (a request per table: not at every look)."""
+        self.know_moving_keys()
         own = self.fanout.last if self.fanout.fanout is not None else None
         if own is not None:
             moved = [t for t in self.catalog.tables if own.key_schemas.get(t.topic, t.key.schema_id) != t.key.schema_id]
@@ -352,17 +353,25 @@ class Engine:
         return rekeyed_tables(self.catalog.tables, self.schemas, written_keys(self.writer))
 
     def moving_key(self, table: TableTopic) -> KeyCodec | None:
-        """On the worker running the fan-out, while it moves ``table``'s rows to another key schema (its last record
-        for the topic has that frame; the endpoint reads keys with the one before until the checkpoint after the move
-        names it, ``rekeyed``): that key schema's codec (a registry request the first time). Else None."""
+        """On the worker running the fan-out, while it moves ``table``'s rows to another key schema of the same key
+        columns (it routed a change keyed with it; the endpoint reads keys with the one before until the checkpoint
+        after the move names it, ``rekeyed``): that key schema's codec, once a look fetched it (no I/O here: the
+        endpoint calls it on the host's loop). Else None."""
         fan = self.fanout.fanout
         moving = fan.frames.get(table.topic) if fan is not None else None
         if moving is None or moving == table.key.frame:
             return None
-        sid = schema_id(moving)
-        if sid not in self.key_codecs:
-            self.key_codecs[sid] = KeyCodec(sid, self.schemas.schema(sid))
-        return self.key_codecs[sid]
+        codec = self.key_codecs.get(schema_id(moving))
+        return codec if codec is not None and codec.columns == table.key.columns else None
+
+    def know_moving_keys(self) -> None:
+        """Fetch the codecs ``moving_key`` gives (registry I/O: run off the host's loop, from ``discover``)."""
+        fan = self.fanout.fanout
+        frames = dict(fan.frames) if fan is not None else {}
+        for table in self.catalog.tables:
+            moving = frames.get(table.topic)
+            if moving is not None and moving != table.key.frame and schema_id(moving) not in self.key_codecs:
+                self.key_codecs[schema_id(moving)] = KeyCodec(schema_id(moving), self.schemas.schema(schema_id(moving)))
 
     def adopt(self, found: Found) -> list[str]:
         """Serve ``found``'s tables from now on (the endpoint, the table feed at the next assignment, the fan-out):
