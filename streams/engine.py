@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -357,21 +357,30 @@ class Engine:
         columns (it routed a change keyed with it; the endpoint reads keys with the one before until the checkpoint
         after the move names it, ``rekeyed``): that key schema's codec, once a look fetched it (no I/O here: the
         endpoint calls it on the host's loop). Else None."""
-        fan = self.fanout.fanout
-        moving = fan.frames.get(table.topic) if fan is not None else None
-        if moving is None or moving == table.key.frame:
+        moving = self._moving_frame(table, self._fanout_frames())
+        if moving is None:
             return None
         codec = self.key_codecs.get(schema_id(moving))
         return codec if codec is not None and codec.columns == table.key.columns else None
 
     def know_moving_keys(self) -> None:
         """Fetch the codecs ``moving_key`` gives (registry I/O: run off the host's loop, from ``discover``)."""
-        fan = self.fanout.fanout
-        frames = dict(fan.frames) if fan is not None else {}
+        frames = dict(self._fanout_frames())
         for table in self.catalog.tables:
-            moving = frames.get(table.topic)
-            if moving is not None and moving != table.key.frame and schema_id(moving) not in self.key_codecs:
+            moving = self._moving_frame(table, frames)
+            if moving is not None and schema_id(moving) not in self.key_codecs:
                 self.key_codecs[schema_id(moving)] = KeyCodec(schema_id(moving), self.schemas.schema(schema_id(moving)))
+
+    def _fanout_frames(self) -> Mapping[str, bytes]:
+        """The key frame of each table topic as the fan-out running here last routed it (none elsewhere)."""
+        fan = self.fanout.fanout
+        return fan.frames if fan is not None else {}
+
+    @staticmethod
+    def _moving_frame(table: TableTopic, frames: Mapping[str, bytes]) -> bytes | None:
+        """The key frame the fan-out moves ``table``'s rows to, when it differs from the one the endpoint reads."""
+        moving = frames.get(table.topic)
+        return moving if moving is not None and moving != table.key.frame else None
 
     def adopt(self, found: Found) -> list[str]:
         """Serve ``found``'s tables from now on (the endpoint, the table feed at the next assignment, the fan-out):
