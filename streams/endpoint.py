@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -129,6 +128,11 @@ def table_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, key
         return moved
     if found is None:
         return web.json({"error": f"no row of {table.qualified} with key {key}"}, status=404)
+    return stored_row(engine, web, table, key_bytes, found)
+
+
+def stored_row(engine: Engine, web: Any, table: TableTopic, key_bytes: bytes, found: bytes) -> Any:
+    """The answer for a row read from the table store: the row, or 500 when it cannot be decoded."""
     lsn, position, value = unpack(found)
     try:
         row = engine.schemas.decode(value)
@@ -155,9 +159,8 @@ def moving_row(engine: Engine, web: Any, table: TableTopic, key: str) -> Any:
         return web.json({"error": f"{table.qualified} is moving to key schema {codec.schema_id}: this key's partition "
                          f"{partition} under it is held by another worker or not read to its end"}, status=503,
                         headers=RETRY)  # fmt: skip
-    if engine.store.get(table.topic, partition, key_bytes) is None:
-        return None
-    return table_row(engine, web, replace(table, key=codec), key_bytes, key)
+    found = engine.store.get(table.topic, partition, key_bytes)
+    return None if found is None else stored_row(engine, web, table, key_bytes, found)
 
 
 def view_row(engine: Engine, web: Any, name: str, key_bytes: bytes, key: str, partition: int) -> Any:
