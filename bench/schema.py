@@ -103,8 +103,9 @@ def topic_keys(cfg: stack.StackConfig) -> Counter[bytes]:
 
 
 def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], rows: int, to: str
-          ) -> dict[str, float]:  # fmt: skip
-    """``aid`` made of type ``to`` under load: the move's figures, from the worker's log (its newest move)."""
+          ) -> tuple[dict[str, float], Counter[int]]:  # fmt: skip
+    """``aid`` made of type ``to`` under load: the move's figures, from the worker's log (its newest move), and the
+    statuses of the accounts asked for meanwhile."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True  # and no ``with conn``: psycopg2 2.9 opens a transaction there, which would hold the ALTER
     peak = bt.Peak(lambda: worker.pid)
@@ -123,8 +124,9 @@ def rekey(cfg: stack.StackConfig, dsn: str, work: Path, worker: Popen[bytes], ro
     if not found:
         raise RuntimeError("the worker logged no move")
     records, read, written = found[-1]
-    return {"records": float(records), "read": float(read), "written": float(written), "served": served,
-            "peak": most, **{f"status {code}": float(n) for code, n in sorted(asked.items())}}  # fmt: skip
+    figures = {"records": float(records), "read": float(read), "written": float(written), "served": served,
+               "peak": most}  # fmt: skip
+    return figures, asked
 
 
 def truncate(dsn: str, work: Path, worker: Popen[bytes]) -> tuple[float, float, float]:
@@ -154,7 +156,7 @@ def main(scale: int) -> None:
                 fanned, _, first_peak = bt.load(worker, scale * (100_000 + 10 + 1), work)
                 moves = []
                 for to in ("bigint", "integer"):
-                    moves.append((to, rekey(cfg, dsn, work, worker, rows, to), topic_keys(cfg)))
+                    moves.append((to, *rekey(cfg, dsn, work, worker, rows, to), topic_keys(cfg)))
                 emptied = truncate(dsn, work, worker)
             finally:
                 stop(worker)
@@ -174,18 +176,18 @@ def stop(process: Popen[bytes]) -> None:
 
 
 def report(scale: int, rows: int, fanned: float, first_peak: float,
-           moves: list[tuple[str, dict[str, float], Counter[bytes]]], emptied: tuple[float, float, float]
+           moves: list[tuple[str, dict[str, float], Counter[int], Counter[bytes]]], emptied: tuple[float, float, float]
            ) -> None:  # fmt: skip
     took, before, peak = emptied
     print(f"\nschema changes: pgbench -s {scale}, {rows} accounts, one worker")
     print(f"  first load (baseline): fan-out {fanned:.1f} s, peak RSS {first_peak:.0f} MB")
-    for to, moved, frames in moves:
+    for to, moved, asked, frames in moves:
         print(f"  aid made {to}, then pgbench -R 200 for 60 s: {moved['records']:.0f} records moved, the topic read in "
               f"{moved['read']:.1f} s ({moved['read'] / fanned:.2f}x the first load), written in "
               f"{moved['written']:.1f} s ({moved['written'] / fanned:.2f}x)")  # fmt: skip
         print(f"    every account served, 300 sampled and the last written equal to PostgreSQL {moved['served']:.0f} s "
               f"after the load ended; worker peak RSS {moved['peak']:.0f} MB")  # fmt: skip
-        statuses = ", ".join(f"{k.split()[1]}: {n:.0f}" for k, n in moved.items() if k.startswith("status "))
+        statuses = ", ".join(f"{code}: {n}" for code, n in sorted(asked.items()))
         print(f"    random accounts asked for from the ALTER until then, by status (all exist: 404 is wrong): "
               f"{statuses}")
         by_schema = {int.from_bytes(frame[1:], "big"): n for frame, n in frames.items()}
