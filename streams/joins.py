@@ -248,13 +248,17 @@ class Joiner:
         """The view partition of a change of a row split by its key, told by its key image alone (its key unchanged:
         no old image), so a change of a partition this worker does not hold is dropped before its row is decoded
         (``bench/RESULTS.md``, "The partitioner in C, and other workers' rows dropped"); None when the key does not
-        tell it, or this worker holds every partition anyway."""
+        tell it. A base row's key image tells it undecoded (the partitioner in C), so even a worker holding every
+        partition asks it that way rather than encode the decoded key again (``_homes``); a key that needs decoding
+        is decoded here only where the answer may drop the change."""
         placed = self.placed.get(table)
-        if placed is None or not placed.by_key or change.before is not None or len(self.held) >= self.partitions:
+        if placed is None or not placed.by_key or change.before is not None:
             return None
         assert change.key is not None
         home = self.image_partition(placed.view, change.key) if table == self.views[placed.view].base else None
-        return self.partition(table, self.decode(change.key)) if home is None else home
+        if home is None and len(self.held) < self.partitions:
+            home = self.partition(table, self.decode(change.key))
+        return home
 
     def _homes(self, table: str, record: Row, after: Row | None, live: Callable[[Space], bool],
                home: int | None = None) -> Iterator[tuple[Space, bool]]:  # fmt: skip

@@ -140,10 +140,13 @@ def test_rows_split_by_key_of_partitions_held_elsewhere_are_dropped_before_their
     j.partition_of = lambda view, values: 1 // 0  # a held row placed by its key image is not placed again
     j.apply(Change("INSERT", "public", "orders", "orders", 2, 0, b"5", None, fifth, 1))
     assert list(j.keys("public.orders", 1)) == [canon([5])]
-    everywhere = Joiner(specs(GOOD), SHOP, MemoryViewStore(), json.loads, partition_of=partition_of, held={0, 1, 2, 3},
-                        partitions=PARTITIONS, image_partition=lambda view, image: 1 // 0)  # fmt: skip
-    everywhere.apply(change("INSERT", "orders", order))  # holding every partition, nothing is elsewhere: not asked
-    assert list(everywhere.keys("public.orders", 2)) == [canon([6])]
+    everywhere = Joiner(specs(GOOD), SHOP, MemoryViewStore(), json.loads, partition_of=lambda view, values: 1 // 0,
+                        held={0, 1, 2, 3}, partitions=PARTITIONS, image_partition=from_image)  # fmt: skip
+    everywhere.apply(Change("INSERT", "public", "orders", "orders", 1, 0, b"6", None, json.dumps(order).encode(), 1))
+    assert list(everywhere.keys("public.orders", 2)) == [canon([6])]  # holding every partition: placed by its image
+    everywhere.partition_of = partition_of
+    everywhere.apply(change("INSERT", "order_items", {"order_id": 6, "line_no": 1, "product_id": 1, "quantity": 1}))
+    assert list(everywhere.keys("public.order_items", 2)) == [canon([6, 1])]  # a key image that does not tell it
 
 
 def noted_change(rng: random.Random, n: int) -> tuple[str, str, dict[str, Any]]:
