@@ -358,7 +358,9 @@ class Backfill:
         rate = self.rate() if rate is None else rate
         where = f" where {self.predicate}" if self.predicate else ""
         parts = [f"#{self.id} {self.table}{where}: {self.status}"]
-        if self.rows or self.status in ("running", "done"):
+        if self.status == "done":
+            parts.append(f"{self.rows} rows")  # the estimate was PostgreSQL's guess: the count is known now
+        elif self.rows or self.status == "running":
             parts.append(f"{self.rows}/~{max(self.estimate, self.rows)} rows")
         if self.status == "running":
             eta = self.eta(rate)

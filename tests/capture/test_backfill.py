@@ -284,6 +284,8 @@ def test_progress_rate_and_eta() -> None:
     b.status = "paused"
     assert b.eta(25.0) is None and "rows/s" not in b.describe(rate=25.0)
     assert Backfill(4, "public.x").describe() == "#4 public.x: queued (request)"
+    b.status, b.rows, b.started_at, b.finished_at = "done", 444, 1.0, 1.5
+    assert b.describe().startswith("#3 public.orders where id > 5: done, 444 rows, in 0.5 s")  # no guess once counted
 
 
 def test_a_chunk_vouches_for_its_keys_only_if_no_change_streamed_before_them_can_be_unseen() -> None:

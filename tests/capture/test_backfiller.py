@@ -565,7 +565,7 @@ def signalled(pg_database: str, dsn: str, role: str, password: str, capture_fact
     topics_reconcile(conn, capture, worker, {"items": ["id"]})
     conn.close()
     status = capture.snapshot("--status").stdout
-    assert f"#1 public.items: done, {found[0].rows}/" in status and "(signal)" in status, status
+    assert f"#1 public.items: done, {found[0].rows} rows" in status and "(signal)" in status, status
     assert "there is no table public.nope" in status, "the refused signal is listed with why"
     worker.kill()
 
