@@ -1,7 +1,8 @@
 """Background processes of the local stack: spawn, find again by pid file, stop.
 
 Promise: a service spawned here runs in its own session with its output in a log
-file and its pid in a pid file, so a later ``headwater`` process can tell whether it
+file (readable by its owner only, in a directory only its owner opens: a log may quote rows,
+as PostgreSQL's errors do) and its pid in a pid file, so a later ``headwater`` process can tell whether it
 still runs and stop it. Stopping sends the service's own shutdown signal, waits,
 then kills; it never signals a pid that no longer runs the expected program.
 """
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 # Popen objects of the children this process spawned, so they can be reaped on stop.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -23,8 +25,7 @@ def spawn(
     argv: list[str], *, log: Path, pidfile: Path, cwd: Path, user: str | None = None, env: dict[str, str] | None = None
 ) -> int:
     """Start ``argv`` detached, output appended to ``log``; record and return its pid."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
+    with open_log(log) as out:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -41,6 +42,15 @@ def spawn(
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     pidfile.write_text(f"{proc.pid}\n{argv[0]}\n", encoding="utf-8")
     return proc.pid
+
+
+def open_log(log: Path) -> IO[bytes]:
+    """``log`` opened to append, owner-only (an older log made readable by others is closed to them too)."""
+    log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log.parent.chmod(0o700)
+    out = os.fdopen(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+    os.fchmod(out.fileno(), 0o600)
+    return out
 
 
 def _cmdline(pid: int) -> str:

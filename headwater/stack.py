@@ -203,8 +203,7 @@ class Postgres(Service):
             f"--pwfile={pwfile}", "--auth-host=scram-sha-256", "--auth-local=peer",
             "--encoding=UTF8", "--locale=C.UTF-8", "--no-instructions",
         ]  # fmt: skip
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
+        with process.open_log(self.log) as out:
             done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, user=owner, check=False)
         if done.returncode:
             raise ServiceStartError(self.name, "initdb failed", str(self.log), process.tail(self.log))
