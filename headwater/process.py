@@ -45,12 +45,19 @@ def spawn(
 
 
 def open_log(log: Path) -> IO[bytes]:
-    """``log`` opened to append, owner-only (an older log made readable by others is closed to them too)."""
+    """``log`` opened to append, owner-only (an older log or logs directory of ours, made readable by others, is
+    closed to them too; one another user owns keeps its mode)."""
     log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    log.parent.chmod(0o700)
-    out = os.fdopen(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
-    os.fchmod(out.fileno(), 0o600)
-    return out
+    if log.parent.stat().st_uid == os.geteuid():
+        log.parent.chmod(0o700)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _cmdline(pid: int) -> str:
@@ -109,6 +116,8 @@ def tail(path: Path, lines: int = 20) -> str:
     """The last ``lines`` lines of a log file (or a note that there is none)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    except FileNotFoundError:
         return "(no log written)"
+    except OSError as exc:
+        return f"(log not readable: {exc})"
     return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"

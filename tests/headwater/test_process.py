@@ -25,6 +25,7 @@ def test_a_services_log_and_its_directory_are_readable_by_their_owner_only(tmp_p
     deadline = time.monotonic() + 30
     while (process.is_running(pid) or process.is_running(other)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert not process.is_running(pid) and not process.is_running(other)  # both reaped
     assert "a row: (id)=(5)" in log.read_text()
     assert (_mode(log.parent), _mode(log), _mode(older)) == (0o700, 0o600, 0o600)
     assert older.read_text().startswith("written by an older version")  # appended to, not truncated
