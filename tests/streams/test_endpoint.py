@@ -20,7 +20,7 @@ from streams.endpoint import ROUTED, Router, table_row
 from streams.rows import pack
 from streams.tablefeed import Progress
 from tables.partition import partition_for
-from tables.wire import avro_body, frame
+from tables.wire import avro_body, frame, schema_id
 
 HERE = URL("http://127.0.0.1:1")  # this worker's canonical URL (never listened on: nothing is sent to it)
 
@@ -96,8 +96,14 @@ def moving_engine(rows: dict[int, str], moved_current: bool = True) -> tuple[Any
     def decode(data: bytes) -> Any:
         return fastavro.schemaless_reader(io.BytesIO(data[5:]), schemas[int.from_bytes(data[1:5], "big")], None)
 
-    engine = SimpleNamespace(cfg=SimpleNamespace(partitions=4), tables=SimpleNamespace(progress=progress),
-                             store=SimpleNamespace(get=lambda *k: store.get(k)), backlog=SimpleNamespace(
+    reads: list[bytes] = []
+
+    def get(*at: Any) -> bytes | None:
+        reads.append(at[2])
+        return store.get(at)
+
+    engine = SimpleNamespace(cfg=SimpleNamespace(partitions=4), tables=SimpleNamespace(progress=progress), reads=reads,
+                             store=SimpleNamespace(get=get), backlog=SimpleNamespace(
                                  done=SimpleNamespace(is_set=lambda: True)), moving_key=lambda t: new,
                              schemas=SimpleNamespace(decode=decode))  # fmt: skip
     return engine, table
@@ -114,6 +120,7 @@ def test_a_row_already_moved_to_the_new_key_schema_is_served_under_it() -> None:
     status, body = ask(engine, table, 42)
     assert status == 200
     assert body["row"] == {"aid": 42, "note": "moved"} and body["key"] == {"aid": 42}
+    assert [schema_id(key) for key in engine.reads] == [11, 4]  # once under each key schema, the row not read again
 
 
 @pytest.mark.unit

@@ -146,7 +146,7 @@ def test_rows_split_by_key_of_partitions_held_elsewhere_are_dropped_before_their
     assert list(everywhere.keys("public.orders", 2)) == [canon([6])]  # holding every partition: placed by its image
     everywhere.partition_of = partition_of
     everywhere.apply(change("INSERT", "order_items", {"order_id": 6, "line_no": 1, "product_id": 1, "quantity": 1}))
-    assert list(everywhere.keys("public.order_items", 2)) == [canon([6, 1])]  # a key image that does not tell it
+    assert list(everywhere.keys("public.order_items", 2)) == [canon([6, 1])]  # not the base: placed by its row
 
 
 def noted_change(rng: random.Random, n: int) -> tuple[str, str, dict[str, Any]]:
