@@ -1,4 +1,5 @@
-"""Ordinary operations: restarts after quiet periods, PostgreSQL restarted under load, snapshots started over.
+"""Ordinary operations: restarts after quiet periods, PostgreSQL restarted under load and during a backfill, snapshots
+started over.
 
 Each test runs the real ``headwater capture`` and reconciles what it wrote against PostgreSQL.
 """
@@ -6,6 +7,7 @@ Each test runs the real ``headwater capture`` and reconciles what it wrote again
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import signal
 import stat
@@ -23,6 +25,7 @@ from pyspark.sql import SparkSession
 from analytics.config import AnalyticsConfig
 from analytics.jobs import read
 from capture.agent import follow
+from capture.backfill import Backfill
 from capture.errors import CheckpointMismatchError
 from capture.state import State
 from headwater import shop, stack
@@ -250,8 +253,9 @@ def test_a_snapshot_started_over_retracts_the_rows_deleted_meanwhile(
 class Load:
     """Inserts, updates and deletes rows of ``items`` in a thread, reconnecting when the server goes away."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, keys: int = 500) -> None:
         self.dsn = dsn
+        self.keys = keys  # the writes' keys: 0 to keys - 1
         self.rng = random.Random(7)
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -276,11 +280,11 @@ class Load:
             conn.close()
 
     def _step(self, conn: Any) -> None:
-        key = self.rng.randrange(500)
+        key = self.rng.randrange(self.keys)
         with conn, conn.cursor() as cur:
             cur.execute("INSERT INTO items VALUES (%s, 1, 'n') ON CONFLICT (id) DO UPDATE SET n = items.n + 1", (key,))
             if self.rng.random() < 0.3:
-                cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(500),))
+                cur.execute("DELETE FROM items WHERE id = %s", (self.rng.randrange(self.keys),))
         self.committed += 1
 
     def stop(self) -> int:
@@ -323,6 +327,64 @@ def test_postgresql_restarted_under_load_fast_and_immediate_capture_resumes(
     state = apply_changes(capture.changes(), Registry(capture.cfg.registry_url))
     assert_table_matches(conn, "items", ["id"], state.get("items", {}))
     conn.close()
+
+
+ROWS, CHUNK = 100_000, 200  # the backfilled table and its chunks: long enough to restart PostgreSQL twice inside
+
+
+@pytest.mark.slow
+def test_postgresql_restarted_twice_during_a_backfill_under_load_the_backfill_goes_on_from_its_last_chunk(
+    own_postgres: stack.Postgres, capture_factory: Callable[..., Capture]
+) -> None:
+    """``headwater snapshot items`` while a writer inserts, updates and deletes keys across the whole table;
+    PostgreSQL restarted (fast, then immediate) while the chunks are read: capture reconnects each time, the
+    backfill goes on after its last saved chunk (not from the start), and the raw topic ends equal to the table."""
+    dsn = own_postgres.cfg.dsn()
+    capture = streaming_items(dsn, capture_factory, on_error="log", heartbeat_interval=0.5, backfill_chunk_rows=CHUNK)
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO items SELECT g, 0, repeat('x', 50) FROM generate_series(0, %s) g", (ROWS - 1,))
+    conn.close()
+    capture.wait_caught_up(dsn, timeout=120)
+    load = Load(dsn, keys=ROWS).start()
+    capture.snapshot("items")
+    rows = 10_000
+    for mode in ("fast", "immediate"):
+        at = wait_until(functools.partial(_chunked, capture, rows), 120)
+        assert at.status == "running" and at.phase == "chunks", f"done before PostgreSQL restarted: {at.describe()}"
+        restart_postgres(own_postgres, mode)
+        rows = at.rows + 20_000
+    done = wait_until(lambda: next((b for b in capture.backfills() if b.status == "done"), None), 180)
+    committed = load.stop()
+    capture.wait_caught_up(dsn, timeout=120)
+    assert capture.process is not None and capture.process.poll() is None, "capture died"
+    capture.stop()
+    log = capture.log.read_text() if capture.log else ""
+    assert "Traceback" not in log and log.count("reconnected after") >= 2, log[-3000:]
+    changes = capture.changes()
+    read = sum(1 for c in changes if c["backfill"] == done.id and c["op"] == "READ")
+    assert ROWS // 2 < read <= ROWS + 2 * 20 * CHUNK, f"{read} rows read for {ROWS}: the backfill started over"
+    assert committed > 100
+    conn = psycopg2.connect(dsn)
+    state = apply_changes(changes, Registry(capture.cfg.registry_url))
+    assert_table_matches(conn, "items", ["id"], state.get("items", {}))
+    conn.close()
+
+
+def _chunked(capture: Capture, rows: int) -> Backfill | None:
+    """The backfill once it saved ``rows`` rows, or once it is past chunking (so a miss fails at once)."""
+    found = [b for b in capture.backfills() if b.status != "queued"]
+    if found and (found[0].rows >= rows or found[0].status != "running" or found[0].phase != "chunks"):
+        return found[0]
+    return None
+
+
+def wait_until(found: Callable[[], Backfill | None], timeout: float) -> Backfill:
+    """``found()`` once it is not None, polled every 50 ms (an AssertionError after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while (got := found()) is None:
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s"
+        time.sleep(0.05)
+    return got
 
 
 @pytest.mark.slow
