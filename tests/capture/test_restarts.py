@@ -1,5 +1,5 @@
-"""Ordinary operations: restarts after quiet periods, PostgreSQL restarted under load and during a backfill, snapshots
-started over.
+"""Ordinary operations: restarts after quiet periods, PostgreSQL restarted under load, PostgreSQL and the broker
+away during a backfill, snapshots started over.
 
 Each test runs the real ``headwater capture`` and reconciles what it wrote against PostgreSQL.
 """
@@ -365,6 +365,45 @@ def test_postgresql_restarted_twice_during_a_backfill_under_load_the_backfill_go
     assert ROWS // 2 < read <= ROWS + 2 * 20 * CHUNK, f"{read} rows read for {ROWS}: the backfill started over"
     assert committed > 100
     conn = psycopg2.connect(dsn)
+    state = apply_changes(changes, Registry(capture.cfg.registry_url))
+    assert_table_matches(conn, "items", ["id"], state.get("items", {}))
+    conn.close()
+
+
+@pytest.mark.slow
+def test_the_broker_cut_off_then_paused_during_a_backfill_under_load_the_backfill_waits_and_goes_on(
+    pg_database: str, capture_factory: Callable[..., Capture], proxied_broker: ProxiedBroker
+) -> None:
+    """As above with the broker away instead: every connection to it dropped and refused for 8 s, later the
+    broker stopped (SIGSTOP) for 8 s, each while the chunks are written: capture waits, the backfill goes on,
+    nothing is read twice beyond a few chunks, and the raw topic ends equal to the table."""
+    capture = streaming_items(pg_database, capture_factory, bootstrap=proxied_broker.bootstrap, on_error="log",
+                              backfill_chunk_rows=CHUNK)  # fmt: skip
+    with psycopg2.connect(pg_database) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO items SELECT g, 0, repeat('x', 50) FROM generate_series(0, %s) g", (ROWS - 1,))
+    conn.close()
+    capture.wait_caught_up(pg_database, timeout=120)
+    load = Load(pg_database, keys=ROWS).start()
+    capture.snapshot("items")
+    rows = 10_000
+    for away in (lambda: proxied_broker.cut_off(8), proxied_broker.paused):
+        at = wait_until(functools.partial(_chunked, capture, rows), 120)
+        assert at.status == "running" and at.phase == "chunks", f"done before the broker went away: {at.describe()}"
+        with away():
+            time.sleep(8)
+        rows = at.rows + 20_000
+    done = wait_until(lambda: next((b for b in capture.backfills() if b.status == "done"), None), 240)
+    committed = load.stop()
+    capture.wait_caught_up(pg_database, timeout=180)
+    assert capture.process is not None and capture.process.poll() is None, "capture died"
+    capture.stop()
+    log = capture.log.read_text() if capture.log else ""
+    assert "Traceback" not in log, log[-3000:]
+    changes = capture.changes()
+    read = sum(1 for c in changes if c["backfill"] == done.id and c["op"] == "READ")
+    assert ROWS // 2 < read <= ROWS + 2 * 20 * CHUNK, f"{read} rows read for {ROWS}: the backfill started over"
+    assert committed > 100
+    conn = psycopg2.connect(pg_database)
     state = apply_changes(changes, Registry(capture.cfg.registry_url))
     assert_table_matches(conn, "items", ["id"], state.get("items", {}))
     conn.close()
