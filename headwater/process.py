@@ -50,7 +50,7 @@ def open_log(log: Path) -> IO[bytes]:
     log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if log.parent.stat().st_uid == os.geteuid():
         log.parent.chmod(0o700)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # never a link planted there
     try:
         if os.fstat(fd).st_uid == os.geteuid():
             os.fchmod(fd, 0o600)

@@ -29,3 +29,8 @@ def test_a_services_log_and_its_directory_are_readable_by_their_owner_only(tmp_p
     assert "a row: (id)=(5)" in log.read_text()
     assert (_mode(log.parent), _mode(log), _mode(older)) == (0o700, 0o600, 0o600)
     assert older.read_text().startswith("written by an older version")  # appended to, not truncated
+
+
+def test_tail_tells_a_missing_log_from_one_it_cannot_read(tmp_path: Path) -> None:
+    assert process.tail(tmp_path / "none.log") == "(no log written)"
+    assert process.tail(tmp_path).startswith("(log not readable: ")  # a directory: read, it fails
