@@ -364,8 +364,7 @@ def test_the_broker_cut_off_then_paused_during_a_backfill_under_load_the_backfil
 
     log = backfill_through(pg_database, capture, [functools.partial(away, lambda: proxied_broker.cut_off(10)),
                                                   functools.partial(away, proxied_broker.paused)], read_again=0)
-    assert "does not answer" in log and "answers again" in log, log[-3000:]  # it waited, and said so
-    assert "reconnecting" not in log, log[-3000:]  # the session went on: nothing was read again
+    assert "reconnecting" not in log, log[-3000:]  # it waited in its session: nothing was read again
 
 
 def backfill_through(dsn: str, capture: Capture, faults: list[Callable[[], None]], read_again: int) -> str:
