@@ -32,6 +32,7 @@ from headwater import shop, stack
 from headwater.reconcile import apply_changes, assert_table_matches, compare
 from tables.registry import Registry
 from tests.analytics.test_shop import plain
+from tests.capture.test_backfiller import _chunking, run
 from tests.capture.test_faults import check_reconciles
 from tests.plugins.capture import Capture, ShopWriter
 from tests.plugins.stack import BrokerProcess, ProxiedBroker, restart_postgres
@@ -389,7 +390,7 @@ def backfill_through(dsn: str, capture: Capture, faults: list[Callable[[], None]
     decode = Registry(capture.cfg.registry_url)
     ids = [decode(c["key"])["id"] for c in changes if c["backfill"] == done.id and c["op"] == "READ"]
     assert len(ids) - len(set(ids)) <= read_again * len(faults), f"{len(ids) - len(set(ids))} rows read again"
-    untouched = {row[0] for row in run_sql(dsn, "SELECT id FROM items WHERE n = 0")}
+    untouched = {row[0] for row in run(dsn, "SELECT id FROM items WHERE n = 0")}
     assert untouched and not untouched - set(ids), f"{len(untouched - set(ids))} rows never touched were not read"
     conn = psycopg2.connect(dsn)
     state = apply_changes(changes, Registry(capture.cfg.registry_url))
@@ -403,31 +404,13 @@ def _faulted_backfill(capture: Capture, faults: list[Callable[[], None]]) -> Bac
     capture.snapshot("items")
     rows = 10_000
     for fault in faults:
-        at = wait_until(capture, functools.partial(_chunked, capture, rows), 120)
+        at = wait_until(capture, functools.partial(_chunking, capture, "public.items", rows), 120)
         assert at.status == "running" and at.phase == "chunks", f"done before the fault: {at.describe()}"
         fault()
         rows = at.rows + 20_000
     done = wait_until(capture, lambda: next((b for b in capture.backfills() if b.status not in UNFINISHED), None), 240)
     assert done.status == "done", done.describe()
     return done
-
-
-def run_sql(dsn: str, query: str) -> list[tuple[Any, ...]]:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query)
-            return cur.fetchall()
-    finally:
-        conn.close()
-
-
-def _chunked(capture: Capture, rows: int) -> Backfill | None:
-    """The backfill once it saved ``rows`` rows, or once it is past chunking (so a miss fails at once)."""
-    found = [b for b in capture.backfills() if b.status != "queued"]
-    if found and (found[0].rows >= rows or found[0].status != "running" or found[0].phase != "chunks"):
-        return found[0]
-    return None
 
 
 def wait_until(capture: Capture, found: Callable[[], Backfill | None], timeout: float) -> Backfill:
