@@ -368,8 +368,9 @@ class Engine:
         frames = dict(self._fanout_frames())
         for table in self.catalog.tables:
             moving = self._moving_frame(table, frames)
-            if moving is not None and schema_id(moving) not in self.key_codecs:
-                self.key_codecs[schema_id(moving)] = KeyCodec(schema_id(moving), self.schemas.schema(schema_id(moving)))
+            sid = None if moving is None else schema_id(moving)
+            if sid is not None and sid not in self.key_codecs:
+                self.key_codecs[sid] = KeyCodec(sid, self.schemas.schema(sid))
 
     def _fanout_frames(self) -> Mapping[str, bytes]:
         """The key frame of each table topic as the fan-out running here last routed it (none elsewhere)."""
