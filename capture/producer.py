@@ -321,11 +321,14 @@ class ChangeProducer:
         return self.sent - self.waiting() - self.delivery_errors
 
     def unanswered(self, now: float) -> float:
-        """Seconds messages have been waiting with no acknowledgement at all (0 when none wait or acks move)."""
+        """Seconds messages have been waiting with no acknowledgement at all (0 when none wait or acks move).
+        Acks move when the count passes its highest yet: librdkafka's queue length also counts the events
+        waiting to be served (its log lines, errors, statistics), which come and go while Kafka is away; taken
+        for acks, they hid a whole outage during a backfill."""
         waiting = self.waiting()
         acked = self.sent - waiting
-        if not waiting or acked != self._progress[0]:
-            self._progress = (acked, now)
+        if not waiting or acked > self._progress[0]:
+            self._progress = (max(acked, self._progress[0]), now)
             return 0.0
         return now - self._progress[1]
 
@@ -470,6 +473,7 @@ class ChangeProducer:
         """Wait until ``sender`` holds at most ``limit`` messages not acknowledged (``on_wait`` meanwhile)."""
         while len(sender) > limit and not sender.failure:
             sender.poll(0.005)
+            self.producer.poll(0)  # its statistics say whether a broker connection is up (``silence``)
             told = self._waiting(told)
         self.check()
         return told
