@@ -217,6 +217,20 @@ def test_a_senders_librdkafka_lines_are_log_records_on_the_sending_thread(caplog
     assert threads == {threading.current_thread().name}
 
 
+@pytest.mark.unit
+def test_events_coming_and_going_in_librdkafkas_queue_are_not_taken_for_acks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka's queue length counts its waiting events (log lines, errors, statistics) with the messages: while
+    the broker refuses connections they come and go, and Kafka must still count as silent until a message is
+    acknowledged (a 10 s outage during a backfill went unseen)."""
+    producer = ChangeProducer(config(f"127.0.0.1:{free_port()}", "nobody"))
+    start = time.monotonic()
+    producer._sent, producer._progress = 10, (0, start)
+    lengths = iter([10, 12, 11, 13, 10, 12, 4, 6])  # 10 messages wait, events come and go; then 6 are acknowledged
+    monkeypatch.setattr(producer, "waiting", lambda: next(lengths))
+    assert [producer.unanswered(start + t) for t in range(6)] == [0, 1, 2, 3, 4, 5]
+    assert producer.unanswered(start + 6) == 0 and producer.unanswered(start + 7) == 1  # acks moved, then stood
+
+
 def test_the_producers_statistics_interval_is_the_users_if_set() -> None:
     assert statistics({"bootstrap.servers": "x"})["statistics.interval.ms"] == 1000
     assert statistics({"statistics.interval.ms": "60000"})["statistics.interval.ms"] == "60000"
