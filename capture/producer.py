@@ -280,7 +280,7 @@ class ChangeProducer:
         self.delivery_errors = 0
         self.brokers_up: bool | None = None  # from librdkafka's statistics: a broker connection is up
         self._down_since: float | None = None  # when the statistics first said no broker connection is up
-        self._progress = (0, time.monotonic())  # (messages acknowledged, since when that count)
+        self._progress = (0, time.monotonic())  # (most messages acknowledged yet, since when it last grew)
         self.on_wait: Callable[[float], None] | None = None  # called ~1/s while a send waits for room
 
     def _on_error(self, err: KafkaError) -> None:
@@ -323,8 +323,7 @@ class ChangeProducer:
     def unanswered(self, now: float) -> float:
         """Seconds messages have been waiting with no acknowledgement at all (0 when none wait or acks move).
         Acks move when the count passes its highest yet: librdkafka's queue length also counts the events
-        waiting to be served (its log lines, errors, statistics), which come and go while Kafka is away; taken
-        for acks, they hid a whole outage during a backfill."""
+        waiting to be served (its log lines, errors, statistics), which come and go while Kafka is away."""
         waiting = self.waiting()
         acked = self.sent - waiting
         if not waiting or acked > self._progress[0]:
@@ -471,9 +470,8 @@ class ChangeProducer:
 
     def _below(self, sender: Sender, limit: int, told: float) -> float:
         """Wait until ``sender`` holds at most ``limit`` messages not acknowledged (``on_wait`` meanwhile)."""
-        while len(sender) > limit and not sender.failure:
+        while len(sender) > limit and not (sender.failure or self._failed()):
             sender.poll(0.005)
-            self.producer.poll(0)  # its statistics say whether a broker connection is up (``silence``)
             told = self._waiting(told)
         self.check()
         return told
@@ -497,10 +495,13 @@ class ChangeProducer:
             self._pending = 0
 
     def _waiting(self, told: float) -> float:
-        """While a send waits for room: ``on_wait`` once ``WAIT_REPORT`` seconds passed since ``told``."""
+        """While a send waits for room: ``on_wait`` once ``WAIT_REPORT`` seconds passed since ``told``, after the
+        stream's producer served its statistics (``silence``: whether a broker connection is up; while a
+        backfill's chunks wait, nothing else polls it)."""
         now = time.monotonic()
         if self.on_wait is None or now - told < WAIT_REPORT:
             return told
+        self.producer.poll(0)
         self.on_wait(now)
         return now
 

@@ -219,11 +219,10 @@ def test_a_senders_librdkafka_lines_are_log_records_on_the_sending_thread(caplog
 
 @pytest.mark.unit
 def test_events_coming_and_going_in_librdkafkas_queue_are_not_taken_for_acks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """librdkafka's queue length counts its waiting events (log lines, errors, statistics) with the messages: while
-    the broker refuses connections they come and go, and Kafka must still count as silent until a message is
-    acknowledged (a 10 s outage during a backfill went unseen)."""
+    """Events in librdkafka's queue (counted with the messages) coming and going while the broker refuses connections:
+    Kafka counts as silent until a message is acknowledged (a 10 s outage during a backfill went unseen)."""
     producer = ChangeProducer(config(f"127.0.0.1:{free_port()}", "nobody"))
-    start = time.monotonic()
+    start = 100.0  # exact sums
     producer._sent, producer._progress = 10, (0, start)
     lengths = iter([10, 12, 11, 13, 10, 12, 4, 6])  # 10 messages wait, events come and go; then 6 are acknowledged
     monkeypatch.setattr(producer, "waiting", lambda: next(lengths))

@@ -360,16 +360,20 @@ def test_the_broker_cut_off_then_paused_during_a_backfill_under_load_the_backfil
     capture = streaming_items(pg_database, capture_factory, bootstrap=proxied_broker.bootstrap, on_error="log",
                               backfill_chunk_rows=CHUNK)  # fmt: skip
 
+    told: list[bool] = []  # whether capture said, during each outage, that Kafka does not answer
+
     def away(outage: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+        before = len(capture.log.read_text()) if capture.log else 0
         with outage():
             time.sleep(10)  # twice capture's 5 s before it says Kafka does not answer
+        told.append("does not answer" in (capture.log.read_text()[before:] if capture.log else ""))
 
     log = backfill_through(pg_database, capture, [functools.partial(away, lambda: proxied_broker.cut_off(10)),
                                                   functools.partial(away, proxied_broker.paused)],
                            read_again=False)  # fmt: skip
     assert "reconnecting" not in log, log[-3000:]  # it waited in its session: nothing was read again
     # each outage seen while the chunks wait on Kafka (what /ready and the broker gauge show too)
-    assert log.count("does not answer") >= 2 and log.count("answers again") >= 2, log[-3000:]
+    assert told == [True, True] and log.count("answers again") >= 2, (told, log[-3000:])
 
 
 def backfill_through(dsn: str, capture: Capture, faults: list[Callable[[], None]], read_again: bool) -> str:
@@ -394,7 +398,7 @@ def backfill_through(dsn: str, capture: Capture, faults: list[Callable[[], None]
     changes = capture.changes()
     decode = Registry(capture.cfg.registry_url)
     ids = [decode(c["key"])["id"] for c in changes if c["backfill"] == done.id and c["op"] == "READ"]
-    assert_read_again(ids, read_again, len(faults))
+    assert_read_again(ids, read_again)
     untouched = {row[0] for row in run(dsn, "SELECT id FROM items WHERE n = 0")}
     assert untouched and not untouched - set(ids), f"{len(untouched - set(ids))} rows never touched were not read"
     conn = psycopg2.connect(dsn)
@@ -404,13 +408,14 @@ def backfill_through(dsn: str, capture: Capture, faults: list[Callable[[], None]
     return log
 
 
-def assert_read_again(ids: list[int], allowed: bool, faults: int) -> None:
+def assert_read_again(ids: list[int], allowed: bool) -> None:
     """Keys read twice: none, or (``allowed``) only keys past the first half of the 10,000 rows saved before the
-    first fault (a start from the beginning reads key 0 again), at most 10,000 rows a fault."""
+    first fault: a start from the beginning reads key 0 again. (How many depends on the machine's speed: what was
+    read since the last save, every status interval.)"""
     twice = sorted(key for key, reads in Counter(ids).items() if reads > 1)
     again = len(ids) - len(set(ids))
     assert not twice or allowed, f"{again} rows read again, keys {twice[:5]}..."
-    assert not twice or (twice[0] >= 5_000 and again <= 10_000 * faults), f"{again} read again, from key {twice[0]}"
+    assert not twice or twice[0] >= 5_000, f"{again} rows read again, from key {twice[0]}"
 
 
 def _faulted_backfill(capture: Capture, faults: list[Callable[[], None]]) -> Backfill:
