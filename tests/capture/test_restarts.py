@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg2
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -360,20 +361,24 @@ def test_the_broker_cut_off_then_paused_during_a_backfill_under_load_the_backfil
     capture = streaming_items(pg_database, capture_factory, bootstrap=proxied_broker.bootstrap, on_error="log",
                               backfill_chunk_rows=CHUNK)  # fmt: skip
 
-    told: list[bool] = []  # whether capture said, during each outage, that Kafka does not answer
+    told: list[tuple[bool, bool]] = []  # whether capture's log, and its /ready, said Kafka does not answer
 
     def away(outage: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
-        before = len(capture.log.read_text()) if capture.log else 0
+        before, ready = len(capture.log.read_text()) if capture.log else 0, False
         with outage():
-            time.sleep(10)  # twice capture's 5 s before it says Kafka does not answer
-        told.append("does not answer" in (capture.log.read_text()[before:] if capture.log else ""))
+            time.sleep(5)  # capture says so once Kafka did not answer for 5 s
+            for _ in range(10):  # what a user watching /ready sees until the outage ends (10 s)
+                answer = httpx.get(capture.metrics_url + "/ready", timeout=5)
+                ready = ready or (answer.status_code == 503 and "Kafka" in answer.json()["reason"])
+                time.sleep(0.4)
+        told.append(("does not answer" in (capture.log.read_text()[before:] if capture.log else ""), ready))
 
     log = backfill_through(pg_database, capture, [functools.partial(away, lambda: proxied_broker.cut_off(10)),
                                                   functools.partial(away, proxied_broker.paused)],
                            read_again=False)  # fmt: skip
     assert "reconnecting" not in log, log[-3000:]  # it waited in its session: nothing was read again
-    # each outage seen while the chunks wait on Kafka (what /ready and the broker gauge show too)
-    assert told == [True, True] and log.count("answers again") >= 2, (told, log[-3000:])
+    # each outage told while the chunks wait on Kafka, in the log and on /ready
+    assert told == [(True, True), (True, True)] and log.count("answers again") >= 2, (told, log[-3000:])
 
 
 def backfill_through(dsn: str, capture: Capture, faults: list[Callable[[], None]], read_again: bool) -> str:
