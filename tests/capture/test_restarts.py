@@ -363,8 +363,11 @@ def test_the_broker_cut_off_then_paused_during_a_backfill_under_load_the_backfil
 
     told: list[tuple[bool, bool]] = []  # whether capture's log, and its /ready, said Kafka does not answer
 
+    def logged() -> str:
+        return capture.log.read_text() if capture.log else ""
+
     def away(outage: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
-        before, ready = len(capture.log.read_text()) if capture.log else 0, False
+        before, ready = len(logged()), False
         with outage():
             entered = time.monotonic()
             time.sleep(5)  # capture says so once Kafka did not answer for 5 s
@@ -372,7 +375,7 @@ def test_the_broker_cut_off_then_paused_during_a_backfill_under_load_the_backfil
                 answer = httpx.get(capture.metrics_url + "/ready", timeout=2)
                 ready = ready or (answer.status_code == 503 and "does not answer" in answer.json()["reason"])
                 time.sleep(0.3)
-            told.append(("does not answer" in (capture.log.read_text()[before:] if capture.log else ""), ready))
+            told.append(("does not answer" in logged()[before:], ready))
             time.sleep(max(entered + 10 - time.monotonic(), 0))
 
     log = backfill_through(pg_database, capture, [functools.partial(away, lambda: proxied_broker.cut_off(10)),
@@ -409,7 +412,7 @@ def backfill_through(dsn: str, capture: Capture, faults: list[Callable[[], None]
     untouched = {row[0] for row in run(dsn, "SELECT id FROM items WHERE n = 0")}
     assert untouched and not untouched - set(ids), f"{len(untouched - set(ids))} rows never touched were not read"
     conn = psycopg2.connect(dsn)
-    state = apply_changes(changes, Registry(capture.cfg.registry_url))
+    state = apply_changes(changes, decode)
     assert_table_matches(conn, "items", ["id"], state.get("items", {}))
     conn.close()
     return log
