@@ -10,8 +10,12 @@ lock), so the pipeline and not the driver bounds the rate. Observers record when
 first shows up:
 
 * on the view topic — a librdkafka consumer reading it from its end (fetch wait 5 ms);
-* in Redis — a keyspace-notification subscriber reading the row's ``doc``;
+* in Redis — a keyspace-notification subscriber reading the rows' ``doc`` (those notified together in one
+  round trip);
 * and, to tell capture's share apart, on the raw change topic (the order's new row).
+
+Each observer is a process of its own and takes its times there (``CLOCK_MONOTONIC``, the clock of the
+commit times too), so none waits for another's GIL; their CPU is printed with the others'.
 
 1. the sustainable rate: a burst of ``--burst`` transactions committed as fast as the connections
    can, with ``synchronous_commit`` off (on this machine a WAL flush per commit held PostgreSQL
@@ -43,9 +47,11 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +70,7 @@ from tables.registry import Registry
 PORT = 26067  # worker i listens on PORT + i
 TOPIC = "views.views.orders_enriched"
 RAW = "views.changes"
+READY = "ready"  # an observer process's first message: it reads from here on
 TICKS = os.sysconf("SC_CLK_TCK")
 Procs = dict[str, subprocess.Popen[bytes]]  # name -> process
 STAGES = {"fanout": "headwater_streams_fanout_changes_total", "views": "headwater_streams_view_changes_total",
@@ -71,54 +78,136 @@ STAGES = {"fanout": "headwater_streams_fanout_changes_total", "views": "headwate
 
 
 class Seen:
-    """When each token was first seen by one observer."""
+    """When each token was first seen by one observer (times taken in the observer's process)."""
 
     def __init__(self) -> None:
         self.at: dict[str, float] = {}
         self.lock = threading.Lock()
 
-    def mark(self, token: str | None) -> None:
-        if token and token.startswith("bench-"):
-            with self.lock:
-                self.at.setdefault(token, time.monotonic())
+    def mark(self, tokens: Iterable[tuple[str, float]]) -> None:
+        with self.lock:
+            for token, at in tokens:
+                if token.startswith("bench-"):
+                    self.at.setdefault(token, at)
+
+    def take(self, conn: Connection) -> None:
+        """Marks what an observer process sends until it ends (its end of the pipe closed)."""
+        while True:
+            try:
+                self.mark(conn.recv())
+            except EOFError:
+                return
 
 
-def follow_topic(cfg: stack.StackConfig, topic: str, seen: Seen, stop: threading.Event) -> None:
-    """Marks each token seen on ``topic``: a view row's note, or (raw topic) an order's new note."""
-    consumer = Consumer({"bootstrap.servers": cfg.bootstrap, "group.id": "bench-view-latency",
+@dataclass(frozen=True)
+class Where:
+    """What an observer process reads (picklable: passed to a spawned process)."""
+
+    bootstrap: str
+    registry_url: str
+    redis_url: str
+
+
+def observe(what: str, where: Where, out: Connection, stop: EventType) -> None:
+    """One observer, in a process of its own: ``what`` is a topic (``TOPIC``, ``RAW``) or ``"redis"``. It sends
+    ``READY`` once it reads, then lists of (token, when it was seen). A process of its own, so that no observer
+    waits for another's GIL before it takes its time (three threads of the benchmark's process did: the raw topic's
+    decoding held the GIL the Redis observer needed)."""
+    try:
+        if what == "redis":
+            follow_redis(where, out, stop)
+        else:
+            follow_topic(where, what, out, stop)
+    finally:
+        out.close()
+
+
+def follow_topic(where: Where, topic: str, out: Connection, stop: EventType) -> None:
+    """Sends each token seen on ``topic`` (a view row's note, or on the raw topic an order's new note) with the
+    time the batch holding it came (every message of a batch was on the topic by then)."""
+    consumer = Consumer({"bootstrap.servers": where.bootstrap, "group.id": "bench-view-latency",
                          "enable.auto.commit": False, "fetch.wait.max.ms": 5})  # fmt: skip
-    decoder = Registry(cfg.registry_url)
+    decoder = Registry(where.registry_url)
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p))[1])
                      for p in partitions])  # fmt: skip
+    out.send(READY)
     try:
         while not stop.is_set():
-            for msg in consumer.consume(1000, timeout=0.05):
+            messages = consumer.consume(1000, timeout=0.05)
+            now, tokens = time.monotonic(), []
+            for msg in messages:
                 if msg.error() is None and msg.value() is not None:
                     value = decoder.decode(msg.value())
                     if topic == RAW:
                         value = decoder.decode(value["after"]) if value["table"] == "orders" else {}
-                    seen.mark(value.get("note"))
+                    if value.get("note"):
+                        tokens.append((value["note"], now))
+            if tokens:
+                out.send(tokens)
     finally:
         consumer.close()
 
 
-def follow_redis(cfg: stack.StackConfig, seen: Seen, stop: threading.Event) -> None:
-    client = redis.Redis.from_url(cfg.redis_url)
+def follow_redis(where: Where, out: Connection, stop: EventType) -> None:
+    """Sends each token Redis shows: the keyspace notifications waiting are taken together and their rows read
+    in one round trip, each token timed when that read returned (a read per notification, one after another,
+    timed the last rows of a big cut up to a round trip per row late)."""
+    client = redis.Redis.from_url(where.redis_url)
     client.config_set("notify-keyspace-events", "Kh")
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.psubscribe("__keyspace@0__:views:orders_enriched:*")
+    out.send(READY)
     try:
         while not stop.is_set():
             message = pubsub.get_message(timeout=0.05)
-            if message is None:
+            keys: dict[str, None] = {}
+            while message is not None and len(keys) < 1000:
+                keys[message["channel"].decode().split(":", 1)[1]] = None
+                message = pubsub.get_message(timeout=0.0)
+            if message is not None:
+                keys[message["channel"].decode().split(":", 1)[1]] = None
+            if not keys:
                 continue
-            key = message["channel"].decode().split(":", 1)[1]
-            doc = client.hget(key, "doc")
-            if doc is not None:
-                seen.mark(json.loads(doc).get("note"))
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, "doc")
+            docs = pipe.execute()
+            now = time.monotonic()
+            notes = (json.loads(doc).get("note") for doc in docs if doc is not None)
+            out.send([(note, now) for note in notes if note])
     finally:
         pubsub.close()
+
+
+@contextmanager
+def observers(cfg: stack.StackConfig) -> Iterator[tuple[dict[str, int], Seen, Seen, Seen]]:
+    """The three observers, each in a process of its own, reading once this returns: (their pids by name, the
+    raw topic's, the view topic's and Redis's ``Seen``); stopped and their last tokens taken afterwards."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, where = ctx.Event(), Where(cfg.bootstrap, cfg.registry_url, cfg.redis_url)
+    procs: dict[str, Any] = {}
+    seen, takers = [], []
+    try:
+        for name, what in (("raw obs", RAW), ("view obs", TOPIC), ("redis obs", "redis")):
+            mine, theirs = ctx.Pipe(duplex=False)
+            procs[name] = ctx.Process(target=observe, args=(what, where, theirs, stop), daemon=True)
+            procs[name].start()
+            theirs.close()
+            if not mine.poll(60) or mine.recv() != READY:
+                raise RuntimeError(f"the benchmark's observer of {what} did not start within 60 s")
+            seen.append(Seen())
+            takers.append(threading.Thread(target=seen[-1].take, args=(mine,)))
+            takers[-1].start()
+        yield {name: proc.pid for name, proc in procs.items()}, seen[0], seen[1], seen[2]
+    finally:
+        stop.set()
+        for proc in procs.values():
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+        for taker in takers:
+            taker.join()
 
 
 def commit(cur: Any, order: int, token: str) -> float:
@@ -254,8 +343,10 @@ class Sample:
     counters: list[dict[str, float]] = field(default_factory=list)
 
 
-def sample(procs: Procs, workers: int) -> Sample:
-    return Sample(time.monotonic(), {name: cpu_seconds(p.pid) for name, p in procs.items()},
+def sample(procs: Procs, workers: int, others: Mapping[str, int] | None = None) -> Sample:
+    """Now: each process's CPU-seconds (``procs``, and ``others`` by pid) and each worker's counters."""
+    pids = {**{name: p.pid for name, p in procs.items()}, **(others or {})}
+    return Sample(time.monotonic(), {name: cpu_seconds(pid) for name, pid in pids.items()},
                   [scrape(PORT + i) for i in range(workers)])  # fmt: skip
 
 
@@ -341,27 +432,28 @@ class Phase:
 
 
 def burst_phase(cfg: stack.StackConfig, dsn: str, orders: list[int], procs: Procs, workers: int,
-                burst: int, connections: int, topic_seen: Seen) -> tuple[Phase, float, float]:  # fmt: skip
+                burst: int, connections: int, topic_seen: Seen,
+                watching: Mapping[str, int]) -> tuple[Phase, float, float]:  # fmt: skip
     """The burst: the phase, the sustained rate and the driver's own commit rate (transactions/s)."""
     print(f"burst: {burst} transactions as fast as {connections} connections commit ...", flush=True)
-    before = sample(procs, workers)
+    before = sample(procs, workers, watching)
     fast, lasts = run_load(dsn, orders, burst, None, "burst", connections)
     times = [at for at, _ in fast.values()]
     first = min(times)
     done = max(wait_seen(topic_seen, token) for token in lasts)
-    phase = Phase(fast, before, sample(procs, workers))
+    phase = Phase(fast, before, sample(procs, workers, watching))
     return phase, burst / (done - first), burst / (max(times) - first)
 
 
 def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: float, seconds: float,
-                 connections: int, seen: tuple[Seen, Seen]) -> Phase:  # fmt: skip
-    before = sample(procs, workers)
+                 connections: int, seen: tuple[Seen, Seen], watching: Mapping[str, int]) -> Phase:  # fmt: skip
+    before = sample(procs, workers, watching)
     committed, lasts = run_load(dsn, orders, int(rate * seconds), rate, "steady", connections)
     for token in lasts:
         for observer in seen:
             wait_seen(observer, token)
     time.sleep(1)
-    return Phase(committed, before, sample(procs, workers))
+    return Phase(committed, before, sample(procs, workers, watching))
 
 
 def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = None, workers: int = 1,
@@ -373,28 +465,19 @@ def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = N
             cur.execute("SELECT id FROM orders ORDER BY id")
             orders = [row[0] for row in cur.fetchall()]
         conn.close()
-        raw_seen, topic_seen, redis_seen, stop = Seen(), Seen(), Seen(), threading.Event()
         with pipeline(cfg, dsn, work, workers) as procs:
             wait_published(cfg)
-            observers = [threading.Thread(target=follow_topic, args=(cfg, TOPIC, topic_seen, stop)),
-                         threading.Thread(target=follow_topic, args=(cfg, RAW, raw_seen, stop)),
-                         threading.Thread(target=follow_redis, args=(cfg, redis_seen, stop))]  # fmt: skip
-            for thread in observers:
-                thread.start()
-            try:
-                time.sleep(1)
+            with observers(cfg) as (watching, raw_seen, topic_seen, redis_seen):
                 run_load(dsn, orders, connections, None, "warm", connections)
                 wait_seen(topic_seen, f"bench-warm-{connections - 1}")
-                fast, rate, driver = burst_phase(cfg, dsn, orders, procs, workers, burst, connections, topic_seen)
+                fast, rate, driver = burst_phase(cfg, dsn, orders, procs, workers, burst, connections, topic_seen,
+                                                 watching)  # fmt: skip
                 steady = rate_steady or rate / 2
                 time.sleep(15)  # let every stage (fan-out, tables, views, mirror) drain the burst
                 print(f"  sustained {rate:.0f} transactions/s end to end (the driver committed at {driver:.0f}/s); "
                       f"steady load at {steady:.0f}/s for {seconds:.0f} s ...", flush=True)  # fmt: skip
-                slow = steady_phase(dsn, orders, procs, workers, steady, seconds, connections, (topic_seen, redis_seen))
-            finally:
-                stop.set()
-                for thread in observers:
-                    thread.join()
+                slow = steady_phase(dsn, orders, procs, workers, steady, seconds, connections, (topic_seen, redis_seen),
+                                    watching)  # fmt: skip
     report(fast, slow, rate, driver, steady, rate_steady is not None, (raw_seen, topic_seen, redis_seen))
 
 
@@ -424,4 +507,5 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     print(f"  capture: librdkafka idempotent acks=all, tansu profile (linger {TANSU_LINGER_MS} ms); worker: tansu "
           "profile (Faust fetch wait 10 ms),")
     print("  batch wait 5 ms, view rows by librdkafka idempotent acks=all linger 5 ms (points, fragments, cuts: 0 ms);")
-    print("  observers fetch wait 5 ms; the burst commits with synchronous_commit off, the steady load with it on")
+    print("  observers (each a process of its own) fetch wait 5 ms; the burst commits with synchronous_commit off, the")
+    print("  steady load with it on")
