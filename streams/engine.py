@@ -179,6 +179,7 @@ class Owner:
             self.feeds += [fanned[0], self.assembler]
             if self.make_mirror is not None:
                 self.mirror = self.make_mirror()
+                self.assembler.on_cut = self.mirror.take
                 self.mirror.start()
         for feed in self.feeds:
             feed.start()

@@ -12,7 +12,8 @@ worker that left a partition out of its fragment publishes it there).
 new owner finishes the cuts its predecessor was making) and the fragments this worker's own views
 hand it in memory (``add``), and writes a view's cut to ``<prefix>.views.cuts`` in the one format
 Redis, the endpoint and Spark read (``tables.views.CUT_SCHEMA``) as soon as every partition of the
-view has a fragment at one point; it tells the pace how long each worker's publications take. Both
+view has a fragment at one point, and hands each cut to ``on_cut`` as well (the Redis mirror beside it,
+which so need not wait for it on the cuts topic); it tells the pace how long each worker's publications take. Both
 write with a producer of their own that lingers for nothing: every worker's next step waits for
 these records. ``Subjects`` registers the records' schemas when first needed.
 """
@@ -119,6 +120,7 @@ class Assembler(Follower):
         self.cfg, self.producer, self.subjects, self.pace, self.views = cfg, producer, subjects, pace, views
         self.assembly = Assembly(views, cfg.partitions)
         self.lock = threading.Lock()  # the feed thread of this worker's views adds fragments too
+        self.on_cut: Callable[[dict[str, Any]], None] | None = None  # each cut made, as decode_cut reads it
 
     def add(self, writer: str, lsn: int, offset: int, seconds: float, ends: list[tuple[str, int, int]]) -> None:
         """A fragment: ``ends`` (view, partition, end offset) published by ``writer`` at ``lsn``, raw ``offset``."""
@@ -168,8 +170,10 @@ class Assembler(Follower):
     def _publish(self, cut: Cut) -> None:
         value_frame, key_frame = self.subjects.cut()
         ends = [{"partition": p, "offset": o} for p, o in sorted(cut.ends.items())]
-        value = value_frame + avro_body(CUT_PARSED, {"view": cut.view, "commit_lsn": cut.lsn,
-                                                     "topic": self.views[cut.view], "ends": ends})  # fmt: skip
+        record = {"view": cut.view, "commit_lsn": cut.lsn, "topic": self.views[cut.view], "ends": ends}
+        value = value_frame + avro_body(CUT_PARSED, record)
         key = key_frame + avro_body(KEY_STRING, cut.view)
         produce(self.producer, self.cfg.cuts_topic, CUTS_PARTITION, key, value, [(HEADER_LSN, b"%d" % cut.lsn)])
         self.producer.poll(0)
+        if self.on_cut is not None:
+            self.on_cut(record)

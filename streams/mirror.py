@@ -4,7 +4,9 @@ Promise: a view row lives at ``<prefix>:<view>:<key>`` (key columns as text, com
 in URLs): a hash with ``doc`` (the row as JSON, ``streams.rows.to_json``), and ``lsn`` (the
 commit LSN it reflects, an integer). A view's own hash ``<prefix>:<view>`` holds
 ``cut_lsn``/``cut`` (the published cut Redis shows) and ``offsets`` (how far the view topic is
-applied). The mirror follows the cuts topic and the view topics; each read of view records is
+applied). The mirror follows the cuts topic and the view topics — and takes the cuts its worker's
+assembler makes as they are made (``take``: it runs on the raw partition's owner, beside the
+assembler), which spares each cut a trip through the broker; each read of view records is
 appended at once to a staging list of its own in Redis (``tables.topics.view_staging_key``), so
 the worker holds no more than one read (1,000 records) however many rows a cut changes. For each
 new cut one Lua script applies the staged records below the cut's ends and keeps the rest for
@@ -103,6 +105,10 @@ redis.call('EXPIRE', carried, STAGED_TTL)
 return redis.call('LLEN', staged)
 """.replace("STAGED_TTL", str(STAGED_TTL))
 SLOW_APPLY = 1.0  # seconds of one cut's application that a warning tells
+# How long one read waits for records. A cut handed over by the assembler (``take``) waits for the read in hand to
+# end: at 20 ms the hand-over gained nothing over the cuts topic; at 5 ms commit -> Redis came within 4-10 ms of the
+# view topic at p50 (10-20 ms before) and 8-22 ms at p99 (27-81 ms), for ~0.5% of a core more (bench/RESULTS.md).
+READ_WAIT = 0.005
 Record = tuple[int, int, bytes, int, bytes | None]  # partition, offset, key, commit LSN, value
 
 
@@ -123,7 +129,8 @@ class RedisMirror(threading.Thread):
         self.topics = {v.topic: name for name, v in views.items()}
         self.decoder = decoder
         self.prefix = cfg.topic_prefix
-        self.cuts: dict[str, dict[str, Any]] = {}
+        self.cuts: dict[str, dict[str, Any]] = {}  # view -> its newest cut known (``take``)
+        self.cuts_lock = threading.Lock()  # ``take`` is called by the assembler's threads too
         self.held: dict[str, str] = {}  # view -> the offsets JSON Redis holds (compared in the script)
         self.read: dict[str, dict[int, int]] = {}  # view -> partition -> next offset the consumer gives
         self.staged = 0  # view records staged in Redis since start
@@ -250,7 +257,7 @@ class RedisMirror(threading.Thread):
     def _consume(self, consumer: Consumer) -> int:
         """Stage what one read brought (view records, cuts); how many messages it brought."""
         read: dict[str, list[Record]] = {}
-        messages = consumer.consume(1000, timeout=0.02)
+        messages = consumer.consume(1000, timeout=READ_WAIT)
         started = clock()
         for msg in messages:
             topic, partition, offset = msg.topic() or "", int(msg.partition() or 0), int(msg.offset() or 0)
@@ -269,14 +276,22 @@ class RedisMirror(threading.Thread):
                     read.setdefault(name, []).append((partition, offset, key, lsn, msg.value()))
                 self.read[name][partition] = offset + 1
             elif msg.value() is not None:
-                cut = decode_cut(msg.value())  # type: ignore[arg-type]
-                held = self.cuts.get(cut["view"])
-                if held is None or cut["commit_lsn"] >= held["commit_lsn"]:
-                    self.cuts[cut["view"]] = cut
+                self.take(decode_cut(msg.value()))  # type: ignore[arg-type]
         for name, records in read.items():
             self._stage(name, records)
         self.metrics.spent("mirror", started)
         return len(messages)
+
+    def take(self, cut: dict[str, Any]) -> None:
+        """A cut (``tables.views.CUT_SCHEMA``'s fields), read from the cuts topic or handed over by the assembler as
+        it is made: the view's newest is applied once the view records up to its ends are read. The same cut twice
+        (from both) is applied once; one at the same LSN with other ends (rows written again there) replaces it."""
+        with self.cuts_lock:
+            held = self.cuts.get(cut["view"])
+            if held is None or cut["commit_lsn"] > held["commit_lsn"] or (
+                cut["commit_lsn"] == held["commit_lsn"] and cut["ends"] != held["ends"]
+            ):
+                self.cuts[cut["view"]] = cut
 
     def _stage(self, name: str, records: list[Record]) -> None:
         """Append a read's records to this mirror's staging list of the view, in offset order."""
@@ -290,7 +305,8 @@ class RedisMirror(threading.Thread):
 
     def sync(self, name: str) -> None:
         """Apply ``name`` up to its newest cut once the consumer read that far."""
-        cut = self.cuts.get(name)
+        with self.cuts_lock:
+            cut = self.cuts.get(name)
         if cut is None:
             return
         ends = {e["partition"]: e["offset"] for e in cut["ends"]}
