@@ -186,12 +186,14 @@ class Owner:
 
     def stop(self) -> None:
         """Stop reading; state is reloaded by whoever owns the partition next (maybe this worker)."""
+        if self.views is not None:
+            self.views.on_fragment = None  # before the feeds stop: no fragment, nor cut, reaches a stopped mirror
+        if self.assembler is not None:
+            self.assembler.on_cut = None
         for feed in self.feeds:
             feed.stop()
         self.feeds.clear()
         self.run.stop()
-        if self.views is not None:
-            self.views.on_fragment = None
         self.assembler = None
         if self.mirror is not None:
             self.mirror.stopping.set()

@@ -12,10 +12,10 @@ worker that left a partition out of its fragment publishes it there).
 new owner finishes the cuts its predecessor was making) and the fragments this worker's own views
 hand it in memory (``add``), and writes a view's cut to ``<prefix>.views.cuts`` in the one format
 Redis, the endpoint and Spark read (``tables.views.CUT_SCHEMA``) as soon as every partition of the
-view has a fragment at one point, and hands each cut to ``on_cut`` as well (the Redis mirror beside it,
-which so need not wait for it on the cuts topic); it tells the pace how long each worker's publications take. Both
-write with a producer of their own that lingers for nothing: every worker's next step waits for
-these records. ``Subjects`` registers the records' schemas when first needed.
+view has a fragment at one point, and hands each cut to ``on_cut`` too (the Redis mirror beside it,
+which then need not read it back from the cuts topic); it tells the pace how long each worker's
+publications take. Both write with a producer of their own that lingers for nothing: every
+worker's next step waits for these records. ``Subjects`` registers the records' schemas when first needed.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ appended at once to a staging list of its own in Redis (``tables.topics.view_sta
 the worker holds no more than one read (1,000 records) however many rows a cut changes. For each
 new cut one Lua script applies the staged records below the cut's ends and keeps the rest for
 the next: the rows, the offsets and the cut change together, so Redis always shows the view
-exactly at ``cut``. A view Redis shows no cut of yet (its first fill) gets its rows in scripts
+exactly at ``cut``, which never moves back (a cut older than the one Redis shows, as a restarted
+mirror may read on the cuts topic after a cut handed over was shown, moves only the offsets). A
+view Redis shows no cut of yet (its first fill) gets its rows in scripts
 of ``redis_fill_rows`` first, so that Redis answers other clients meanwhile. A write never
 replaces a row's newer LSN with an older one, offsets only move forward (no record is applied
 twice), a tombstone deletes the row.
@@ -91,6 +93,10 @@ end
 redis.call('DEL', staged)
 if redis.call('EXISTS', carried) == 1 then redis.call('RENAME', carried, staged) end
 push(staged, later)
+if tonumber(ARGV[3]) < tonumber(redis.call('HGET', meta, 'cut_lsn') or '-1') then
+  redis.call('HSET', meta, 'offsets', ARGV[2])
+  return 2
+end
 redis.call('HSET', meta, 'offsets', ARGV[2], 'cut_lsn', ARGV[3], 'cut', ARGV[4])
 return 1
 """
@@ -105,9 +111,11 @@ redis.call('EXPIRE', carried, STAGED_TTL)
 return redis.call('LLEN', staged)
 """.replace("STAGED_TTL", str(STAGED_TTL))
 SLOW_APPLY = 1.0  # seconds of one cut's application that a warning tells
-# How long one read waits for records. A cut handed over by the assembler (``take``) waits for the read in hand to
-# end: at 20 ms the hand-over gained nothing over the cuts topic; at 5 ms commit -> Redis came within 4-10 ms of the
-# view topic at p50 (10-20 ms before) and 8-22 ms at p99 (27-81 ms), for ~0.5% of a core more (bench/RESULTS.md).
+# How long one read waits (``consume(n, t)`` waits it out unless n records come). A cut handed over by the
+# assembler (``take``) waits for the read in hand to end: at 20 ms the hand-over gained nothing over the cuts
+# topic's trip; at 5 ms commit -> Redis p50 fell 26-60 ms, for ~0.5% of a core in more reads (bench/RESULTS.md,
+# "The views benchmark measured itself"). Reading one record as soon as it came (``consume(1, t)``) made the
+# mirror stage a record at a time: busier (34-45%), no faster.
 READ_WAIT = 0.005
 Record = tuple[int, int, bytes, int, bytes | None]  # partition, offset, key, commit LSN, value
 
@@ -257,7 +265,7 @@ class RedisMirror(threading.Thread):
     def _consume(self, consumer: Consumer) -> int:
         """Stage what one read brought (view records, cuts); how many messages it brought."""
         read: dict[str, list[Record]] = {}
-        messages = consumer.consume(1000, timeout=READ_WAIT)
+        messages = consumer.consume(1000, READ_WAIT)
         started = clock()
         for msg in messages:
             topic, partition, offset = msg.topic() or "", int(msg.partition() or 0), int(msg.offset() or 0)
@@ -318,13 +326,15 @@ class RedisMirror(threading.Thread):
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
         args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"])]
         args += [n for p, o in sorted(ends.items()) for n in (p, o)]
-        if not (self._fill(name, args) and self._apply(name, args, cut["commit_lsn"])):
+        shown = self._fill(name, args) and self._apply(name, args, cut["commit_lsn"])
+        if shown is False:
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
             return
         self.held[name] = offsets
         cut["applied"] = True
-        self.applied[name] = cut["commit_lsn"]
+        if shown:
+            self.applied[name] = cut["commit_lsn"]
 
     def _fill(self, name: str, args: list[Any]) -> bool:
         """Before a view's first cut in Redis (no offsets held: a first fill, or a fill again), apply its staged
@@ -338,12 +348,15 @@ class RedisMirror(threading.Thread):
             left = int(self.fill(keys=keys, args=[args[0], rows, *args[4:]]))
         return left >= 0
 
-    def _apply(self, name: str, args: list[Any], lsn: int) -> bool:
-        """Run the script applying ``name``'s staged records up to a cut: whether Redis held the offsets expected.
+    def _apply(self, name: str, args: list[Any], lsn: int) -> bool | None:
+        """Run the script applying ``name``'s staged records up to a cut: False when Redis held other offsets than
+        expected, None when it shows a newer cut already (its rows are kept; a cut handed over by the assembler may
+        be shown before the cuts topic holds it, and a mirror started again then reads an older one there), True.
         A cut's rows change together, so Redis serves no other client while it runs: a long one is said."""
         started = time.monotonic()
         try:
-            return int(self.apply(keys=[view_key(self.prefix, name), *self._lists(name)], args=args)) == 1
+            done = int(self.apply(keys=[view_key(self.prefix, name), *self._lists(name)], args=args))
+            return None if done == 2 else done == 1
         finally:  # a cut longer than the client's socket timeout is timed too (the script runs on in Redis)
             took = time.monotonic() - started
             self.metrics.redis_apply.observe(took)
