@@ -113,7 +113,8 @@ class Materializer:
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}"
         self.subjects = Subjects(cfg)
         self.read = ChangeReader(schemas)  # framed or nested images, as framed bytes
-        self.cuts = Cuts(Producer(clients.producer_settings(cfg)), {n: v.topic for n, v in views.items()}, self._handed)
+        topics = {n: v.topic for n, v in views.items()}
+        self.cuts = Cuts(Producer(clients.view_rows_settings(cfg)), topics, self._handed)
         self.fragments = coordination_producer(clients.producer_settings(cfg))  # fragments wait for no linger
         self.publisher = Publisher(cfg, views, store, self.cuts)
         self.encoders = {name: Encoders(view.schema) for name, view in views.items()}
