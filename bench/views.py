@@ -133,8 +133,8 @@ def follow_topic(where: Where, topic: str, out: Connection, stop: EventType) -> 
                      for p in partitions])  # fmt: skip
     out.send(READY)
     try:
-        while not stop.is_set():
-            messages = consumer.consume(1000, timeout=0.05)
+        while not stop.is_set() and alive():
+            messages = consumer.consume(1000, 0) or consumer.consume(1, 0.05)  # (n, t) waits out t unless n come
             now, tokens = time.monotonic(), []
             for msg in messages:
                 if msg.error() is None and msg.value() is not None:
@@ -159,7 +159,7 @@ def follow_redis(where: Where, out: Connection, stop: EventType) -> None:
     pubsub.psubscribe("__keyspace@0__:views:orders_enriched:*")
     out.send(READY)
     try:
-        while not stop.is_set():
+        while not stop.is_set() and alive():
             message = pubsub.get_message(timeout=0.05)
             keys: dict[str, None] = {}
             while message is not None and len(keys) < 1000:
@@ -180,6 +180,20 @@ def follow_redis(where: Where, out: Connection, stop: EventType) -> None:
         pubsub.close()
 
 
+def alive() -> bool:
+    """Whether the benchmark's process (an observer's parent) still runs: an observer of a killed one stops."""
+    parent = multiprocessing.parent_process()
+    return parent is None or parent.is_alive()
+
+
+def ready(conn: Connection) -> bool:
+    """Whether an observer said it reads within 60 s (False too when it died first)."""
+    try:
+        return conn.poll(60) and conn.recv() == READY
+    except EOFError:
+        return False
+
+
 @contextmanager
 def observers(cfg: stack.StackConfig) -> Iterator[tuple[dict[str, int], Seen, Seen, Seen]]:
     """The three observers, each in a process of its own, reading once this returns: (their pids by name, the
@@ -194,8 +208,9 @@ def observers(cfg: stack.StackConfig) -> Iterator[tuple[dict[str, int], Seen, Se
             procs[name] = ctx.Process(target=observe, args=(what, where, theirs, stop), daemon=True)
             procs[name].start()
             theirs.close()
-            if not mine.poll(60) or mine.recv() != READY:
-                raise RuntimeError(f"the benchmark's observer of {what} did not start within 60 s")
+            if not ready(mine):
+                raise RuntimeError(f"the benchmark's observer of {what} did not start within 60 s (exit code "
+                                   f"{procs[name].exitcode})")  # fmt: skip
             seen.append(Seen())
             takers.append(threading.Thread(target=seen[-1].take, args=(mine,)))
             takers[-1].start()
