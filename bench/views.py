@@ -65,6 +65,7 @@ from bench import capture
 from bench.fanout import spawn_worker
 from capture.producer import TANSU_LINGER_MS
 from headwater import shop, stack
+from streams.clients import VIEW_ROWS_LINGER_MS
 from tables.registry import Registry
 
 PORT = 26067  # worker i listens on PORT + i
@@ -521,6 +522,7 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     print(f"  {load_text()} (after)")
     print(f"  capture: librdkafka idempotent acks=all, tansu profile (linger {TANSU_LINGER_MS} ms); worker: tansu "
           "profile (Faust fetch wait 10 ms),")
-    print("  batch wait 5 ms, view rows by librdkafka idempotent acks=all linger 5 ms (points, fragments, cuts: 0 ms);")
+    print(f"  batch wait 5 ms, view rows by librdkafka idempotent acks=all linger {VIEW_ROWS_LINGER_MS} ms (points, "
+          "fragments, cuts: 0 ms);")
     print("  observers (each a process of its own) fetch wait 5 ms; the burst commits with synchronous_commit off, the")
     print("  steady load with it on")

@@ -40,7 +40,9 @@ def test_a_cut_handed_over_then_read_from_the_cuts_topic_is_kept_once_and_cuts_n
     assert mirror.cuts["v"] is newer
 
 
-def test_a_cut_older_than_the_one_redis_shows_moves_only_the_offsets(local_stack: StackConfig, unique_name: str) -> None:
+def test_a_cut_older_than_the_one_redis_shows_moves_only_the_offsets(
+    local_stack: StackConfig, unique_name: str
+) -> None:
     """A cut handed over is shown before the cuts topic holds it; a mirror started again after a crash in between
     reads an older last cut there. Applying that one leaves Redis's newer cut (and its rows) as they are."""
     cfg = StreamsConfig(redis_url=local_stack.redis_url, topic_prefix=unique_name)
