@@ -210,8 +210,9 @@ def observers(cfg: stack.StackConfig) -> Iterator[tuple[dict[str, int], Seen, Se
             procs[name].start()
             theirs.close()
             if not ready(mine):
-                raise RuntimeError(f"the benchmark's observer of {what} did not start within 60 s (exit code "
-                                   f"{procs[name].exitcode})")  # fmt: skip
+                procs[name].join(1)
+                raise RuntimeError(f"the benchmark's observer of {what} did not start reading within 60 s (exit code "
+                                   f"{procs[name].exitcode}: None if it still runs)")  # fmt: skip
             seen.append(Seen())
             takers.append(threading.Thread(target=seen[-1].take, args=(mine,)))
             takers[-1].start()

@@ -10,7 +10,8 @@ each fetch (its object-store engine, 0.6.0): the table topics hold many small ba
 1 MB a fetch a 5M-row load (1.25M rows a partition) fell to a few hundred rows a second and
 stalled. The raw topic's batches are capture's (up to 4 MiB of changes each, lz4), few and large:
 its readers keep 1 MB fetches, which is what bounds their memory. The fan-out lingers 20 ms
-(Kafka Streams: 100 ms), so a table topic gets fewer, larger batches (the views' rows 5 ms), and
+(Kafka Streams: 100 ms), so a table topic gets fewer, larger batches (the views' rows, whose cuts
+wait for them, 5 ms), and
 never asks the broker to make a topic by writing to it (``streams.errors.refused`` names a topic
 the broker lost). The Faust app's own settings are the host's (``streams.profile``). Nothing here imports Faust.
 """
@@ -74,8 +75,8 @@ def producer_settings(cfg: StreamsConfig) -> dict[str, Any]:
 
 
 def view_rows_settings(cfg: StreamsConfig) -> dict[str, Any]:
-    """The views' rows producer: the table producer's, lingering 5 ms. A publication's rows are sent in one go and
-    the next point waits for their acknowledgement, so the table topics' 20 ms only delayed every cut: commit ->
-    view topic p50 69-78 ms against 99-108 ms at 2,200 transactions/s, and Redis 92-107 against 131-149 ms
-    (bench/RESULTS.md, "The views benchmark measured itself")."""
+    """The views' rows producer: the table producer's, lingering ``VIEW_ROWS_LINGER_MS``. A publication's rows
+    are sent in one go and the next point waits for their acknowledgement, so the table topics' 20 ms only
+    delayed every cut: commit -> view topic p50 69-78 ms against 99-108 ms at 2,200 transactions/s, and Redis
+    92-107 against 131-149 ms (bench/RESULTS.md, "The views benchmark measured itself")."""
     return {**producer_settings(cfg), "linger.ms": VIEW_ROWS_LINGER_MS}

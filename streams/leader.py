@@ -175,5 +175,6 @@ class Assembler(Follower):
         key = key_frame + avro_body(KEY_STRING, cut.view)
         produce(self.producer, self.cfg.cuts_topic, CUTS_PARTITION, key, value, [(HEADER_LSN, b"%d" % cut.lsn)])
         self.producer.poll(0)
-        if self.on_cut is not None:
-            self.on_cut(record)
+        hook = self.on_cut  # (unhooked by another thread when this worker stops owning the raw partition)
+        if hook is not None:
+            hook(record)

@@ -481,8 +481,9 @@ class Materializer:
         value = fragment_value(self.subjects.fragment(), self.writer_id, point.lsn, point.offset, point.seconds, ends)
         produce(self.fragments, self.cfg.fragments_topic, 0, None, value, [])
         self.fragments.poll(0)
-        if self.on_fragment is not None:
-            self.on_fragment(self.writer_id, point.lsn, point.offset, point.seconds, ends)
+        hook = self.on_fragment  # (unhooked by another thread when this worker stops owning the raw partition)
+        if hook is not None:
+            hook(self.writer_id, point.lsn, point.offset, point.seconds, ends)
 
     # ---- reading ------------------------------------------------------------------------
     def report(self, offset: int, every: float = 10.0) -> None:

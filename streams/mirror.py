@@ -12,7 +12,7 @@ the worker holds no more than one read (1,000 records) however many rows a cut c
 new cut one Lua script applies the staged records below the cut's ends and keeps the rest for
 the next: the rows, the offsets and the cut change together, so Redis always shows the view
 exactly at ``cut``, which never moves back (a cut older than the one Redis shows, as a restarted
-mirror may read on the cuts topic after a cut handed over was shown, moves only the offsets). A
+mirror may read on the cuts topic after a cut handed over was shown, changes nothing). A
 view Redis shows no cut of yet (its first fill) gets its rows in scripts
 of ``redis_fill_rows`` first, so that Redis answers other clients meanwhile. A write never
 replaces a row's newer LSN with an older one, offsets only move forward (no record is applied
@@ -86,6 +86,7 @@ if (redis.call('HGET', meta, 'offsets') or '{}') ~= ARGV[1] then
 end
 """
 APPLY = ROW + """
+if tonumber(ARGV[3]) < tonumber(redis.call('HGET', meta, 'cut_lsn') or '-1') then return 2 end
 local ends, later = ends_from(5), {}
 for _, entry in ipairs(redis.call('LRANGE', staged, 0, -1)) do
   if not row(entry, ends) then later[#later + 1] = entry end
@@ -93,10 +94,6 @@ end
 redis.call('DEL', staged)
 if redis.call('EXISTS', carried) == 1 then redis.call('RENAME', carried, staged) end
 push(staged, later)
-if tonumber(ARGV[3]) < tonumber(redis.call('HGET', meta, 'cut_lsn') or '-1') then
-  redis.call('HSET', meta, 'offsets', ARGV[2])
-  return 2
-end
 redis.call('HSET', meta, 'offsets', ARGV[2], 'cut_lsn', ARGV[3], 'cut', ARGV[4])
 return 1
 """
@@ -112,10 +109,10 @@ return redis.call('LLEN', staged)
 """.replace("STAGED_TTL", str(STAGED_TTL))
 SLOW_APPLY = 1.0  # seconds of one cut's application that a warning tells
 # How long one read waits (``consume(n, t)`` waits it out unless n records come). A cut handed over by the
-# assembler (``take``) waits for the read in hand to end: at 20 ms the hand-over gained nothing over the cuts
-# topic's trip; at 5 ms commit -> Redis p50 fell 26-60 ms, for ~0.5% of a core in more reads (bench/RESULTS.md,
-# "The views benchmark measured itself"). Reading one record as soon as it came (``consume(1, t)``) made the
-# mirror stage a record at a time: busier (34-45%), no faster.
+# assembler (``take``) waits for the read in hand to end: with 20 ms reads the hand-over gained nothing over the
+# cuts topic's trip; with 5 ms reads commit -> Redis p50 was 131-149 ms against 158-192 ms, the mirror's CPU
+# 0-10% more (bench/RESULTS.md, "The views benchmark measured itself"). Reading one record as soon as it came
+# (``consume(1, t)``) made the mirror stage a record at a time: busier (34-45%), no faster.
 READ_WAIT = 0.005
 Record = tuple[int, int, bytes, int, bytes | None]  # partition, offset, key, commit LSN, value
 
@@ -326,14 +323,14 @@ class RedisMirror(threading.Thread):
         offsets = json.dumps({str(p): max(held.get(p, 0), o) for p, o in sorted(ends.items())})
         args = [self.held[name], offsets, cut["commit_lsn"], lsn_text(cut["commit_lsn"])]
         args += [n for p, o in sorted(ends.items()) for n in (p, o)]
-        shown = self._fill(name, args) and self._apply(name, args, cut["commit_lsn"])
-        if shown is False:
+        outcome = self._fill(name, args) and self._apply(name, args, cut["commit_lsn"])
+        if outcome is False:
             log.warning("Redis holds other offsets for view %s than this mirror expected: reading again", name)
             self.assigned = False  # another mirror wrote, or Redis lost its data: start from what it holds
             return
-        self.held[name] = offsets
-        cut["applied"] = True
-        if shown:
+        cut["applied"] = True  # (an older cut than Redis shows: nothing to do for it, ever)
+        if outcome:
+            self.held[name] = offsets
             self.applied[name] = cut["commit_lsn"]
 
     def _fill(self, name: str, args: list[Any]) -> bool:
@@ -350,7 +347,7 @@ class RedisMirror(threading.Thread):
 
     def _apply(self, name: str, args: list[Any], lsn: int) -> bool | None:
         """Run the script applying ``name``'s staged records up to a cut: False when Redis held other offsets than
-        expected, None when it shows a newer cut already (its rows are kept; a cut handed over by the assembler may
+        expected, None when it shows a newer cut already (it changes nothing: a cut handed over by the assembler may
         be shown before the cuts topic holds it, and a mirror started again then reads an older one there), True.
         A cut's rows change together, so Redis serves no other client while it runs: a long one is said."""
         started = time.monotonic()
