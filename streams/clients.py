@@ -1,7 +1,7 @@
 """The workers' librdkafka clients: every setting the engine's producers, admin and readers use.
 
-Promise: ``producer_settings`` (``view_rows_settings``), ``reader_settings`` and ``kafka_client`` are the whole of what
-the engine (fan-out, table feed, views, mirror) asks of its Kafka clients; the broker-profile
+Promise: ``producer_settings`` (``view_rows_settings``), ``reader_settings`` and ``kafka_client``
+are the whole of what the engine (fan-out, table feed, views, mirror) asks of its Kafka clients; the broker-profile
 part is two lines: on the local broker (``tansu``) readers wait 10 ms per fetch, because Tansu
 holds a fetch for its whole ``fetch.wait.max.ms`` even when records arrive meanwhile (the
 long-lived ones grow it when their fetches come back empty: ``tables.kafka.FetchWait``); and the
@@ -11,9 +11,9 @@ each fetch (its object-store engine, 0.6.0): the table topics hold many small ba
 stalled. The raw topic's batches are capture's (up to 4 MiB of changes each, lz4), few and large:
 its readers keep 1 MB fetches, which is what bounds their memory. The fan-out lingers 20 ms
 (Kafka Streams: 100 ms), so a table topic gets fewer, larger batches (the views' rows, whose cuts
-wait for them, 5 ms), and
-never asks the broker to make a topic by writing to it (``streams.errors.refused`` names a topic
-the broker lost). The Faust app's own settings are the host's (``streams.profile``). Nothing here imports Faust.
+wait for them, 5 ms), and never asks the broker to make a topic by writing to it
+(``streams.errors.refused`` names a topic the broker lost). The Faust app's own settings are the
+host's (``streams.profile``). Nothing here imports Faust.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ the worker holds no more than one read (1,000 records) however many rows a cut c
 new cut one Lua script applies the staged records below the cut's ends and keeps the rest for
 the next: the rows, the offsets and the cut change together, so Redis always shows the view
 exactly at ``cut``, which never moves back (a cut older than the one Redis shows, as a restarted
-mirror may read on the cuts topic after a cut handed over was shown, changes nothing). A
-view Redis shows no cut of yet (its first fill) gets its rows in scripts
-of ``redis_fill_rows`` first, so that Redis answers other clients meanwhile. A write never
+mirror may read on the cuts topic after a cut handed over was shown, changes nothing). A view
+Redis shows no cut of yet (its first fill) gets its rows in scripts of ``redis_fill_rows`` first,
+so that Redis answers other clients meanwhile. A write never
 replaces a row's newer LSN with an older one, offsets only move forward (no record is applied
 twice), a tombstone deletes the row.
 Redis away: the view topics keep flowing; the mirror retries every second and catches up from
