@@ -163,11 +163,9 @@ def follow_redis(where: Where, out: Connection, stop: EventType) -> None:
         while not stop.is_set() and alive():
             message = pubsub.get_message(timeout=0.05)
             keys: dict[str, None] = {}
-            while message is not None and len(keys) < 1000:
+            while message is not None:  # every notification waiting, up to 1,000 rows a read
                 keys[message["channel"].decode().split(":", 1)[1]] = None
-                message = pubsub.get_message(timeout=0.0)
-            if message is not None:
-                keys[message["channel"].decode().split(":", 1)[1]] = None
+                message = pubsub.get_message(timeout=0.0) if len(keys) < 1000 else None
             if not keys:
                 continue
             pipe = client.pipeline(transaction=False)
