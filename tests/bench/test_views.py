@@ -1,10 +1,14 @@
-"""The views benchmark's latency arithmetic, as a pure function."""
+"""The views benchmark's latency arithmetic, as a pure function, and its look at the broker's CPU."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
-from bench.views import STAGES, Sample, Seen, latencies, stage_lines, until_shown
+from bench import views
+from bench.views import STAGES, Sample, Seen, broker_shares, latencies, stage_lines, until_shown
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +41,21 @@ def test_a_hidden_workers_stages_are_left_out() -> None:
     shown = stage_lines(before, after, hidden={1: 3.5})
     assert [line.split(":")[0].strip() for line in shown] == [f"worker 0 {stage}", f"worker 2 {stage}"]
     assert "capacity      50/s" in shown[0] and "100/CPU-s" in shown[0]
+
+
+def test_the_broker_share_is_taken_each_interval_of_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process busy on one core for the whole block shows a good share of a core in every interval (not all of one:
+    the test suite runs beside other work on the machine's cores)."""
+    monkeypatch.setattr(views, "BROKER_EVERY", 0.2)
+    with broker_shares(os.getpid()) as shares:
+        until = time.monotonic() + 0.9
+        while time.monotonic() < until:
+            pass
+    assert 3 <= len(shares) <= 4  # 0.2, 0.4, 0.6, 0.8 s (the last may come after the block ended on a busy machine)
+    assert all(0.2 < share <= 1.5 for share in shares), shares
+
+
+def test_no_broker_process_gives_no_shares() -> None:
+    with broker_shares(None) as shares:
+        pass
+    assert shares == []
