@@ -31,8 +31,8 @@ changes/s at 100% busy, for the fan-out, the views and the Redis mirror), and by
 thread spent (``headwater_streams_cpu_seconds``: busy time without the waits for a core or the GIL,
 which the other stages of the same process and the other processes on the machine cause), and
 each process's CPU-seconds (``/proc/<pid>/stat`` utime + stime, every thread) per 1,000
-transactions, the broker's among them, whose share of a core is also printed for every 10 s of the steady
-load (the local broker's reads cost more as its partitions' batches pile up). The machine's load
+transactions, the broker's among them, whose share of a core is also printed for every ``BROKER_EVERY`` seconds
+of the steady load (the local broker's reads cost more as its partitions' batches pile up). The machine's load
 average is printed before and after (other work on the same cores skews every figure).
 
 Orders are taken round-robin, so one batch rarely updates an order twice; a token
@@ -48,7 +48,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -74,6 +74,7 @@ TOPIC = "views.views.orders_enriched"
 RAW = "views.changes"
 READY = "ready"  # an observer process's first message: it reads from here on
 TICKS = os.sysconf("SC_CLK_TCK")
+BROKER = "broker"  # the broker's name among the processes whose CPU is printed
 BROKER_EVERY = 10.0  # seconds between two looks at the broker's CPU during the steady load
 Procs = dict[str, subprocess.Popen[bytes]]  # name -> process
 STAGES = {"fanout": "headwater_streams_fanout_changes_total", "views": "headwater_streams_view_changes_total",
@@ -446,23 +447,29 @@ class Phase:
     committed: dict[str, tuple[float, int]]  # token -> (commit time, order)
     before: Sample
     after: Sample
-    broker: list[float] = field(default_factory=list)  # the broker's share of a core, per BROKER_EVERY s of the load
+    broker: list[float] = field(default_factory=list)  # the broker's share of a core, each BROKER_EVERY s of the load
 
 
 @contextmanager
-def broker_shares(pid: int | None) -> Iterator[list[float]]:
-    """The broker's share of a core in each ``BROKER_EVERY`` seconds while the block runs, filled as it runs: the
-    local broker's reads cost it more with every batch a partition holds (README, "The local stack"), so a long
-    load ends on a busier machine than it began."""
+def broker_shares(pid: int | None, read: Callable[[int], float] = cpu_seconds,
+                  clock: Callable[[], float] = time.monotonic) -> Iterator[list[float]]:  # fmt: skip
+    """The broker's share of a core (``read``: a process's CPU-seconds) in each ``BROKER_EVERY`` seconds while the
+    block runs, filled as it runs; none without a broker process, and no more once it ended."""
     shares: list[float] = []
+    if pid is None:
+        yield shares
+        return
     done = threading.Event()
 
     def watch() -> None:
-        last = cpu_seconds(pid) if pid else 0.0
-        while pid and not done.wait(BROKER_EVERY):
-            now = cpu_seconds(pid)
-            shares.append((now - last) / BROKER_EVERY)
-            last = now
+        try:
+            last = clock(), read(pid)
+            while not done.wait(BROKER_EVERY):
+                now = clock(), read(pid)
+                shares.append((now[1] - last[1]) / max(now[0] - last[0], 1e-9))
+                last = now
+        except OSError:  # the broker ended (the load's own checks say what went wrong)
+            return
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -490,7 +497,7 @@ def burst_phase(cfg: stack.StackConfig, dsn: str, orders: list[int], procs: Proc
 def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: float, seconds: float,
                  connections: int, seen: tuple[Seen, Seen], watching: Mapping[str, int]) -> Phase:  # fmt: skip
     before = sample(procs, workers, watching)
-    with broker_shares(watching.get("broker")) as broker:
+    with broker_shares(watching.get(BROKER)) as broker:
         committed, lasts = run_load(dsn, orders, int(rate * seconds), rate, "steady", connections)
     for token in lasts:
         for observer in seen:
@@ -512,7 +519,7 @@ def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = N
             wait_published(cfg)
             with observers(cfg) as (watching, raw_seen, topic_seen, redis_seen):
                 broker = stack.Broker(cfg).pid()
-                watching = {**watching, **({"broker": broker} if broker else {})}
+                watching = {**watching, **({BROKER: broker} if broker else {})}
                 run_load(dsn, orders, connections, None, "warm", connections)
                 wait_seen(topic_seen, f"bench-warm-{connections - 1}")
                 fast, rate, driver = burst_phase(cfg, dsn, orders, procs, workers, burst, connections, topic_seen,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -43,19 +43,50 @@ def test_a_hidden_workers_stages_are_left_out() -> None:
     assert "capacity      50/s" in shown[0] and "100/CPU-s" in shown[0]
 
 
-def test_the_broker_share_is_taken_each_interval_of_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process busy on one core for the whole block shows a good share of a core in every interval (not all of one:
-    the test suite runs beside other work on the machine's cores)."""
-    monkeypatch.setattr(views, "BROKER_EVERY", 0.2)
-    with broker_shares(os.getpid()) as shares:
-        until = time.monotonic() + 0.9
-        while time.monotonic() < until:
-            pass
-    assert 3 <= len(shares) <= 4  # 0.2, 0.4, 0.6, 0.8 s (the last may come after the block ended on a busy machine)
-    assert all(0.2 < share <= 1.5 for share in shares), shares
+def scripted(values: list[float]) -> Callable[..., float]:
+    """A reading that gives ``values`` in turn, then raises ``OSError`` (the process ended)."""
+    left = iter(values)
+
+    def read(*_: object) -> float:
+        try:
+            return next(left)
+        except StopIteration:
+            raise OSError("no such process") from None
+
+    return read
 
 
-def test_no_broker_process_gives_no_shares() -> None:
-    with broker_shares(None) as shares:
-        pass
-    assert shares == []
+def shares_until(pid: int | None, read: Callable[..., float], clock: Callable[[], float], count: int,
+                 within: float = 5.0) -> list[float]:  # fmt: skip
+    """``broker_shares`` over a block that lasts until ``count`` shares came or ``within`` seconds passed."""
+    with broker_shares(pid, read, clock) as shares:
+        deadline = time.monotonic() + within
+        while len(shares) < count and time.monotonic() < deadline:
+            time.sleep(0.001)
+    return list(shares)
+
+
+def test_each_share_is_the_cpu_over_the_time_that_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look that came late divides by the time that passed, not by the interval it was due after."""
+    monkeypatch.setattr(views, "BROKER_EVERY", 0.001)
+    asked: list[object] = []
+    cpu = scripted([10.0, 10.5, 12.0])
+
+    def read(pid: object) -> float:
+        asked.append(pid)
+        return cpu()
+
+    shares = shares_until(4242, read, scripted([100.0, 101.0, 103.0]), 2)
+    assert shares == pytest.approx([0.5, 0.75])
+    assert set(asked) == {4242}
+
+
+def test_the_looks_stop_when_the_broker_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(views, "BROKER_EVERY", 0.001)
+    shares = shares_until(4242, scripted([1.0, 1.5]), scripted([0.0, 1.0, 2.0, 3.0]), 5, within=0.3)
+    assert shares == pytest.approx([0.5])  # the third reading found no process: no share, no error
+
+
+def test_no_broker_process_gives_no_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(views, "BROKER_EVERY", 0.001)
+    assert shares_until(None, scripted([1.0, 2.0, 3.0]), scripted([0.0, 1.0, 2.0]), 1, within=0.3) == []
