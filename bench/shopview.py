@@ -6,7 +6,8 @@ orders (``headwater demo seed --customers 20000 --orders 200000``: about 720,000
 said) keep the shop's ``orders_enriched`` view (``headwater.shop.VIEWS_TOML``) with the Redis mirror
 on. Printed: the time until Redis holds every view row, each worker's peak RSS (target 1 GB) while
 the view is built and while the shop's workload (``demo load``) runs at ``--rate`` for ``--seconds``,
-each worker's CPU-seconds building the view and from the load's start until Redis is equal, the view documents' size
+each worker's CPU-seconds building the view and from the load's start until Redis is equal, the broker's share of a
+core in each 10 s of the load (``bench.views.broker_shares``), the view documents' size
 in Redis (target under 1 KB) and Redis' memory, how long after the load ended Redis and the
 endpoint (a sample) equalled the view's SQL in PostgreSQL, then whether the whole view topic does
 (read once: on the local broker reading it takes minutes), and every table topic's latest state
@@ -36,7 +37,7 @@ import redis
 from bench import capture, fanout, views
 from bench.tables import Peak, rss_mb
 from bench.views import cpu_seconds
-from headwater import shop
+from headwater import shop, stack
 from headwater.reconcile import (
     compare,
     compare_docs,
@@ -151,6 +152,7 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     stages: list[str] = field(default_factory=list)  # each worker's stages, from the load's start until equal
     slow_cuts: list[str] = field(default_factory=list)  # cuts whose application held Redis over a second
+    broker: list[float] = field(default_factory=list)  # the broker's share of a core in each 10 s of the load
 
 
 @dataclass
@@ -257,7 +259,9 @@ def measure(cfg: Any, dsn: str, workers: Workers, order_rows: int, seconds: floa
     print(f"  view built: {run.built:.1f} s; peak RSS {', '.join(f'{p:.0f}' for p in run.build_peak)} MB; "
           f"loading the shop at {rate:g} tx/s for {seconds:g} s ...", flush=True)  # fmt: skip
     cpu, stages = workers.cpu(), counters(workers.count)
-    run.fault = load(dsn, rate, seconds, fault, workers)
+    with views.broker_shares(stack.Broker(cfg).pid()) as broker:
+        run.fault = load(dsn, rate, seconds, fault, workers)
+    run.broker = list(broker)
     run.load_peak = [p.take() for p in peaks]
     run.lag, run.found = converge(cfg, dsn, sql)
     run.stages = views.stage_lines(stages, counters(workers.count), hidden=workers.gone_cpu)
@@ -316,6 +320,9 @@ def report(run: Run, seconds: float, rate: float) -> None:
           f"{each(run.after, 'MB')} after (target <= 1 GB)")  # fmt: skip
     print(f"  worker CPU: {each(run.build_cpu, 'CPU-s')} building, {each(run.load_cpu, 'CPU-s')} from the load's "
           f"start until Redis was equal")  # fmt: skip
+    if run.broker:
+        print(f"  the broker's share of a core, each {views.BROKER_EVERY:.0f} s of the load: "
+              + " ".join(f"{share:.2f}" for share in run.broker))
     print(f"  documents in Redis: mean {run.mean:.0f} B, largest {run.largest} B of a 2,000-row sample "
           f"(target < 1 KB); Redis used_memory {run.memory:.0f} MB")  # fmt: skip
     print("  each worker's stages from the load's start until Redis was equal:", *run.stages, sep="\n")
