@@ -321,8 +321,7 @@ def report(run: Run, seconds: float, rate: float) -> None:
     print(f"  worker CPU: {each(run.build_cpu, 'CPU-s')} building, {each(run.load_cpu, 'CPU-s')} from the load's "
           f"start until Redis was equal")  # fmt: skip
     if run.broker:
-        print(f"  the broker's share of a core, each {views.BROKER_EVERY:.0f} s of the load: "
-              + " ".join(f"{share:.2f}" for share in run.broker))
+        print(views.broker_line(run.broker))
     print(f"  documents in Redis: mean {run.mean:.0f} B, largest {run.largest} B of a 2,000-row sample "
           f"(target < 1 KB); Redis used_memory {run.memory:.0f} MB")  # fmt: skip
     print("  each worker's stages from the load's start until Redis was equal:", *run.stages, sep="\n")

@@ -480,6 +480,12 @@ def broker_shares(pid: int | None, read: Callable[[int], float] = cpu_seconds,
         watcher.join()
 
 
+def broker_line(shares: list[float]) -> str:
+    """The report's line of the broker's shares of a core (``broker_shares``)."""
+    return f"  the broker's share of a core, each {BROKER_EVERY:.0f} s of the load: " + " ".join(
+        f"{share:.2f}" for share in shares)
+
+
 def burst_phase(cfg: stack.StackConfig, dsn: str, orders: list[int], procs: Procs, workers: int,
                 burst: int, connections: int, topic_seen: Seen,
                 watching: Mapping[str, int]) -> tuple[Phase, float, float]:  # fmt: skip
@@ -556,8 +562,7 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     print("  CPU:")
     print("\n".join(cpu_lines(slow.before, slow.after, len(committed))))
     if slow.broker:
-        print(f"  the broker's share of a core, each {BROKER_EVERY:.0f} s of the load: "
-              + " ".join(f"{share:.2f}" for share in slow.broker))
+        print(broker_line(slow.broker))
     print(f"  {load_text()} (after)")
     print(f"  capture: librdkafka idempotent acks=all, tansu profile (linger {TANSU_LINGER_MS} ms); worker: tansu "
           "profile (Faust fetch wait 10 ms),")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from bench import views
-from bench.views import STAGES, Sample, Seen, broker_shares, latencies, stage_lines, until_shown
+from bench.views import STAGES, Sample, Seen, broker_line, broker_shares, latencies, stage_lines, until_shown
 
 pytestmark = pytest.mark.unit
 
@@ -90,3 +90,7 @@ def test_the_looks_stop_when_the_broker_ends(monkeypatch: pytest.MonkeyPatch) ->
 def test_no_broker_process_gives_no_shares(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(views, "BROKER_EVERY", 0.001)
     assert shares_until(None, scripted([1.0, 2.0, 3.0]), scripted([0.0, 1.0, 2.0]), 1, within=0.3) == []
+
+
+def test_the_shares_are_printed_in_order_with_two_decimals() -> None:
+    assert broker_line([0.314, 0.5]) == "  the broker's share of a core, each 10 s of the load: 0.31 0.50"
