@@ -7,7 +7,7 @@ said) keep the shop's ``orders_enriched`` view (``headwater.shop.VIEWS_TOML``) w
 on. Printed: the time until Redis holds every view row, each worker's peak RSS (target 1 GB) while
 the view is built and while the shop's workload (``demo load``) runs at ``--rate`` for ``--seconds``,
 each worker's CPU-seconds building the view and from the load's start until Redis is equal, the broker's share of a
-core in each 10 s of the load (``bench.views.broker_shares``), the view documents' size
+core in each ``bench.views.BROKER_EVERY`` seconds of the load (``bench.views.broker_shares``), the view documents' size
 in Redis (target under 1 KB) and Redis' memory, how long after the load ended Redis and the
 endpoint (a sample) equalled the view's SQL in PostgreSQL, then whether the whole view topic does
 (read once: on the local broker reading it takes minutes), and every table topic's latest state
@@ -152,7 +152,7 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     stages: list[str] = field(default_factory=list)  # each worker's stages, from the load's start until equal
     slow_cuts: list[str] = field(default_factory=list)  # cuts whose application held Redis over a second
-    broker: list[float] = field(default_factory=list)  # the broker's share of a core in each 10 s of the load
+    broker: list[float] = field(default_factory=list)  # the broker's share of a core, each views.BROKER_EVERY s
 
 
 @dataclass
