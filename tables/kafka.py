@@ -5,7 +5,8 @@ reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is w
 multi-record batches while its fetch high watermark is right; ``batches_to_end`` is that
 loop for any partitions from any offsets (``read_on_batches`` / ``read_on``: reading on after a stall).
 ``fetched_ends`` finds partitions' true ends the same way.
-``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists.
+``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists; ``create_topics``
+returns once the broker's metadata shows what it made.
 ``topic_ids`` names each topic's incarnation (Kafka's topic id, KIP-516: a topic deleted and made
 again, or made again by a broker that lost its data, has a new one), which local state read from a
 topic keeps to tell that topic from a later one of the same name.
@@ -19,12 +20,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Generator, Iterator, Mapping
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata
 
 from tables.errors import RetryableError
 
@@ -46,6 +47,8 @@ BULK_WAIT_MS = 250
 BULK_FROM = 2000
 ANSWER_S = 2.0  # how long a reader about to grow its wait waits for the broker to answer a ListOffsets
 QUICK_S = 0.5  # an answer slower than this came from a broker just back (paused or restarting): not yet a dry time
+SHOWN_WITHIN_S = 30.0  # how long a topic just made may take to show in the broker's metadata (``create_topics``)
+SHOWN_POLL_S = 0.05  # between two looks at it
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,40 @@ def partition_counts(admin: AdminClient) -> dict[str, int]:
 
 
 def create_topics(admin: AdminClient, topics: list[NewTopic]) -> None:
-    """Create ``topics``; one that exists by now (made meanwhile elsewhere) is fine; else ``KafkaException``."""
+    """Create ``topics`` and return once the broker's metadata shows each with a leader for every partition; one
+    that exists by now (made meanwhile elsewhere) is fine; else ``KafkaException``. Kafka answers CreateTopics once
+    its controller made the topic, and a broker may learn of it a moment later: on Apache Kafka 3.6 (KRaft, one
+    node) a reader asking for a new topic's offsets right after was told "Unknown partition" in 13 of 160 tries,
+    and a worker's first start failed so (bench/RESULTS.md, "On Apache Kafka over 120 s")."""
     for future in admin.create_topics(topics).values() if topics else ():
         try:
             future.result(timeout=30)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+    wait_shown(lambda: admin.list_topics(timeout=10).topics, [t.topic for t in topics])
+
+
+def wait_shown(look: Callable[[], Mapping[str, TopicMetadata]], names: Collection[str], *,
+               within: float = SHOWN_WITHIN_S, sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    """Until the metadata ``look`` gives shows every one of ``names`` with its leaders (``unshown``); a
+    ``KafkaException`` (timed out) naming those still missing after ``within`` seconds."""
+    deadline = clock() + within
+    while waiting := unshown(look(), names):
+        if clock() >= deadline:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"topics {waiting} were made, but the broker's "
+                                            f"metadata did not show them with their leaders within {within:g} s"))
+        sleep(SHOWN_POLL_S)
+
+
+def unshown(listed: Mapping[str, TopicMetadata], names: Collection[str]) -> list[str]:
+    """Those of ``names`` the metadata ``listed`` does not show, or shows without a leader for some partition."""
+    def shown(meta: TopicMetadata | None) -> bool:
+        return (meta is not None and meta.error is None and bool(meta.partitions)
+                and all(p.leader >= 0 and p.error is None for p in meta.partitions.values()))
+
+    return [name for name in names if not shown(listed.get(name))]
 
 
 def topic_ids(admin: AdminClient, topics: Collection[str]) -> dict[str, str]:

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, PartitionMetadata, TopicMetadata
 
 from headwater.stack import Broker, StackConfig
 from tables import kafka
@@ -134,6 +134,42 @@ def test_a_topic_made_again_has_another_id_and_a_missing_one_none(
 def msg(partition: int, offset: int, code: int | None = None) -> Message:
     return Message(topic="t", partition=partition, offset=offset, value=b"v",
                    error=KafkaError(code) if code is not None else None)  # fmt: skip
+
+
+def topic(*leaders: int, error: KafkaError | None = None) -> TopicMetadata:
+    """A topic's metadata as librdkafka gives it: one partition per leader (-1: none yet)."""
+    meta = TopicMetadata()
+    meta.error = error
+    for i, leader in enumerate(leaders):
+        partition = PartitionMetadata()
+        partition.id, partition.leader = i, leader
+        meta.partitions[i] = partition
+    return meta
+
+
+@pytest.mark.unit
+def test_a_topic_is_shown_once_every_partition_of_it_has_a_leader() -> None:
+    listed = {"led": topic(1, 1), "leaderless": topic(1, -1), "bare": topic(),
+              "failing": topic(1, error=KafkaError(KafkaError.LEADER_NOT_AVAILABLE))}  # fmt: skip
+    assert kafka.unshown(listed, ["led", "leaderless", "bare", "failing", "absent"]) == [
+        "leaderless", "bare", "failing", "absent"]  # fmt: skip
+    assert kafka.unshown(listed, ["led"]) == []
+
+
+@pytest.mark.unit
+def test_topics_just_made_are_waited_for_until_the_metadata_shows_them_and_no_longer() -> None:
+    """Kafka answers CreateTopics before every broker knows the topic: the first looks miss it or its leader."""
+    looks = iter([{}, {"t": topic(-1)}, {"t": topic(1), "u": topic(2)}])
+    now, slept = [0.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    kafka.wait_shown(lambda: next(looks), ["t", "u"], within=1.0, sleep=sleep, clock=lambda: now[0])
+    assert len(slept) == 2
+    with pytest.raises(KafkaException, match=r"topics \['u'\] were made.*within 0.5 s"):
+        kafka.wait_shown(lambda: {"t": topic(1)}, ["t", "u"], within=0.5, sleep=sleep, clock=lambda: now[0])
 
 
 @pytest.mark.unit
