@@ -69,29 +69,38 @@ def partition_counts(admin: AdminClient) -> dict[str, int]:
 
 def create_topics(admin: AdminClient, topics: list[NewTopic]) -> None:
     """Create ``topics`` and return once the broker's metadata shows each with a leader for every partition; one
-    that exists by now (made meanwhile elsewhere) is fine; else ``KafkaException``. Kafka answers CreateTopics once
-    its controller made the topic, and a broker may learn of it a moment later: on Apache Kafka 3.6 (KRaft, one
-    node) a reader asking for a new topic's offsets right after was told "Unknown partition" in 13 of 160 tries,
-    and a worker's first start failed so (bench/RESULTS.md, "On Apache Kafka over 120 s")."""
-    for future in admin.create_topics(topics).values() if topics else ():
+    that exists by now (made meanwhile elsewhere) is fine, and so is none (no request); else ``KafkaException``, or
+    ``RetryableError`` when the broker answered no creation within 30 s or did not serve a topic it made
+    (``wait_shown``). Kafka answers CreateTopics once its controller made the topic, and a broker may learn of it a
+    moment later: on Apache Kafka 3.6 (KRaft, one node) a reader asking for a new topic's offsets right after failed
+    in 13 of 160 tries, and a stream worker's first start failed with "Unknown partition" reading a topic it had just
+    made (bench/RESULTS.md, "On Apache Kafka over 120 s")."""
+    if not topics:
+        return
+    for future in admin.create_topics(topics).values():
         try:
             future.result(timeout=30)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+        except TimeoutError as exc:
+            raise RetryableError(f"the broker answered no creation of {[t.topic for t in topics]} within 30 s",
+                                 hint="check that the broker's controller is up (its log)") from exc  # fmt: skip
     wait_shown(lambda: admin.list_topics(timeout=10).topics, [t.topic for t in topics])
 
 
 def wait_shown(look: Callable[[], Mapping[str, TopicMetadata]], names: Collection[str], *,
                within: float = SHOWN_WITHIN_S, sleep: Callable[[float], None] = time.sleep,
                clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-    """Until the metadata ``look`` gives shows every one of ``names`` with its leaders (``unshown``); a
-    ``KafkaException`` (timed out) naming those still missing after ``within`` seconds."""
+    """Until the metadata ``look`` gives shows every one of ``names`` with its leaders (``unshown``): a
+    ``RetryableError`` naming those still missing at the first look after ``within`` seconds (the topics exist: a
+    later try finds them); what ``look`` raises (the broker not answering) goes through."""
     deadline = clock() + within
     while waiting := unshown(look(), names):
         if clock() >= deadline:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"topics {waiting} were made, but the broker's "
-                                            f"metadata did not show them with their leaders within {within:g} s"))
+            raise RetryableError(f"topics {waiting} were made, but the broker did not serve them (a leader for every "
+                                 f"partition) within {within:g} s",
+                                 hint="check the broker's log; a later try finds them made")  # fmt: skip
         sleep(SHOWN_POLL_S)
 
 
