@@ -47,6 +47,7 @@ BULK_WAIT_MS = 250
 BULK_FROM = 2000
 ANSWER_S = 2.0  # how long a reader about to grow its wait waits for the broker to answer a ListOffsets
 QUICK_S = 0.5  # an answer slower than this came from a broker just back (paused or restarting): not yet a dry time
+CREATED_WITHIN_S = 30.0  # how long the broker may take to answer a CreateTopics (``create_topics``)
 SHOWN_WITHIN_S = 30.0  # how long a topic just made may take to show in the broker's metadata (``create_topics``)
 SHOWN_POLL_S = 0.05  # between two looks at it
 
@@ -70,7 +71,7 @@ def partition_counts(admin: AdminClient) -> dict[str, int]:
 def create_topics(admin: AdminClient, topics: list[NewTopic]) -> None:
     """Create ``topics`` and return once the broker's metadata shows each with a leader for every partition; one
     that exists by now (made meanwhile elsewhere) is fine, and so is none (no request); else ``KafkaException``, or
-    ``RetryableError`` when the broker answered no creation within 30 s or did not serve a topic it made
+    ``RetryableError`` when the broker answered no creation in time or did not serve a topic it made
     (``wait_shown``). Kafka answers CreateTopics once its controller made the topic, and a broker may learn of it a
     moment later: on Apache Kafka 3.6 (KRaft, one node) a reader asking for a new topic's offsets right after failed
     in 13 of 160 tries, and a stream worker's first start failed with "Unknown partition" reading a topic it had just
@@ -79,13 +80,14 @@ def create_topics(admin: AdminClient, topics: list[NewTopic]) -> None:
         return
     for future in admin.create_topics(topics).values():
         try:
-            future.result(timeout=30)
+            future.result(timeout=CREATED_WITHIN_S)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
         except TimeoutError as exc:
-            raise RetryableError(f"the broker answered no creation of {[t.topic for t in topics]} within 30 s",
-                                 hint="check that the broker's controller is up (its log)") from exc  # fmt: skip
+            raise RetryableError(f"the broker answered no creation of {[t.topic for t in topics]} within "
+                                 f"{CREATED_WITHIN_S:g} s", hint="check that the broker's controller is up (its log)",
+                                 ) from exc  # fmt: skip
     wait_shown(lambda: admin.list_topics(timeout=10).topics, [t.topic for t in topics])
 
 
