@@ -262,3 +262,33 @@ def test_empty_fetches_grow_the_wait_only_when_the_broker_answered_before_and_af
     with pytest.raises(Stalled, match="came back empty"):
         dry_until_asked(True)
     assert wait.ms == 40
+
+
+@pytest.mark.unit
+def test_empty_reads_look_at_the_positions_every_tenth_of_a_second_and_still_grow_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader's empty reads every 5 ms look at its positions no more than every ``LOOK_EVERY_S`` (each look holds
+    the GIL), and their time still adds up to a dry time, also with a message read now and then among them (a short
+    wait on a long partition lets one through)."""
+    now, looks = [0.0], [0]
+
+    def late(consumer: object, parts: object) -> list[TopicPartition]:
+        looks[0] += 1
+        return [TopicPartition("t", 0, 5)]
+
+    monkeypatch.setattr(kafka.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(kafka, "behind", late)
+    monkeypatch.setattr(kafka, "answers", lambda consumer, tp: True)
+    wait = FetchWait({"fetch.wait.max.ms": 10})
+    watch = StallWatch(wait=wait)
+    with pytest.raises(Stalled, match="came back empty"):
+        for read in range(1, 1000):
+            now[0] += 0.005
+            if read % 7 == 0:
+                watch.seen()  # a message now and then
+            else:
+                watch.check(None, {("t", 0)})  # type: ignore[arg-type]  # behind and answers are the test's
+    assert wait.ms == 20
+    assert 0.9 <= now[0] <= 1.3  # about DRY of empty reads, not more
+    assert looks[0] <= now[0] / kafka.LOOK_EVERY_S + 1
