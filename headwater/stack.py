@@ -35,6 +35,7 @@ from tables.config import StackConfig
 from tables.errors import ConfigError, MissingBinaryError, PortInUseError, ServiceStartError
 
 INSTALL_HINT = "run './dev setup' from the repository (it installs the Debian packages and Python deps)"
+OWN_KAFKA_SCHEMAS = "_headwater_schemas"  # the registry's topic on a Kafka of your own (not a Confluent registry's)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -301,7 +302,7 @@ class Registry(Service):
     def argv(self) -> list[str]:
         return [
             sys.executable, "-m", "registry", "--host", self.cfg.host, "--port", str(self.port),
-            "--bootstrap", self.cfg.bootstrap,
+            "--bootstrap", self.cfg.bootstrap, *(["--topic", OWN_KAFKA_SCHEMAS] if self.cfg.kafka_bootstrap else []),
         ]  # fmt: skip
 
     def healthy(self) -> bool:
@@ -345,8 +346,10 @@ class Redis(Service):
 
 
 def services(cfg: StackConfig) -> list[Service]:
-    """The stack in start order (the registry needs the broker)."""
-    return [Postgres(cfg), Broker(cfg), Redis(cfg), Registry(cfg)]
+    """The stack in start order (the registry needs the broker); no broker with a Kafka of your own
+    (``kafka_bootstrap``: the registry keeps its schemas there)."""
+    broker = [] if cfg.kafka_bootstrap else [Broker(cfg)]
+    return [Postgres(cfg), *broker, Redis(cfg), Registry(cfg)]
 
 
 def up(cfg: StackConfig) -> list[str]:

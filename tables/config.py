@@ -321,7 +321,7 @@ def local_defaults(local: StackConfig, section: str) -> dict[str, tuple[Any, str
     [stack] settings it is made of. State directories follow ``data_dir``: ``<data_dir>/<section>``."""
     return {
         "dsn": (Secret(local.dsn()), "host, postgres_port, postgres_user, postgres_password, database"),
-        "bootstrap": (local.bootstrap, "host, kafka_port"),
+        "bootstrap": (local.bootstrap, "kafka_bootstrap" if local.kafka_bootstrap else "host, kafka_port"),
         "registry_url": (local.registry_url, "host, registry_port"),
         "redis_url": (local.redis_url, "host, redis_port"),
         "state_dir": (local.data_dir / section, "data_dir"),
@@ -490,6 +490,14 @@ def check_port(name: str, port: int) -> None:
         raise InvalidSetting(name, f"must be a TCP port between 1 and 65535, got {port}")
 
 
+def check_bootstrap(name: str, value: str) -> None:
+    """Raise InvalidSetting unless ``value`` is a comma-separated list of ``host:port``."""
+    for server in value.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise InvalidSetting(name, f"must be host:port[,host:port...] (e.g. 127.0.0.1:9092), got {value!r}")
+
+
 TOPIC_PREFIX = re.compile(r"^[A-Za-z0-9._-]*$")
 
 
@@ -634,8 +642,10 @@ def check_profile(value: str) -> None:
 
 
 def on_local_broker(loaded: Loaded[Any]) -> bool:
-    """Whether the component's broker is the local stack's, however it was named."""
-    return loaded.local is not None and cast(Any, loaded.config).bootstrap == loaded.local.bootstrap
+    """Whether the component's broker is the local stack's (Tansu), however it was named: a Kafka of your own
+    for the stack (``kafka_bootstrap``) is not."""
+    local = loaded.local
+    return local is not None and not local.kafka_bootstrap and cast(Any, loaded.config).bootstrap == local.bootstrap
 
 
 def resolve_profile(loaded: Loaded[T]) -> Loaded[T]:
@@ -670,8 +680,12 @@ class StackConfig:
     postgres_password: Secret = setting(Secret("headwater"), "its password (never printed)")
     database: str = setting("shop", "database holding the sample shop")
     start_timeout: float = setting(60.0, "seconds each service may take to become healthy")
+    kafka_bootstrap: str = setting("", "a Kafka of your own (host:port[,host:port...]): the stack starts no broker "
+                                       "and every component uses this one")  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.kafka_bootstrap:
+            check_bootstrap("kafka_bootstrap", self.kafka_bootstrap)
         ports = {
             "postgres_port": self.postgres_port,
             "kafka_port": self.kafka_port,
@@ -700,7 +714,7 @@ class StackConfig:
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
+        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
 
     @property
     def registry_url(self) -> str:

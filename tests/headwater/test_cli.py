@@ -16,9 +16,11 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psycopg2
 import psycopg2.extensions
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from capture.state import State
 from headwater import stack
@@ -114,6 +116,34 @@ def test_taken_port_fails_clearly_and_leaves_nothing_running(project: tuple[Path
     assert "Traceback" not in result.stderr
     data_dir = Path(cwd.joinpath("headwater.toml").read_text().split('"')[1])
     assert processes_in(data_dir) == []  # postgres, started first, was stopped again
+
+
+@pytest.mark.slow
+def test_a_stack_on_a_kafka_of_your_own_starts_no_broker_and_keeps_its_schemas_there(
+    project: tuple[Path, dict[str, str]],
+) -> None:
+    """``kafka_bootstrap``: the stack starts PostgreSQL, Redis and the registry, whose schemas go to a topic of its
+    own on that Kafka (not a Confluent registry's ``_schemas``); ``down`` leaves that Kafka running."""
+    cwd, ports = project
+    with stack_dir() as elsewhere:
+        own = stack.Broker(stack.StackConfig(data_dir=elsewhere, kafka_port=free_ports(1)[0], start_timeout=30))
+        own.start()
+        try:
+            config = cwd / "headwater.toml"
+            config.write_text(config.read_text().replace("[stack]\n", f'[stack]\nkafka_bootstrap = "{own.address}"\n'))
+            up = headwater("stack", "up", cwd=cwd)
+            assert up.returncode == 0, up.stderr
+            assert "started: postgres, redis, registry" in up.stdout and up.stdout.count("healthy") == 3
+            subject = f"http://127.0.0.1:{ports['registry']}/subjects/t-value/versions"
+            answer = httpx.post(subject, json={"schema": '"string"'}, timeout=10)
+            assert answer.status_code == 200, answer.text
+            topics = AdminClient({"bootstrap.servers": own.address}).list_topics(timeout=10).topics
+            assert stack.OWN_KAFKA_SCHEMAS in topics and "_schemas" not in topics
+            down = headwater("stack", "down", cwd=cwd)
+            assert down.returncode == 0 and "stopped: registry, redis, postgres" in down.stdout
+            assert own.pid() is not None  # not the stack's to stop
+        finally:
+            own.stop()
 
 
 @pytest.mark.slow

@@ -76,6 +76,25 @@ def test_out_of_range_and_clashing_ports(tmp_path: Path) -> None:
         load(StackConfig, "stack", environ={}, flags={"kafka_port": "5000", "redis_port": "5000"})
 
 
+@pytest.mark.parametrize("value", ["kafka.example.com", "host:port", ":9092", "a:9092,b", "a:70000"])
+def test_a_kafka_of_your_own_that_is_not_host_port_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
+    path = write(tmp_path, f'[stack]\nkafka_bootstrap = "{value}"\n')
+    with pytest.raises(ConfigError, match=r"host:port\[,host:port\.\.\.\]") as info:
+        load(StackConfig, "stack", path=path, environ={})
+    assert (info.value.key, info.value.line) == ("kafka_bootstrap", 2)
+
+
+def test_a_stack_on_a_kafka_of_your_own_gives_every_component_that_kafka_and_the_kafka_profile(tmp_path: Path) -> None:
+    path = write(tmp_path, '[stack]\nkafka_bootstrap = "k1:9092, k2:9093"\n')
+    local = load(StackConfig, "stack", path=path, environ={})
+    assert local.bootstrap == "k1:9092, k2:9093"
+    streams = load_streams({"HEADWATER_CONFIG": str(path)})
+    assert (streams.config.bootstrap, streams.config.broker_profile) == ("k1:9092, k2:9093", "kafka")
+    assert streams.source("bootstrap") == "local stack ([stack] kafka_bootstrap)"
+    assert streams.source("broker_profile") == "default, auto: the broker is not the local stack's"
+    assert load_capture(str(path), {}).config.broker_profile == "kafka"
+
+
 def test_unknown_section_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, "[stak]\nkafka_port = 1\n")
     with pytest.raises(ConfigError) as info:
