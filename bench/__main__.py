@@ -1,7 +1,7 @@
 """``python -m bench [capture|backfill|fanout|debezium|tables|schema|views|shopview|analytics|lookups|brokerfetch]
 [--changes N] [--rows N] [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N]
-[--messages N] [--customers N] [--orders N] [--fault pause|kill]`` (or ``./dev bench``); ``capture`` runs the
-backfill benchmark after its own."""
+[--messages N] [--customers N] [--orders N] [--fault pause|kill] [--bootstrap HOST:PORT]`` (or ``./dev bench``);
+``capture`` runs the backfill benchmark after its own."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stream workers of the views and shopview benchmarks (one group)")  # fmt: skip
     parser.add_argument("--connections", type=int, default=4, help="connections the views benchmark commits from")
     parser.add_argument("--burst", type=int, default=6000, help="transactions of the views benchmark's burst")
+    parser.add_argument("--bootstrap", default="",
+                        help="views: a Kafka of your own (host:port) instead of the bench stack's broker; the run's "
+                             "topics get a prefix of their own and are deleted after it")  # fmt: skip
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages of the analytics benchmark's topic")
     parser.add_argument("--customers", type=int, default=20_000, help="customers of the shopview benchmark's shop")
     parser.add_argument("--orders", type=int, default=200_000, help="orders of the shopview benchmark's shop")
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             rate_steady=args.rate,
             workers=args.workers,
             connections=args.connections,
+            bootstrap=args.bootstrap,
         )
     if args.which in ("all", "shopview"):
         shopview.main(customers=args.customers, orders=args.orders, seconds=max(args.seconds, 120.0),

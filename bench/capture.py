@@ -90,7 +90,8 @@ def capture_argv(cfg: stack.StackConfig, prefix: str, slot: str, state: Path, *e
         "--topic-prefix", prefix, "--state-dir", str(state), "--bootstrap", cfg.bootstrap,
         "--registry-url", cfg.registry_url, "--heartbeat-interval", "0",
         "--metrics-port", "0",  # counted as always, not served: a demo's capture may hold the default port
-        "--broker-profile", "tansu",  # the bench stack is a local stack on other ports: what auto picks on one
+        # the bench stack is a local stack on other ports: what auto picks on one (or on a Kafka of your own)
+        "--broker-profile", "kafka" if cfg.kafka_bootstrap else "tansu",
         *extra,
     ]  # fmt: skip
 
@@ -211,13 +212,14 @@ def kafka_alone(cfg: stack.StackConfig, messages: int, workers: int, size: int =
 
 
 @contextlib.contextmanager
-def seeded_stack() -> Iterator[tuple[stack.StackConfig, str, Path]]:
-    """The benchmarks' own stack (fixed ports) with a small sample shop; removed afterwards."""
+def seeded_stack(kafka_bootstrap: str = "") -> Iterator[tuple[stack.StackConfig, str, Path]]:
+    """The benchmarks' own stack (fixed ports) with a small sample shop; removed afterwards. ``kafka_bootstrap``: a
+    Kafka of your own instead of the stack's broker."""
     work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
     work.chmod(0o755)
     pg, kafka, registry, redis = 55432, 29092, 28081, 26379
     cfg = stack.StackConfig(data_dir=work / "stack", postgres_port=pg, kafka_port=kafka, registry_port=registry,
-                            redis_port=redis)  # fmt: skip
+                            redis_port=redis, kafka_bootstrap=kafka_bootstrap)  # fmt: skip
     try:
         with stack.running(cfg):
             dsn = cfg.dsn()

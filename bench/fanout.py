@@ -86,6 +86,7 @@ def spawn_worker(cfg: stack.StackConfig, work: Path, prefix: str, port: int, con
         "HEADWATER_STACK_REDIS_PORT": str(cfg.redis_port), "HEADWATER_STREAMS_TOPIC_PREFIX": prefix,
         "HEADWATER_STREAMS_APP_ID": f"bench-{prefix}", "HEADWATER_STREAMS_STATE_DIR": str(work / f"streams-{prefix}"),
         "PYTHONPATH": str(Path.cwd()), **({"HEADWATER_CONFIG": str(config)} if config else {}),
+        **({"HEADWATER_STACK_KAFKA_BOOTSTRAP": cfg.kafka_bootstrap} if cfg.kafka_bootstrap else {}),
     })  # fmt: skip
     argv = [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "info", "--web-port", str(port)]
     log = (work / "worker.log").open("ab")

@@ -60,18 +60,19 @@ import httpx
 import psycopg2
 import redis
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import capture
 from bench.fanout import spawn_worker
-from capture.producer import TANSU_LINGER_MS
+from capture.producer import DEFAULTS, TANSU_LINGER_MS
 from headwater import shop, stack
 from streams.clients import VIEW_ROWS_LINGER_MS
 from tables.registry import Registry
 
 PORT = 26067  # worker i listens on PORT + i
-TOPIC = "views.views.orders_enriched"
-RAW = "views.changes"
+PREFIX = "views"  # the topic prefix on the bench stack's own broker (on a Kafka of your own: ``run_prefix``)
+VIEW = "orders_enriched"
 READY = "ready"  # an observer process's first message: it reads from here on
 TICKS = os.sysconf("SC_CLK_TCK")
 BROKER = "broker"  # the broker's name among the processes whose CPU is printed
@@ -110,10 +111,29 @@ class Where:
     bootstrap: str
     registry_url: str
     redis_url: str
+    prefix: str = PREFIX  # the pipeline's topic prefix
+
+    @property
+    def raw(self) -> str:
+        return f"{self.prefix}.changes"
+
+    @property
+    def topic(self) -> str:
+        return f"{self.prefix}.views.{VIEW}"
+
+    @property
+    def redis_view(self) -> str:
+        return f"{self.prefix}:{VIEW}"
+
+
+def run_prefix(cfg: stack.StackConfig, clock: Callable[[], float] = time.time) -> str:
+    """The run's topic prefix: ``PREFIX`` on the bench stack's own broker (made afresh for each run), one of its own
+    on a Kafka of yours (``kafka_bootstrap``), which keeps what earlier runs made."""
+    return f"hwbench-{int(clock())}" if cfg.kafka_bootstrap else PREFIX
 
 
 def observe(what: str, where: Where, out: Connection, stop: EventType) -> None:
-    """One observer, in a process of its own: ``what`` is a topic (``TOPIC``, ``RAW``) or ``"redis"``. It sends
+    """One observer, in a process of its own: ``what`` is ``"raw"``, ``"view"`` (topics) or ``"redis"``. It sends
     ``READY`` once it reads, then lists of (token, when it was seen). A process of its own, so that no observer
     waits for another's GIL before it takes its time (three threads of the benchmark's process did: the raw topic's
     decoding held the GIL the Redis observer needed)."""
@@ -121,7 +141,7 @@ def observe(what: str, where: Where, out: Connection, stop: EventType) -> None:
         if what == "redis":
             follow_redis(where, out, stop)
         else:
-            follow_topic(where, what, out, stop)
+            follow_topic(where, where.raw if what == "raw" else where.topic, out, stop)
     finally:
         out.close()
 
@@ -143,7 +163,7 @@ def follow_topic(where: Where, topic: str, out: Connection, stop: EventType) -> 
             for msg in messages:
                 if msg.error() is None and msg.value() is not None:
                     value = decoder.decode(msg.value())
-                    if topic == RAW:
+                    if topic == where.raw:
                         value = decoder.decode(value["after"]) if value["table"] == "orders" else {}
                     if value.get("note"):
                         tokens.append((value["note"], now))
@@ -160,7 +180,7 @@ def follow_redis(where: Where, out: Connection, stop: EventType) -> None:
     client = redis.Redis.from_url(where.redis_url)
     client.config_set("notify-keyspace-events", "Kh")
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    pubsub.psubscribe("__keyspace@0__:views:orders_enriched:*")
+    pubsub.psubscribe(f"__keyspace@0__:{where.redis_view}:*")
     out.send(READY)
     try:
         while not stop.is_set() and alive():
@@ -197,15 +217,15 @@ def ready(conn: Connection) -> bool:
 
 
 @contextmanager
-def observers(cfg: stack.StackConfig) -> Iterator[tuple[dict[str, int], Seen, Seen, Seen]]:
+def observers(where: Where) -> Iterator[tuple[dict[str, int], Seen, Seen, Seen]]:
     """The three observers, each in a process of its own, reading once this returns: (their pids by name, the
     raw topic's, the view topic's and Redis's ``Seen``); stopped and their last tokens taken afterwards."""
     ctx = multiprocessing.get_context("spawn")
-    stop, where = ctx.Event(), Where(cfg.bootstrap, cfg.registry_url, cfg.redis_url)
+    stop = ctx.Event()
     procs: dict[str, Any] = {}
     seen, takers = [], []
     try:
-        for name, what in (("raw obs", RAW), ("view obs", TOPIC), ("redis obs", "redis")):
+        for name, what in (("raw obs", "raw"), ("view obs", "view"), ("redis obs", "redis")):
             mine, theirs = ctx.Pipe(duplex=False)
             procs[name] = ctx.Process(target=observe, args=(what, where, theirs, stop), daemon=True)
             procs[name].start()
@@ -316,11 +336,11 @@ def describe(name: str, values: list[float], superseded: int) -> str:
             f"max {values[-1]:6.1f} ms   ({counted})")  # fmt: skip
 
 
-def wait_published(cfg: stack.StackConfig, timeout: float = 300) -> None:
+def wait_published(where: Where, timeout: float = 300) -> None:
     """Until the workers published the view (Redis shows a cut)."""
-    client = redis.Redis.from_url(cfg.redis_url)
+    client = redis.Redis.from_url(where.redis_url)
     deadline = time.monotonic() + timeout
-    while client.hget("views:orders_enriched", "cut_lsn") is None:
+    while client.hget(where.redis_view, "cut_lsn") is None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the view was not published within {timeout:.0f} s")
         time.sleep(0.5)
@@ -401,7 +421,7 @@ def load_text() -> str:
 
 # ---- the pipeline -------------------------------------------------------------------------
 @contextmanager
-def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int) -> Iterator[Procs]:
+def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int, prefix: str = PREFIX) -> Iterator[Procs]:
     """Capture and ``workers`` stream workers (one group), stopped afterwards; name -> process."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
@@ -411,14 +431,14 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int) -> Iter
     config = work / "views.toml"
     config.write_text(shop.VIEWS_TOML)
     log = (work / "capture-views.log").open("ab")
-    argv = capture.capture_argv(cfg, "views", "bench_views", work / "state-views")
+    argv = capture.capture_argv(cfg, prefix, "bench_views", work / "state-views")
     procs = {"capture": subprocess.Popen(argv, env={**capture.os.environ, "HEADWATER_CAPTURE_DSN": dsn}, stdout=log,
                                          stderr=subprocess.STDOUT)}  # fmt: skip
     try:
         capture.wait_confirmed(dsn, "bench_views", procs["capture"])
         for i in range(workers):
             (work / f"worker{i}").mkdir()
-            procs[f"worker {i}"] = start_worker(cfg, work, i)
+            procs[f"worker {i}"] = start_worker(cfg, work, i, prefix)
         yield procs
     finally:
         for proc in procs.values():
@@ -435,9 +455,9 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int) -> Iter
                     print(f"  worker {i}:", line.split("] ")[-1])
 
 
-def start_worker(cfg: stack.StackConfig, work: Path, i: int) -> subprocess.Popen[bytes]:
+def start_worker(cfg: stack.StackConfig, work: Path, i: int, prefix: str = PREFIX) -> subprocess.Popen[bytes]:
     """Worker ``i`` of ``pipeline`` (home ``work/worker<i>``, port ``PORT + i``), also when a fault restarts it."""
-    return spawn_worker(cfg, work / f"worker{i}", "views", PORT + i, work / "views.toml")
+    return spawn_worker(cfg, work / f"worker{i}", prefix, PORT + i, work / "views.toml")
 
 
 @dataclass
@@ -513,18 +533,20 @@ def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: 
 
 
 def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = None, workers: int = 1,
-         connections: int = 4) -> None:  # fmt: skip
-    print(f"views bench: {workers} worker(s), {connections} connections; {load_text()}", flush=True)
-    with capture.seeded_stack() as (cfg, dsn, work):
+         connections: int = 4, bootstrap: str = "") -> None:  # fmt: skip
+    print(f"views bench: {workers} worker(s), {connections} connections, {broker_text(bootstrap)}; {load_text()}",
+          flush=True)  # fmt: skip
+    with capture.seeded_stack(kafka_bootstrap=bootstrap) as (cfg, dsn, work), run_topics(cfg) as prefix:
+        where = Where(cfg.bootstrap, cfg.registry_url, cfg.redis_url, prefix)
         conn = psycopg2.connect(dsn)
         with conn.cursor() as cur:
             cur.execute("SELECT id FROM orders ORDER BY id")
             orders = [row[0] for row in cur.fetchall()]
         conn.close()
-        with pipeline(cfg, dsn, work, workers) as procs:
-            wait_published(cfg)
-            with observers(cfg) as (watching, raw_seen, topic_seen, redis_seen):
-                broker = stack.Broker(cfg).pid()
+        with pipeline(cfg, dsn, work, workers, prefix) as procs:
+            wait_published(where)
+            with observers(where) as (watching, raw_seen, topic_seen, redis_seen):
+                broker = None if cfg.kafka_bootstrap else stack.Broker(cfg).pid()  # a Kafka of yours: not measured
                 watching = {**watching, **({BROKER: broker} if broker else {})}
                 run_load(dsn, orders, connections, None, "warm", connections)
                 wait_seen(topic_seen, f"bench-warm-{connections - 1}")
@@ -537,6 +559,32 @@ def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = N
                 slow = steady_phase(dsn, orders, procs, workers, steady, seconds, connections, (topic_seen, redis_seen),
                                     watching)  # fmt: skip
     report(fast, slow, rate, driver, steady, rate_steady is not None, (raw_seen, topic_seen, redis_seen))
+    print(profile_text("kafka" if bootstrap else "tansu"))
+
+
+def broker_text(bootstrap: str) -> str:
+    return f"the Kafka at {bootstrap} (kafka profile)" if bootstrap else "the stack's Tansu broker (tansu profile)"
+
+
+@contextmanager
+def run_topics(cfg: stack.StackConfig) -> Iterator[str]:
+    """The run's topic prefix (``run_prefix``); on a Kafka of your own the topics the run made there — under the
+    prefix, and the workers' Faust app's (``bench-<prefix>-...``) — are deleted after it."""
+    prefix = run_prefix(cfg)
+    try:
+        yield prefix
+    finally:
+        if cfg.kafka_bootstrap:
+            drop_topics(cfg.bootstrap, (f"{prefix}.", f"bench-{prefix}-"))
+
+
+def drop_topics(bootstrap: str, starts: tuple[str, ...]) -> None:
+    """Delete the topics whose names start with one of ``starts``, and say how many."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [name for name in admin.list_topics(timeout=30).topics if name.startswith(starts)]
+    for future in (admin.delete_topics(names, operation_timeout=30).values() if names else ()):
+        future.result(timeout=60)
+    print(f"  deleted this run's {len(names)} topics ({', '.join(s + '*' for s in starts)}) from {bootstrap}")
 
 
 def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, given: bool,
@@ -564,9 +612,18 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     if slow.broker:
         print(broker_line(slow.broker))
     print(f"  {load_text()} (after)")
-    print(f"  capture: librdkafka idempotent acks=all, tansu profile (linger {TANSU_LINGER_MS} ms); worker: tansu "
-          "profile (Faust fetch wait 10 ms),")
-    print(f"  batch wait 5 ms, view rows by librdkafka idempotent acks=all linger {VIEW_ROWS_LINGER_MS} ms (points, "
-          "fragments, cuts: 0 ms);")
-    print("  observers (each a process of its own) fetch wait 5 ms; the burst commits with synchronous_commit off, the")
-    print("  steady load with it on")
+
+
+def profile_text(profile: str) -> str:
+    """The footer: what capture, the workers and the observers ran with (``profile``: tansu or kafka)."""
+    linger = TANSU_LINGER_MS if profile == "tansu" else DEFAULTS["linger.ms"]
+    fetch = "Faust fetch wait 10 ms" if profile == "tansu" else "librdkafka's default fetch wait"
+    return "\n".join([
+        f"  capture: librdkafka idempotent acks=all, {profile} profile (linger {linger} ms);",
+        f"  worker: {profile} profile ({fetch}), batch wait 5 ms,",
+        f"  view rows by librdkafka idempotent acks=all linger {VIEW_ROWS_LINGER_MS} ms (points, fragments, cuts: "
+        "0 ms);",
+        "  observers (each a process of its own) fetch wait 5 ms; the burst commits with synchronous_commit off, the",
+        "  steady load with it on" + ("" if profile == "tansu" else "; the broker's CPU is not counted (a Kafka of "
+                                       "your own: not a process of this run)"),
+    ])  # fmt: skip

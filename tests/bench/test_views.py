@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from bench import views
 from bench.views import STAGES, Sample, Seen, broker_line, broker_shares, latencies, stage_lines, until_shown
+from tables.config import StackConfig, check_prefix
 
 pytestmark = pytest.mark.unit
 
@@ -94,3 +96,15 @@ def test_no_broker_process_gives_no_shares(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_the_shares_are_printed_in_order_with_two_decimals() -> None:
     assert broker_line([0.314, 0.5]) == "  the broker's share of a core, each 10 s of the load: 0.31 0.50"
+
+
+def test_a_run_on_a_kafka_of_your_own_has_a_prefix_of_its_own_and_says_its_profile(tmp_path: Path) -> None:
+    own = StackConfig(data_dir=tmp_path, kafka_bootstrap="127.0.0.1:9092")
+    prefix = views.run_prefix(own, clock=lambda: 1_764_500_000.5)
+    assert prefix == "hwbench-1764500000"
+    check_prefix("topic_prefix", prefix)
+    assert views.Where("b", "r", "u", prefix).raw == "hwbench-1764500000.changes"
+    assert views.run_prefix(StackConfig(data_dir=tmp_path)) == views.PREFIX  # the bench stack's broker, made afresh
+    footer = views.profile_text("kafka")
+    assert "kafka profile (linger 5 ms)" in footer and "tansu" not in footer
+    assert "tansu profile (linger 50 ms)" in views.profile_text("tansu")
