@@ -5,7 +5,10 @@ configured port and health-checked, and is harmless to repeat; if any service fa
 the ones this call started are stopped again and the error shows the tail of the
 failing service's log. ``down`` stops all four and leaves no process behind.
 ``status`` reports each service's address and health. All state lives under
-``data_dir``; the broker keeps its topics in memory, so they end with it.
+``data_dir``; the broker keeps its topics in memory, so they end with it. With a Kafka
+of your own (``kafka_bootstrap``) no broker is started or stopped: ``up`` checks that it
+answers (and that no Tansu of this stack still runs), ``status`` shows whether it answers,
+and the registry keeps its schemas there (``registry_topic``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tables.errors import ConfigError, MissingBinaryError, PortInUseError, Servi
 
 INSTALL_HINT = "run './dev setup' from the repository (it installs the Debian packages and Python deps)"
 OWN_KAFKA_SCHEMAS = "_headwater_schemas"  # the registry's topic on a Kafka of your own (not a Confluent registry's)
+OWN_KAFKA_HINT = "start it (e.g. 'docker compose up -d kafka'), or remove kafka_bootstrap from [stack] to run Tansu"
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -295,6 +299,44 @@ class Broker(Service):
         return f"kafka://{self.address} (Tansu, in-memory)"
 
 
+class OwnKafka(Service):
+    """A Kafka of your own (``kafka_bootstrap``): never started nor stopped here, only asked whether it answers."""
+
+    name = "kafka"
+
+    @property
+    def address(self) -> str:
+        return self.cfg.kafka_bootstrap
+
+    def start(self) -> bool:
+        if Broker(self.cfg).pid() is not None:
+            raise ConfigError("the stack's own broker (Tansu) still runs: its topics and registry are not on the "
+                              f"Kafka at {self.address}", key="kafka_bootstrap",
+                              hint="run 'headwater stack down' first, then 'headwater stack up'")  # fmt: skip
+        if not self.healthy():
+            raise ConfigError(f"the Kafka at {self.address} does not answer", key="kafka_bootstrap",
+                              hint=OWN_KAFKA_HINT)  # fmt: skip
+        return False
+
+    def healthy(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            AdminClient({"bootstrap.servers": self.address, "log_level": 0}).list_topics(timeout=5)
+        except Exception:
+            return False
+        return True
+
+    def pid(self) -> int | None:
+        return None
+
+    def stop(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return f"kafka://{self.address} (yours)"
+
+
 class Registry(Service):
     name = "registry"
     port_field = "registry_port"
@@ -302,8 +344,14 @@ class Registry(Service):
     def argv(self) -> list[str]:
         return [
             sys.executable, "-m", "registry", "--host", self.cfg.host, "--port", str(self.port),
-            "--bootstrap", self.cfg.bootstrap, *(["--topic", OWN_KAFKA_SCHEMAS] if self.cfg.kafka_bootstrap else []),
+            "--bootstrap", self.cfg.bootstrap, *(["--topic", self.topic] if self.topic else []),
         ]  # fmt: skip
+
+    @property
+    def topic(self) -> str:
+        """Where the schemas are kept: ``registry_topic``, else the registry's own default (``_schemas``) on the
+        stack's broker and ``OWN_KAFKA_SCHEMAS`` on a Kafka of your own."""
+        return self.cfg.registry_topic or (OWN_KAFKA_SCHEMAS if self.cfg.kafka_bootstrap else "")
 
     def healthy(self) -> bool:
         try:
@@ -346,10 +394,10 @@ class Redis(Service):
 
 
 def services(cfg: StackConfig) -> list[Service]:
-    """The stack in start order (the registry needs the broker); no broker with a Kafka of your own
-    (``kafka_bootstrap``: the registry keeps its schemas there)."""
-    broker = [] if cfg.kafka_bootstrap else [Broker(cfg)]
-    return [Postgres(cfg), *broker, Redis(cfg), Registry(cfg)]
+    """The stack in start order (the registry needs the broker): a Kafka of your own (``kafka_bootstrap``) in the
+    broker's place."""
+    broker = OwnKafka(cfg) if cfg.kafka_bootstrap else Broker(cfg)
+    return [Postgres(cfg), broker, Redis(cfg), Registry(cfg)]
 
 
 def up(cfg: StackConfig) -> list[str]:
@@ -370,7 +418,8 @@ def down(cfg: StackConfig) -> list[str]:
     """Stop the demo's capture and stream worker (if running) and every service; the names that were running."""
     run = cfg.data_dir.resolve() / "run"
     stopped = [name for name in ("streams", "capture") if process.stop(run / f"{name}.pid")]
-    return stopped + [s.name for s in reversed(services(cfg)) if s.stop()]
+    left = [Broker(cfg)] if cfg.kafka_bootstrap else []  # a Tansu started before kafka_bootstrap was set
+    return stopped + [s.name for s in [*reversed(services(cfg)), *left] if s.stop()]
 
 
 @dataclass(frozen=True)
@@ -379,9 +428,12 @@ class ServiceStatus:
     address: str
     pid: int | None
     healthy: bool
+    yours: bool = False  # not a process of the stack (a Kafka of your own): healthy when it answers
 
     @property
     def state(self) -> str:
+        if self.yours:
+            return "healthy" if self.healthy else "unreachable"
         if self.pid is None:
             return "stopped"
         return "healthy" if self.healthy else "unhealthy"
@@ -391,7 +443,8 @@ def status(cfg: StackConfig) -> list[ServiceStatus]:
     out = []
     for service in services(cfg):
         pid = service.pid()
-        out.append(ServiceStatus(service.name, service.describe(), pid, pid is not None and service.healthy()))
+        healthy = service.healthy() if isinstance(service, OwnKafka) else pid is not None and service.healthy()
+        out.append(ServiceStatus(service.name, service.describe(), pid, healthy, isinstance(service, OwnKafka)))
     return out
 
 

@@ -29,7 +29,7 @@ from tables.config import (
     config_path,
     load_component,
     masked_repr,
-    on_local_broker,
+    on_local_stack,
     read_file,
     resolve_profile,
     setting,
@@ -173,7 +173,7 @@ def load_streams(environ: Mapping[str, str] | None = None, explicit: str | None 
     unset ``debezium_database`` is its database."""
     env = os.environ if environ is None else environ
     loaded = load_component(StreamsConfig, "streams", path=config_path(explicit, env), environ=env)
-    if on_local_broker(loaded) and loaded.local is not None and not loaded.config.debezium_database:
+    if on_local_stack(loaded) and loaded.local is not None and not loaded.config.debezium_database:
         loaded = loaded.replace("debezium_database", loaded.local.database, Source("stack", "database"))
     return resolve_profile(loaded)
 

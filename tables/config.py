@@ -641,19 +641,20 @@ def check_profile(value: str) -> None:
         raise InvalidSetting("broker_profile", f"must be one of {', '.join(BROKER_PROFILES)}, got {value!r}")
 
 
-def on_local_broker(loaded: Loaded[Any]) -> bool:
-    """Whether the component's broker is the local stack's (Tansu), however it was named: a Kafka of your own
-    for the stack (``kafka_bootstrap``) is not."""
-    local = loaded.local
-    return local is not None and not local.kafka_bootstrap and cast(Any, loaded.config).bootstrap == local.bootstrap
+def on_local_stack(loaded: Loaded[Any]) -> bool:
+    """Whether the component's broker is the local stack's — its Tansu, or the Kafka of your own it runs on
+    (``kafka_bootstrap``) — however it was named."""
+    return loaded.local is not None and cast(Any, loaded.config).bootstrap == loaded.local.bootstrap
 
 
 def resolve_profile(loaded: Loaded[T]) -> Loaded[T]:
-    """``broker_profile = auto`` made ``tansu`` exactly when the component's broker is the local stack's
-    (``on_local_broker``), else ``kafka``; an explicit profile is kept."""
+    """``broker_profile = auto`` made ``tansu`` exactly when the component's broker is the local stack's Tansu
+    (``on_local_stack``, without ``kafka_bootstrap``), else ``kafka``; an explicit profile is kept."""
     if cast(Any, loaded.config).broker_profile != "auto" or loaded.local is None:
         return loaded
-    on_local = on_local_broker(loaded)
+    on_local = on_local_stack(loaded)
+    if on_local and loaded.local.kafka_bootstrap:
+        return loaded.replace("broker_profile", "kafka", Source("auto", "the local stack runs on a Kafka of your own"))
     why = "the broker is the local stack's" if on_local else "the broker is not the local stack's"
     return loaded.replace("broker_profile", "tansu" if on_local else "kafka", Source("auto", why))
 
@@ -682,10 +683,13 @@ class StackConfig:
     start_timeout: float = setting(60.0, "seconds each service may take to become healthy")
     kafka_bootstrap: str = setting("", "a Kafka of your own (host:port[,host:port...]): the stack starts no broker "
                                        "and every component uses this one")  # fmt: skip
+    registry_topic: str = setting("", "the registry's topic (default: _schemas on the stack's broker, "
+                                      "_headwater_schemas on a Kafka of your own)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.kafka_bootstrap:
             check_bootstrap("kafka_bootstrap", self.kafka_bootstrap)
+        check_prefix("registry_topic", self.registry_topic)
         ports = {
             "postgres_port": self.postgres_port,
             "kafka_port": self.kafka_port,

@@ -123,27 +123,39 @@ def test_a_stack_on_a_kafka_of_your_own_starts_no_broker_and_keeps_its_schemas_t
     project: tuple[Path, dict[str, str]],
 ) -> None:
     """``kafka_bootstrap``: the stack starts PostgreSQL, Redis and the registry, whose schemas go to a topic of its
-    own on that Kafka (not a Confluent registry's ``_schemas``); ``down`` leaves that Kafka running."""
+    own on that Kafka (not a Confluent registry's ``_schemas``); ``status`` tells whether that Kafka answers, ``up``
+    refuses one that does not, or while the stack's Tansu still runs; ``down`` leaves that Kafka running."""
     cwd, ports = project
+    data_dir = Path(cwd.joinpath("headwater.toml").read_text().split('"')[1])
+    assert headwater("stack", "up", cwd=cwd).returncode == 0  # on Tansu first
     with stack_dir() as elsewhere:
         own = stack.Broker(stack.StackConfig(data_dir=elsewhere, kafka_port=free_ports(1)[0], start_timeout=30))
         own.start()
         try:
             config = cwd / "headwater.toml"
             config.write_text(config.read_text().replace("[stack]\n", f'[stack]\nkafka_bootstrap = "{own.address}"\n'))
+            refused = headwater("stack", "up", cwd=cwd)
+            assert refused.returncode == 2 and "Tansu) still runs" in refused.stderr, refused.stderr
+            assert "kafka_bootstrap" in refused.stderr and "headwater stack down" in refused.stderr
+            assert "stopped: registry, redis, postgres, kafka" in headwater("stack", "down", cwd=cwd).stdout
             up = headwater("stack", "up", cwd=cwd)
             assert up.returncode == 0, up.stderr
-            assert "started: postgres, redis, registry" in up.stdout and up.stdout.count("healthy") == 3
+            assert "started: postgres, redis, registry" in up.stdout and up.stdout.count("healthy") == 4
+            assert f"kafka://{own.address} (yours)" in up.stdout
             subject = f"http://127.0.0.1:{ports['registry']}/subjects/t-value/versions"
             answer = httpx.post(subject, json={"schema": '"string"'}, timeout=10)
             assert answer.status_code == 200, answer.text
             topics = AdminClient({"bootstrap.servers": own.address}).list_topics(timeout=10).topics
             assert stack.OWN_KAFKA_SCHEMAS in topics and "_schemas" not in topics
-            down = headwater("stack", "down", cwd=cwd)
-            assert down.returncode == 0 and "stopped: registry, redis, postgres" in down.stdout
-            assert own.pid() is not None  # not the stack's to stop
         finally:
             own.stop()
+    status = headwater("stack", "status", cwd=cwd)
+    assert status.returncode == 3 and "unreachable" in status.stdout
+    assert "stopped: registry, redis, postgres\n" in headwater("stack", "down", cwd=cwd).stdout
+    unanswered = headwater("stack", "up", cwd=cwd)
+    assert unanswered.returncode == 2 and "does not answer" in unanswered.stderr, unanswered.stderr
+    assert "docker compose up -d kafka" in unanswered.stderr and "Traceback" not in unanswered.stderr
+    assert processes_in(data_dir) == []
 
 
 @pytest.mark.slow

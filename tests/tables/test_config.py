@@ -84,6 +84,13 @@ def test_a_kafka_of_your_own_that_is_not_host_port_is_refused_naming_the_key(tmp
     assert (info.value.key, info.value.line) == ("kafka_bootstrap", 2)
 
 
+def test_a_registry_topic_that_is_no_topic_name_is_refused_naming_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, '[stack]\nregistry_topic = "my schemas"\n')
+    with pytest.raises(ConfigError, match="letters, digits") as info:
+        load(StackConfig, "stack", path=path, environ={})
+    assert (info.value.key, info.value.line) == ("registry_topic", 2)
+
+
 def test_a_stack_on_a_kafka_of_your_own_gives_every_component_that_kafka_and_the_kafka_profile(tmp_path: Path) -> None:
     path = write(tmp_path, '[stack]\nkafka_bootstrap = "k1:9092, k2:9093"\n')
     local = load(StackConfig, "stack", path=path, environ={})
@@ -91,7 +98,8 @@ def test_a_stack_on_a_kafka_of_your_own_gives_every_component_that_kafka_and_the
     streams = load_streams({"HEADWATER_CONFIG": str(path)})
     assert (streams.config.bootstrap, streams.config.broker_profile) == ("k1:9092, k2:9093", "kafka")
     assert streams.source("bootstrap") == "local stack ([stack] kafka_bootstrap)"
-    assert streams.source("broker_profile") == "default, auto: the broker is not the local stack's"
+    assert streams.source("broker_profile") == "default, auto: the local stack runs on a Kafka of your own"
+    assert streams.config.debezium_database == local.database  # still the local stack's
     assert load_capture(str(path), {}).config.broker_profile == "kafka"
 
 
