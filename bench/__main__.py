@@ -9,9 +9,10 @@ import argparse
 import sys
 
 from bench import analytics, backfill, brokerfetch, capture, debezium, fanout, lookups, schema, shopview, tables, views
+from tables.config import InvalidSetting, check_bootstrap
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("which", nargs="?", default="all",
                         choices=["all", "capture", "backfill", "fanout", "debezium", "tables", "schema", "views",
@@ -43,7 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault", choices=shopview.FAULTS, default=None,
                         help="shopview: 20 s into the load, stop the raw partition's owner for 20 s (pause) or "
                              "kill -9 it and start it again (kill)")  # fmt: skip
+    return parser
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; a ``--bootstrap`` that is not host:port, or given to another benchmark, is refused."""
+    parser = make_parser()
     args = parser.parse_args(argv)
+    if args.bootstrap:
+        if args.which != "views":
+            parser.error("--bootstrap is taken by the views benchmark only: run 'views' with it")
+        try:
+            check_bootstrap("--bootstrap", args.bootstrap)
+        except InvalidSetting as exc:
+            parser.error(f"--bootstrap {exc}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.which in ("all", "capture"):
         capture.main(changes=args.changes, rows=args.rows)
     if args.which in ("all", "capture", "backfill"):

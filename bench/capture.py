@@ -212,14 +212,15 @@ def kafka_alone(cfg: stack.StackConfig, messages: int, workers: int, size: int =
 
 
 @contextlib.contextmanager
-def seeded_stack(kafka_bootstrap: str = "") -> Iterator[tuple[stack.StackConfig, str, Path]]:
+def seeded_stack(kafka_bootstrap: str = "", registry_topic: str = "") -> Iterator[tuple[stack.StackConfig, str, Path]]:
     """The benchmarks' own stack (fixed ports) with a small sample shop; removed afterwards. ``kafka_bootstrap``: a
-    Kafka of your own instead of the stack's broker."""
+    Kafka of your own instead of the stack's broker; ``registry_topic``: where the registry keeps its schemas."""
     work = Path(tempfile.mkdtemp(prefix="headwater-bench-"))
     work.chmod(0o755)
     pg, kafka, registry, redis = 55432, 29092, 28081, 26379
     cfg = stack.StackConfig(data_dir=work / "stack", postgres_port=pg, kafka_port=kafka, registry_port=registry,
-                            redis_port=redis, kafka_bootstrap=kafka_bootstrap)  # fmt: skip
+                            redis_port=redis, kafka_bootstrap=kafka_bootstrap,
+                            registry_topic=registry_topic)  # fmt: skip
     try:
         with stack.running(cfg):
             dsn = cfg.dsn()

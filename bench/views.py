@@ -68,6 +68,7 @@ from bench.fanout import spawn_worker
 from capture.producer import DEFAULTS, TANSU_LINGER_MS
 from headwater import shop, stack
 from streams.clients import VIEW_ROWS_LINGER_MS
+from tables import topics
 from tables.registry import Registry
 
 PORT = 26067  # worker i listens on PORT + i
@@ -115,21 +116,22 @@ class Where:
 
     @property
     def raw(self) -> str:
-        return f"{self.prefix}.changes"
+        return topics.changes_topic(self.prefix)
 
     @property
     def topic(self) -> str:
-        return f"{self.prefix}.views.{VIEW}"
+        return topics.view_topic(self.prefix, VIEW)
 
     @property
     def redis_view(self) -> str:
-        return f"{self.prefix}:{VIEW}"
+        return topics.view_key(self.prefix, VIEW)
 
 
-def run_prefix(cfg: stack.StackConfig, clock: Callable[[], float] = time.time) -> str:
+def run_prefix(bootstrap: str, clock: Callable[[], float] = time.time) -> str:
     """The run's topic prefix: ``PREFIX`` on the bench stack's own broker (made afresh for each run), one of its own
-    on a Kafka of yours (``kafka_bootstrap``), which keeps what earlier runs made."""
-    return f"hwbench-{int(clock())}" if cfg.kafka_bootstrap else PREFIX
+    on a Kafka of yours (``bootstrap``), which keeps what earlier runs made (the time and the process: two runs
+    started in the same second differ)."""
+    return f"hwbench-{int(clock())}-{os.getpid()}" if bootstrap else PREFIX
 
 
 def observe(what: str, where: Where, out: Connection, stop: EventType) -> None:
@@ -536,7 +538,9 @@ def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = N
          connections: int = 4, bootstrap: str = "") -> None:  # fmt: skip
     print(f"views bench: {workers} worker(s), {connections} connections, {broker_text(bootstrap)}; {load_text()}",
           flush=True)  # fmt: skip
-    with capture.seeded_stack(kafka_bootstrap=bootstrap) as (cfg, dsn, work), run_topics(cfg) as prefix:
+    prefix = run_prefix(bootstrap)
+    schemas = f"{prefix}._schemas" if bootstrap else ""  # on a Kafka of yours, deleted with the run's topics
+    with run_topics(bootstrap, prefix), capture.seeded_stack(bootstrap, schemas) as (cfg, dsn, work):
         where = Where(cfg.bootstrap, cfg.registry_url, cfg.redis_url, prefix)
         conn = psycopg2.connect(dsn)
         with conn.cursor() as cur:
@@ -567,24 +571,30 @@ def broker_text(bootstrap: str) -> str:
 
 
 @contextmanager
-def run_topics(cfg: stack.StackConfig) -> Iterator[str]:
-    """The run's topic prefix (``run_prefix``); on a Kafka of your own the topics the run made there — under the
-    prefix, and the workers' Faust app's (``bench-<prefix>-...``) — are deleted after it."""
-    prefix = run_prefix(cfg)
+def run_topics(bootstrap: str, prefix: str) -> Iterator[None]:
+    """On a Kafka of your own (``bootstrap``), what the run made there is deleted after it: the topics under its
+    prefix (the registry's ``<prefix>._schemas`` among them) and the workers' Faust app's (``bench-<prefix>-...``),
+    and that app's consumer group; what could not be is named."""
     try:
-        yield prefix
+        yield
     finally:
-        if cfg.kafka_bootstrap:
-            drop_topics(cfg.bootstrap, (f"{prefix}.", f"bench-{prefix}-"))
+        if bootstrap:
+            drop_run(bootstrap, (f"{prefix}.", f"bench-{prefix}-"), f"bench-{prefix}")
 
 
-def drop_topics(bootstrap: str, starts: tuple[str, ...]) -> None:
-    """Delete the topics whose names start with one of ``starts``, and say how many."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    names = [name for name in admin.list_topics(timeout=30).topics if name.startswith(starts)]
-    for future in (admin.delete_topics(names, operation_timeout=30).values() if names else ()):
-        future.result(timeout=60)
-    print(f"  deleted this run's {len(names)} topics ({', '.join(s + '*' for s in starts)}) from {bootstrap}")
+def drop_run(bootstrap: str, starts: tuple[str, ...], group: str) -> None:
+    """Delete the topics whose names start with one of ``starts`` and the consumer group ``group``; say what."""
+    admin, what = AdminClient({"bootstrap.servers": bootstrap}), f"{', '.join(s + '*' for s in starts)}, group {group}"
+    try:
+        names = [name for name in admin.list_topics(timeout=30).topics if name.startswith(starts)]
+        for future in (admin.delete_topics(names, operation_timeout=30).values() if names else ()):
+            future.result(timeout=60)
+        for future in admin.delete_consumer_groups([group], request_timeout=30).values():
+            future.result(timeout=60)
+    except Exception as exc:  # the run's own error, if any, stays the one raised
+        print(f"  could not delete this run's topics and group ({what}) from {bootstrap}: {exc}; delete them by hand")
+        return
+    print(f"  deleted this run's {len(names)} topics and its group ({what}) from {bootstrap}")
 
 
 def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, given: bool,

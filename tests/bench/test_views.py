@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from bench import views
 from bench.views import STAGES, Sample, Seen, broker_line, broker_shares, latencies, stage_lines, until_shown
-from tables.config import StackConfig, check_prefix
+from tables.config import check_prefix
 
 pytestmark = pytest.mark.unit
 
@@ -98,13 +98,13 @@ def test_the_shares_are_printed_in_order_with_two_decimals() -> None:
     assert broker_line([0.314, 0.5]) == "  the broker's share of a core, each 10 s of the load: 0.31 0.50"
 
 
-def test_a_run_on_a_kafka_of_your_own_has_a_prefix_of_its_own_and_says_its_profile(tmp_path: Path) -> None:
-    own = StackConfig(data_dir=tmp_path, kafka_bootstrap="127.0.0.1:9092")
-    prefix = views.run_prefix(own, clock=lambda: 1_764_500_000.5)
-    assert prefix == "hwbench-1764500000"
+def test_a_run_on_a_kafka_of_your_own_has_a_prefix_of_its_own_and_says_its_profile() -> None:
+    prefix = views.run_prefix("127.0.0.1:9092", clock=lambda: 1_764_500_000.5)
+    assert prefix == f"hwbench-1764500000-{os.getpid()}"
     check_prefix("topic_prefix", prefix)
-    assert views.Where("b", "r", "u", prefix).raw == "hwbench-1764500000.changes"
-    assert views.run_prefix(StackConfig(data_dir=tmp_path)) == views.PREFIX  # the bench stack's broker, made afresh
+    where = views.Where("b", "r", "u", prefix)
+    assert (where.raw, where.topic) == (f"{prefix}.changes", f"{prefix}.views.orders_enriched")
+    assert views.run_prefix("") == views.PREFIX  # the bench stack's broker, made afresh
     footer = views.profile_text("kafka")
     assert "kafka profile (linger 5 ms)" in footer and "tansu" not in footer
     assert "tansu profile (linger 50 ms)" in views.profile_text("tansu")
