@@ -59,7 +59,7 @@ from typing import Any
 import httpx
 import psycopg2
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -579,22 +579,38 @@ def run_topics(bootstrap: str, prefix: str) -> Iterator[None]:
         yield
     finally:
         if bootstrap:
-            drop_run(bootstrap, (f"{prefix}.", f"bench-{prefix}-"), f"bench-{prefix}")
+            app = f"bench-{prefix}"  # the workers' Faust app: its topics and its consumer group
+            done, said = drop_topics(bootstrap, (topics.under(prefix), f"{app}-"))
+            print(f"  {said}; {drop_group(bootstrap, app) if done else f'its group {app} is left too'}")
 
 
-def drop_run(bootstrap: str, starts: tuple[str, ...], group: str) -> None:
-    """Delete the topics whose names start with one of ``starts`` and the consumer group ``group``; say what."""
-    admin, what = AdminClient({"bootstrap.servers": bootstrap}), f"{', '.join(s + '*' for s in starts)}, group {group}"
+def drop_topics(bootstrap: str, starts: tuple[str, ...]) -> tuple[bool, str]:
+    """Delete the topics whose names start with one of ``starts``: whether it did, and what was done or what is left
+    to do by hand (the run's own error, if any, stays the one raised)."""
+    what = ", ".join(f"{start}*" for start in starts)
     try:
-        names = [name for name in admin.list_topics(timeout=30).topics if name.startswith(starts)]
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        names = [name for name in admin.list_topics(timeout=10).topics if name.startswith(starts)]
         for future in (admin.delete_topics(names, operation_timeout=30).values() if names else ()):
             future.result(timeout=60)
-        for future in admin.delete_consumer_groups([group], request_timeout=30).values():
-            future.result(timeout=60)
-    except Exception as exc:  # the run's own error, if any, stays the one raised
-        print(f"  could not delete this run's topics and group ({what}) from {bootstrap}: {exc}; delete them by hand")
-        return
-    print(f"  deleted this run's {len(names)} topics and its group ({what}) from {bootstrap}")
+    except Exception as exc:
+        return False, f"could not delete this run's topics ({what}) from {bootstrap}: {exc}; delete them by hand"
+    return True, f"deleted this run's {len(names)} topics ({what}) from {bootstrap}"
+
+
+def drop_group(bootstrap: str, group: str) -> str:
+    """Delete consumer group ``group`` (one never made is no error): what was done, or what is left to do."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})  # held until its futures are done
+    try:
+        for future in admin.delete_consumer_groups([group]).values():
+            future.result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+            return f"no group {group} to delete"
+        return f"could not delete group {group}: {exc}; delete it by hand"
+    except Exception as exc:
+        return f"could not delete group {group}: {exc}; delete it by hand"
+    return f"deleted group {group}"
 
 
 def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, given: bool,

@@ -77,6 +77,7 @@ class Service:
     name = ""
     port_field = ""
     stop_signal = signal.SIGTERM
+    yours = False  # not a process of the stack (a Kafka of your own): never started or stopped, healthy when it answers
 
     def __init__(self, cfg: StackConfig) -> None:
         self.cfg = cfg
@@ -284,25 +285,28 @@ class Broker(Service):
         ]  # fmt: skip
 
     def healthy(self) -> bool:
-        if not _accepts(self.cfg.host, self.port):
-            return False
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.address, "log_level": 0})
-        try:
-            admin.list_topics(timeout=3)
-        except Exception:
-            return False
-        return True
+        return _accepts(self.cfg.host, self.port) and kafka_answers(self.address, timeout=3)
 
     def describe(self) -> str:
         return f"kafka://{self.address} (Tansu, in-memory)"
+
+
+def kafka_answers(bootstrap: str, timeout: float) -> bool:
+    """Whether the Kafka at ``bootstrap`` lists its topics within ``timeout`` seconds."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=timeout)
+    except Exception:
+        return False
+    return True
 
 
 class OwnKafka(Service):
     """A Kafka of your own (``kafka_bootstrap``): never started nor stopped here, only asked whether it answers."""
 
     name = "kafka"
+    yours = True
 
     @property
     def address(self) -> str:
@@ -319,13 +323,7 @@ class OwnKafka(Service):
         return False
 
     def healthy(self) -> bool:
-        from confluent_kafka.admin import AdminClient
-
-        try:
-            AdminClient({"bootstrap.servers": self.address, "log_level": 0}).list_topics(timeout=5)
-        except Exception:
-            return False
-        return True
+        return kafka_answers(self.address, timeout=5)
 
     def pid(self) -> int | None:
         return None
@@ -443,8 +441,8 @@ def status(cfg: StackConfig) -> list[ServiceStatus]:
     out = []
     for service in services(cfg):
         pid = service.pid()
-        healthy = service.healthy() if isinstance(service, OwnKafka) else pid is not None and service.healthy()
-        out.append(ServiceStatus(service.name, service.describe(), pid, healthy, isinstance(service, OwnKafka)))
+        healthy = service.healthy() if service.yours else pid is not None and service.healthy()
+        out.append(ServiceStatus(service.name, service.describe(), pid, healthy, service.yours))
     return out
 
 

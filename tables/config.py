@@ -507,6 +507,13 @@ def check_prefix(name: str, prefix: str) -> None:
         raise InvalidSetting(name, f"must be letters, digits, '.', '_' or '-' (it starts topic names), got {prefix!r}")
 
 
+def check_topic(name: str, topic: str) -> None:
+    """Raise InvalidSetting unless ``topic`` is a name Kafka accepts for a topic."""
+    if not TOPIC_PREFIX.match(topic) or topic in (".", "..") or len(topic) > 249:
+        raise InvalidSetting(name, f"must be a Kafka topic name: 1-249 letters, digits, '.', '_' or '-', and not '.' "
+                                   f"or '..', got {topic!r}")  # fmt: skip
+
+
 def check_url(name: str, url: str, schemes: Collection[str], example: str) -> None:
     """Raise InvalidSetting unless ``url`` is empty or a URL of one of ``schemes`` with a host."""
     try:
@@ -689,7 +696,8 @@ class StackConfig:
     def __post_init__(self) -> None:
         if self.kafka_bootstrap:
             check_bootstrap("kafka_bootstrap", self.kafka_bootstrap)
-        check_prefix("registry_topic", self.registry_topic)
+        if self.registry_topic:
+            check_topic("registry_topic", self.registry_topic)
         ports = {
             "postgres_port": self.postgres_port,
             "kafka_port": self.kafka_port,

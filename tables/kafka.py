@@ -243,7 +243,7 @@ class StallWatch:
     when the broker answered (unless the reader reached its end meanwhile). The reader's positions are looked
     at no more than every ``LOOK_EVERY_S`` (the empty reads between two looks count as one stretch): a look
     holds the GIL in librdkafka's calls, mostly waiting rather than computing, and looking at every empty read
-    of a 5 ms wait held it for 14-39% of the GIL time of the worker's fan-out, views and table feeds under the
+    of a 5 ms wait held it for 15-42% of the GIL time of the worker's fan-out, views and table feeds under the
     views benchmark at 1,000 transactions/s (py-spy --gil, 2026-11-30: the worker's samples holding the GIL
     fell by 19%; its CPU did not change)."""
 
