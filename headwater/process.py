@@ -67,6 +67,14 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def arguments(pid: int) -> list[str]:
+    """A live process's command line, one argument each (empty when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
 def is_running(pid: int) -> bool:
     """True if ``pid`` is a live (not zombie) process."""
     child = _CHILDREN.get(pid)

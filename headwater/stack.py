@@ -8,7 +8,8 @@ failing service's log. ``down`` stops all four and leaves no process behind.
 ``data_dir``; the broker keeps its topics in memory, so they end with it. With a Kafka
 of your own (``kafka_bootstrap``) no broker is started or stopped: ``up`` checks that it
 answers (and that no Tansu of this stack still runs), ``status`` shows whether it answers,
-and the registry keeps its schemas there (``registry_topic``).
+and the registry keeps its schemas there (``registry_topic``); a registry already running
+on another Kafka or topic is refused, not kept.
 """
 
 from __future__ import annotations
@@ -338,6 +339,17 @@ class OwnKafka(Service):
 class Registry(Service):
     name = "registry"
     port_field = "registry_port"
+
+    def start(self) -> bool:
+        """As every service's, but one already running with other settings (another Kafka or topic: set or unset
+        ``kafka_bootstrap`` or ``registry_topic`` since) is refused rather than kept."""
+        pid, wanted = self.pid(), self.argv()[2:]  # from "registry" on: the interpreter may be another venv's
+        running = [] if pid is None else process.arguments(pid)
+        if pid is not None and running[-len(wanted):] != wanted:
+            raise ConfigError(f"the registry runs with {' '.join(running[3:])}, the settings now say "
+                              f"{' '.join(wanted[1:])}", hint="run 'headwater stack down' first, then "
+                              "'headwater stack up'")  # fmt: skip
+        return super().start()
 
     def argv(self) -> list[str]:
         return [

@@ -147,6 +147,14 @@ def test_a_stack_on_a_kafka_of_your_own_starts_no_broker_and_keeps_its_schemas_t
             assert answer.status_code == 200, answer.text
             topics = AdminClient({"bootstrap.servers": own.address}).list_topics(timeout=10).topics
             assert stack.OWN_KAFKA_SCHEMAS in topics and "_schemas" not in topics
+            mine = config.read_text()
+            config.write_text(mine.replace(f'kafka_bootstrap = "{own.address}"\n', ""))  # back to Tansu, still up
+            moved = headwater("stack", "up", cwd=cwd)
+            assert moved.returncode == 2 and f"the registry runs with --host 127.0.0.1 --port {ports['registry']} " \
+                f"--bootstrap {own.address} --topic {stack.OWN_KAFKA_SCHEMAS}, the settings now say" in moved.stderr
+            assert "headwater stack down" in moved.stderr
+            assert not any("--listener-url" in line for line in processes_in(data_dir))  # the Tansu it started: gone
+            config.write_text(mine)
         finally:
             own.stop()
     status = headwater("stack", "status", cwd=cwd)
