@@ -60,19 +60,17 @@ def open_log(log: Path) -> IO[bytes]:
         raise
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def arguments(pid: int) -> list[str]:
     """A live process's command line, one argument each (empty when it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
     except OSError:
         return []
+
+
+def command_line(pid: int) -> str:
+    """A live process's command line as one string, its arguments joined by spaces ("" when it is gone)."""
+    return " ".join(arguments(pid))
 
 
 def is_running(pid: int) -> bool:
@@ -94,7 +92,7 @@ def recorded_pid(pidfile: Path) -> int | None:
         pid = int(pid_text)
     except (OSError, ValueError):
         return None
-    if is_running(pid) and os.path.basename(program) in _cmdline(pid):
+    if is_running(pid) and os.path.basename(program) in command_line(pid):
         return pid
     return None
 

@@ -59,13 +59,6 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _accepts(host: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
         return True
@@ -230,7 +223,7 @@ class Postgres(Service):
             pid = int((self.dir / "postmaster.pid").read_text(encoding="utf-8").split("\n", 1)[0])
         except (OSError, ValueError):
             return None
-        if not process.is_running(pid) or str(self.dir) not in _cmdline(pid):
+        if not process.is_running(pid) or str(self.dir) not in process.command_line(pid):
             return None  # a stale file, or the pid now belongs to another program
         return pid
 
