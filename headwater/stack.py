@@ -432,9 +432,12 @@ class ServiceStatus:
     pid: int | None
     healthy: bool
     yours: bool = False  # not a process of the stack (a Kafka of your own): healthy when it answers
+    left_over: bool = False  # the stack's Tansu, still running since kafka_bootstrap was set: never healthy
 
     @property
     def state(self) -> str:
+        if self.left_over:
+            return "left over"
         if self.yours:
             return "healthy" if self.healthy else "unreachable"
         if self.pid is None:
@@ -448,6 +451,11 @@ def status(cfg: StackConfig) -> list[ServiceStatus]:
         pid = service.pid()
         healthy = service.healthy() if service.yours else pid is not None and service.healthy()
         out.append(ServiceStatus(service.name, service.describe(), pid, healthy, service.yours))
+    tansu = Broker(cfg)
+    pid = tansu.pid() if cfg.kafka_bootstrap else None
+    if pid is not None:  # 'up' refuses while it runs; 'down' stops it
+        out.append(ServiceStatus("tansu", f"{tansu.describe()}: 'headwater stack down' stops it", pid, False,
+                                 left_over=True))  # fmt: skip
     return out
 
 

@@ -137,6 +137,10 @@ def test_a_stack_on_a_kafka_of_your_own_starts_no_broker_and_keeps_its_schemas_t
             refused = headwater("stack", "up", cwd=cwd)
             assert refused.returncode == 2 and "Tansu) still runs" in refused.stderr, refused.stderr
             assert "kafka_bootstrap" in refused.stderr and "headwater stack down" in refused.stderr
+            mixed = headwater("stack", "status", cwd=cwd)  # yours answers, and the stack's Tansu is left over
+            assert mixed.returncode == 3 and f"kafka://{own.address} (yours)" in mixed.stdout, mixed.stdout
+            assert re.search(r"tansu +left over +kafka://\S+ \(Tansu, in-memory\): 'headwater stack down' stops it +"
+                             r"pid \d+", mixed.stdout), mixed.stdout  # fmt: skip
             assert "stopped: registry, redis, postgres, kafka" in headwater("stack", "down", cwd=cwd).stdout
             up = headwater("stack", "up", cwd=cwd)
             assert up.returncode == 0, up.stderr
