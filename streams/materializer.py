@@ -102,10 +102,11 @@ Fragment = Callable[[str, int, int, float, Ends], None]  # (writer, commit LSN, 
 def commit_due(pending: int, age: float) -> bool:
     """Whether the state is committed after a batch with ``pending`` uncommitted writes, ``age`` seconds after its
     last commit. Points commit it (``Materializer._passed``), and an idle read; between them a batch does only when
-    its writes pile up or a point is long in coming (a replay publishes nothing). Committing every batch, as
-    before, was a fifth of the views thread's GIL time on a worker holding half the partitions at a fixed 1,000
-    transactions a second (py-spy, 2026-11-30): a RocksDB write of a few keys each 5 ms batch, paid in full by
-    every worker. A crash loses nothing: the progress goes in the same write, and the reader starts from it."""
+    its writes pile up or a point is long in coming (a replay publishes nothing). Committing after every batch, as
+    before, held 8% of the views thread's GIL samples on a worker holding half the partitions at a fixed 1,000
+    transactions a second (all its commits: a fifth; py-spy, 2026-11-30): a RocksDB write each 5 ms batch, paid in
+    full by every worker; the views' CPU fell 8-12% (``bench/RESULTS.md``). A crash loses nothing: the progress goes
+    in the same write, and the reader starts from it (up to a second more to replay)."""
     return pending >= COMMIT_PENDING or (pending > 0 and age >= COMMIT_AFTER_S)
 
 

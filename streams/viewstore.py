@@ -7,8 +7,9 @@ between points once 20,000 writes or a second have piled up: ``streams.materiali
 marks go in every commit). Reads and scans see the uncommitted
 writes (kept sorted, so a scan is a range of them). ``open`` makes the database (rocksdict) in a
 directory only its owner can read (``<state_dir>/<app_id>-views``); its memory is RocksDB's
-block cache and write buffers — fixed sizes — plus the writes not yet committed (about 20,000 and one batch's at most),
-whatever the number of rows. ``MemoryViewStore`` is the same over a dict (the join engine's tests). No I/O until ``open``.
+block cache and write buffers — fixed sizes — plus the writes not yet committed (about 20,000 and one batch's at
+most), whatever the number of rows. ``MemoryViewStore`` is the same over a dict (the join engine's tests). No I/O
+until ``open``.
 
 The state is local to a worker (no changelog): a worker that takes the views over without
 state of its own rebuilds it from the raw topic (see ``streams.materializer``); one that had it
