@@ -210,6 +210,12 @@ class Pace:
             return False
         return self.pending is None or since >= self.patience(now)
 
+    def missing(self) -> list[tuple[str, int]]:
+        """The parts not yet published at the point in flight (none when every part was, or no point is)."""
+        if self.pending is None:
+            return []
+        return sorted(part for part in self.parts if self.reached.get(part, -1) < self.pending - 1)
+
     def point(self, now: float, raw_end: int) -> None:
         """A point was announced at ``now`` for ``raw_end``."""
         self.announced = now

@@ -9,7 +9,10 @@ it asks for one as soon as one is due, so the last changes are published without
 (and again, once the pace's patience ran out, while the last one is not published everywhere: a
 worker that left a partition out of its fragment publishes it there).
 ``Assembler`` reads ``<prefix>.views.cuts.fragments`` (from its last ``WINDOW`` records at start: a
-new owner finishes the cuts its predecessor was making) and the fragments this worker's own views
+new owner finishes the cuts its predecessor was making; on the local broker its fetch wait grows like the
+feeds' — ``tables.kafka.StallWatch`` — since the topic only grows there, and a reader whose short wait no longer
+lets the broker's listing of the topic's batches reach the end gets nothing: the other workers' fragments, and
+so the cuts over their partitions, would wait) and the fragments this worker's own views
 hand it in memory (``add``), and writes a view's cut to ``<prefix>.views.cuts`` in the one format
 Redis, the endpoint and Spark read (``tables.views.CUT_SCHEMA``) as soon as every partition of the
 view has a fragment at one point, and hands each cut to ``on_cut`` too (the Redis mirror beside it,
@@ -35,7 +38,7 @@ from streams.feed import Follower
 from streams.frontier import FRAGMENT_SCHEMA, POINT_SCHEMA, Assembly, Cut, Pace, point_value, read_fragment
 from streams.writer import produce
 from tables.errors import FatalError
-from tables.kafka import bounds, read_on, reader
+from tables.kafka import FetchWait, StallWatch, bounds, read_on, reader
 from tables.registry import Registry
 from tables.topics import CUTS_PARTITION
 from tables.views import CUT_PARSED, CUT_SCHEMA, decode_cut, last_cuts_start
@@ -107,8 +110,19 @@ class Announcer:
         produce(self.producer, self.cfg.points_topic, 0, None, point_value(self.subjects.point(), end, point,
                                                                             self.writer), [])  # fmt: skip
         if point:
+            self._late(now)
             self.pace.point(now, end)
         self.asked = point
+
+    def _late(self, now: float) -> None:
+        """A point asked for while the last is not published everywhere (its patience ran out): which parts held it
+        back, and how long. The cuts of their views waited that long (the workers holding them are gone, replaying,
+        or their fragments did not come)."""
+        missing = self.pace.missing()
+        if missing:
+            log.warning("views: the point at raw offset %d was not published by %s within %.1f s; the next one is "
+                        "asked for without them", self.pace.pending, ", ".join(f"{v}[{p}]" for v, p in missing),
+                        now - self.pace.announced)  # fmt: skip
 
 
 class Assembler(Follower):
@@ -121,6 +135,8 @@ class Assembler(Follower):
         self.assembly = Assembly(views, cfg.partitions)
         self.lock = threading.Lock()  # the feed thread of this worker's views adds fragments too
         self.on_cut: Callable[[dict[str, Any]], None] | None = None  # each cut made, as decode_cut reads it
+        self.fetch_wait = FetchWait(reader_settings(cfg))  # grown, like the feeds', on the local broker
+        self.position: int | None = None  # the next fragment to read, once reading
 
     def add(self, writer: str, lsn: int, offset: int, seconds: float, ends: list[tuple[str, int, int]]) -> None:
         """A fragment: ``ends`` (view, partition, end offset) published by ``writer`` at ``lsn``, raw ``offset``."""
@@ -139,22 +155,36 @@ class Assembler(Follower):
         return None if not lsns or min(lsns) < 0 else min(lsns)
 
     def _follow(self) -> None:
-        consumer = reader(reader_settings(self.cfg))
+        """Read the fragments on from where the last reader stood (at first: the cuts so far, then the last
+        ``WINDOW`` fragments), replaced like the feeds' readers when it stalls below the known end."""
+        consumer = reader(self.fetch_wait.applied(reader_settings(self.cfg)))
         try:
-            self._read_cuts()
-            low, end = bounds(reader_settings(self.cfg), self.cfg.fragments_topic, 0)
-            consumer.assign([TopicPartition(self.cfg.fragments_topic, 0, max(low, end - WINDOW))])
+            if self.position is None:
+                self._read_cuts()
+                low, end = bounds(reader_settings(self.cfg), self.cfg.fragments_topic, 0)
+                self.position = max(low, end - WINDOW)
+            consumer.assign([TopicPartition(self.cfg.fragments_topic, 0, self.position)])
+            watch = StallWatch(wait=self.fetch_wait)
             while not self.stopping.is_set():
-                for msg in consumer.consume(1000, self.cfg.batch_wait):
-                    value = msg.value() if msg.error() is None else None
-                    if value is not None:
-                        found = read_fragment(value)
-                        ends = [(p["view"], p["partition"], p["offset"]) for p in found["parts"]]
-                        self.add(found["writer"], found["commit_lsn"], found["raw_offset"], found["publish_seconds"],
-                                 ends)  # fmt: skip
+                messages = consumer.consume(1000, self.cfg.batch_wait)
+                for msg in messages:
+                    self._fragment(msg)
+                if messages:
+                    watch.seen()
+                else:
+                    watch.check(consumer, {(self.cfg.fragments_topic, 0)})
                 self.producer.poll(0)
         finally:
             consumer.close()
+
+    def _fragment(self, msg: Any) -> None:
+        value = msg.value() if msg.error() is None else None
+        if value is None:
+            return
+        found = read_fragment(value)
+        ends = [(p["view"], p["partition"], p["offset"]) for p in found["parts"]]
+        self.add(found["writer"], found["commit_lsn"], found["raw_offset"], found["publish_seconds"], ends)
+        self.position = msg.offset() + 1
 
     def _read_cuts(self) -> None:
         """The cuts published so far (the last records of the cuts topic): cuts never go back."""

@@ -134,8 +134,9 @@ def test_one_point_in_flight_a_worker_behind_finds_one_point_ahead_not_one_per_g
     pace.published(99, [("v", 0)])
     pace.published(98, [("v", 1)])  # an older point
     assert not pace.due(2.0)
+    assert pace.missing() == [("v", 1)], "the part holding the point back, for the owner's warning"
     pace.published(140, [("v", 1)])  # a transaction's end past 99: the first consistent point at or after it
-    assert pace.due(2.0)
+    assert pace.due(2.0) and pace.missing() == []
     pace.point(2.0, 500)
     assert not pace.due(4.0)
 
