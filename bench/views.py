@@ -453,8 +453,11 @@ def pipeline(cfg: stack.StackConfig, dsn: str, work: Path, workers: int, prefix:
                 proc.wait(timeout=60)
         for i in range(workers):
             for line in (work / f"worker{i}" / "worker.log").read_text(errors="replace").splitlines()[-400:]:
-                if "views at raw offset" in line or "fan-out at raw offset" in line:
+                if any(said in line for said in SHOWN) and "streams worker st" not in line:  # not its start, stop
                     print(f"  worker {i}:", line.split("] ")[-1])
+
+
+SHOWN = ("views at raw offset", "fan-out at raw offset", " WARNING ", " ERROR ")  # of the workers' last log lines
 
 
 def start_worker(cfg: stack.StackConfig, work: Path, i: int, prefix: str = PREFIX) -> subprocess.Popen[bytes]:
