@@ -4,15 +4,18 @@
 stack with a free web port, its own app id (consumer group and changelogs) unless one
 is given, its own data directory, and the view specs given as config-file text;
 ``Worker`` waits for it, asks its endpoint, and kills it (``kill -9`` too). Every worker is stopped after the test.
+``run_until`` runs one of a worker's reader threads in the test's process until it did what the test waits for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,10 +24,24 @@ from typing import Any
 import httpx
 import pytest
 
+from streams.feed import Follower
 from tables.config import StackConfig
 from tests.plugins.stack import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def run_until(follower: Follower, done: threading.Event, caplog: pytest.LogCaptureFixture,
+              got: Callable[[], str], timeout: float = 90.0) -> list[str]:  # fmt: skip
+    """Run ``follower`` until ``done`` is set (failing after ``timeout`` s with ``got()``: what it got so far), then
+    stop it; the WARNING lines the workers' logger had meanwhile."""
+    with caplog.at_level(logging.WARNING, logger="headwater.streams"):
+        follower.start()
+        try:
+            assert done.wait(timeout), got()
+        finally:
+            follower.stop()
+    return [r.getMessage() for r in caplog.records]
 
 
 @dataclasses.dataclass

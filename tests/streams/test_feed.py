@@ -21,6 +21,7 @@ from streams.feed import Feed, Follower
 from tables.errors import FatalError
 from tables.kafka import FetchWait, Stalled, create_topics
 from tests.plugins.stack import one_record_batches
+from tests.plugins.streams import run_until
 
 BATCHES = 20_000  # one record each: at a 10 ms fetch wait the local broker's listing stops short of the end
 
@@ -90,15 +91,10 @@ def test_a_feed_on_a_partition_of_many_batches_grows_its_fetch_wait_and_reads_to
     settings = {"bootstrap.servers": local_stack.bootstrap, "fetch.wait.max.ms": 10}
     feed = Feed("waits", unique_name, settings, start=lambda: got[-1] + 1 if got else BATCHES - 100, handle=handle,
                 on_fatal=fatal.append, batch_size=500, wait=0.005)  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="headwater.streams"):
-        feed.start()
-        try:
-            assert done.wait(90), f"read {len(got)} of the last 100 records; fetch wait {feed.fetch_wait.ms} ms"
-        finally:
-            feed.stop()
+    said = run_until(feed, done, caplog, lambda: f"read {len(got)} of the last 100; wait {feed.fetch_wait.ms} ms")
     assert got == list(range(BATCHES - 100, BATCHES)) and not fatal
     assert feed.fetch_wait.ms is not None and feed.fetch_wait.ms > 10
-    assert any("came back empty below the known end" in r.getMessage() for r in caplog.records)
+    assert any("came back empty below the known end" in line for line in said)
 
 
 @pytest.mark.slow

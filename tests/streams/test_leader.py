@@ -3,7 +3,6 @@ there, grows its fetch wait like the feeds' and makes the cut a fragment at the 
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
@@ -18,6 +17,7 @@ from streams.frontier import Pace, fragment_value
 from streams.leader import WINDOW, Assembler, Subjects, coordination_producer
 from tables.errors import FatalError
 from tables.kafka import create_topics
+from tests.plugins.streams import run_until
 
 pytestmark = pytest.mark.slow
 BATCHES = 20_000  # one fragment each: at a 10 ms fetch wait the local broker's listing stops short of the end
@@ -50,12 +50,7 @@ def test_the_cut_a_fragment_completes_at_the_end_of_a_partition_of_many_batches_
     assembler = Assembler(cfg, coordination_producer(producer_settings(cfg)), Subjects(cfg), Pace(0.1),
                           {"v": f"{unique_name}.views.v"}, fatal.append)  # fmt: skip
     assembler.on_cut = lambda cut: (cuts.append(cut), made.set())
-    with caplog.at_level(logging.WARNING, logger="headwater.streams"):
-        assembler.start()
-        try:
-            assert made.wait(90), f"no cut; fetch wait {assembler.fetch_wait.ms} ms, at {assembler.position}"
-        finally:
-            assembler.stop()
+    said = run_until(assembler, made, caplog, lambda: f"no cut; at {assembler.position}, {assembler.fetch_wait.ms} ms")
     assert not fatal and [(c["commit_lsn"], c["ends"]) for c in cuts] == [(BATCHES, [{"partition": 0, "offset": 7}])]
     assert assembler.fetch_wait.ms is not None and assembler.fetch_wait.ms > 10 and assembler.position == BATCHES
-    assert any("came back empty below the known end" in r.getMessage() for r in caplog.records)
+    assert any("came back empty below the known end" in line for line in said)
