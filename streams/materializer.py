@@ -105,8 +105,9 @@ def commit_due(pending: int, age: float) -> bool:
     its writes pile up or a point is long in coming (a replay publishes nothing). Committing after every batch, as
     before, held 8% of the views thread's GIL samples on a worker holding half the partitions at a fixed 1,000
     transactions a second (all its commits: a fifth; py-spy, 2026-11-30): a RocksDB write each 5 ms batch, paid in
-    full by every worker; the views' CPU fell 8-12% (``bench/RESULTS.md``). A crash loses nothing: the progress goes
-    in the same write, and the reader starts from it (up to a second more to replay)."""
+    full by every worker; the views' CPU fell 13% with one worker, 5% with two (``bench/RESULTS.md``). A crash
+    loses nothing: the progress goes in the same write, and the reader starts from it (up to a second more to
+    replay)."""
     return pending >= COMMIT_PENDING or (pending > 0 and age >= COMMIT_AFTER_S)
 
 
