@@ -307,7 +307,7 @@ class OwnKafka(Service):
         return self.cfg.kafka_bootstrap
 
     def start(self) -> bool:
-        if Broker(self.cfg).pid() is not None:
+        if left_over(self.cfg) is not None:
             raise ConfigError("the stack's own broker (Tansu) still runs: its topics and registry are not on the "
                               f"Kafka at {self.address}", key="kafka_bootstrap",
                               hint="run 'headwater stack down' first, then 'headwater stack up'")  # fmt: skip
@@ -396,6 +396,13 @@ class Redis(Service):
         return self.cfg.redis_url
 
 
+def left_over(cfg: StackConfig) -> Broker | None:
+    """The stack's Tansu still running while ``kafka_bootstrap`` is set (started before it was): ``up`` refuses it,
+    ``status`` shows it, ``down`` stops it."""
+    tansu = Broker(cfg)
+    return tansu if cfg.kafka_bootstrap and tansu.pid() is not None else None
+
+
 def services(cfg: StackConfig) -> list[Service]:
     """The stack in start order (the registry needs the broker): a Kafka of your own (``kafka_bootstrap``) in the
     broker's place."""
@@ -421,8 +428,8 @@ def down(cfg: StackConfig) -> list[str]:
     """Stop the demo's capture and stream worker (if running) and every service; the names that were running."""
     run = cfg.data_dir.resolve() / "run"
     stopped = [name for name in ("streams", "capture") if process.stop(run / f"{name}.pid")]
-    left = [Broker(cfg)] if cfg.kafka_bootstrap else []  # a Tansu started before kafka_bootstrap was set
-    return stopped + [s.name for s in [*reversed(services(cfg)), *left] if s.stop()]
+    tansu = left_over(cfg)
+    return stopped + [s.name for s in [*reversed(services(cfg)), *([tansu] if tansu else [])] if s.stop()]
 
 
 @dataclass(frozen=True)
@@ -451,10 +458,9 @@ def status(cfg: StackConfig) -> list[ServiceStatus]:
         pid = service.pid()
         healthy = service.healthy() if service.yours else pid is not None and service.healthy()
         out.append(ServiceStatus(service.name, service.describe(), pid, healthy, service.yours))
-    tansu = Broker(cfg)
-    pid = tansu.pid() if cfg.kafka_bootstrap else None
-    if pid is not None:  # 'up' refuses while it runs; 'down' stops it
-        out.append(ServiceStatus("tansu", f"{tansu.describe()}: 'headwater stack down' stops it", pid, False,
+    tansu = left_over(cfg)
+    if tansu is not None:
+        out.append(ServiceStatus("tansu", f"{tansu.describe()}: 'headwater stack down' stops it", tansu.pid(), False,
                                  left_over=True))  # fmt: skip
     return out
 
