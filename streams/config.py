@@ -89,6 +89,8 @@ class StreamsConfig(OnBroker):
                                    "Redis shows no cut of yet (a cut's own rows go in one script)")  # fmt: skip
     cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
                                     "WARNING (0: never)")  # fmt: skip
+    stop_timeout: float = setting(30.0, "seconds Faust's own shutdown may take once the worker's readers and "
+                                  "stores are closed; past them the process exits")  # fmt: skip
     debezium: bool = setting(False, "also write every change as Debezium's PostgreSQL connector would, to "
                                     "<debezium_prefix>.<schema>.<table> (README 'Debezium-format topics')")  # fmt: skip
     debezium_prefix: str = setting("", "prefix of the Debezium-format topics, Debezium's topic.prefix and "
@@ -118,6 +120,8 @@ class StreamsConfig(OnBroker):
             raise InvalidSetting("discover_every", "must be 0 (only at start) or a number of seconds")
         if self.view_point_interval < 0:
             raise InvalidSetting("view_point_interval", "must be 0 or a number of seconds")
+        if self.stop_timeout <= 0:
+            raise InvalidSetting("stop_timeout", f"must be a positive number of seconds, got {self.stop_timeout}")
         if self.batch_wait <= 0:
             raise InvalidSetting("batch_wait", "must be a positive number of seconds")
         check_port("web_port", self.web_port)

@@ -16,12 +16,17 @@ The app's ``Worker`` logs in Headwater's format (``tables.logs``): every line, F
 Faust's ``-l`` level when it is given on the command line, else ``HEADWATER_LOG_LEVEL`` (default
 info), in ``HEADWATER_LOG_FORMAT`` (text or json), the Kafka clients' connection failures (librdkafka's
 and aiokafka's, repeated while a broker is away) at DEBUG; it logs its start and stop at WARNING.
+Once the engine is closed at shutdown, Faust's own stop gets ``stop_timeout`` seconds, then the process exits:
+aiokafka's fetcher once held a worker's stop past 60 s retrying a broker gone meanwhile (CI, 2026-11-30), and
+Kafka Streams' ``close(Duration)`` bounds its own stop the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 from typing import Any, cast
 
 import click
@@ -114,7 +119,7 @@ def _build(cfg: StreamsConfig, specs: list[ViewSpec] | None) -> profile.App:
     sources.drop_stale(recorded, ids, cfg.changes_topic, tables, views)
     engine = Engine(cfg, schemas, writer, catalog, tables, ViewStore(views), fatal, recorded)
     subscribe(app, cfg, catalog)
-    connect(app, engine, loop)
+    connect(app, engine, loop, cfg.stop_timeout)
     if cfg.discover_every and not cfg.table_names:  # named tables are all found at start
         watch_tables(app, cfg, engine)
     endpoint.install(app, engine)
@@ -196,9 +201,10 @@ def watch_tables(app: profile.App, cfg: StreamsConfig, engine: Engine) -> None:
     app.timer(cfg.discover_every, name="headwater-discover-tables")(look)
 
 
-def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLoop]) -> None:
+def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLoop], stop_timeout: float) -> None:
     """Rebalances, revocations and shutdown drive the engine; from the first assignment on, the worker
-    hands the memory it freed back to the system (``streams.memory``)."""
+    hands the memory it freed back to the system (``streams.memory``); once the engine closed, Faust's own
+    stop has ``stop_timeout`` seconds (``exit_after``)."""
     trimmer = Trimmer()
 
     async def rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
@@ -213,7 +219,28 @@ def connect(app: profile.App, engine: Engine, loop: list[asyncio.AbstractEventLo
         trimmer.stopping.set()
         await asyncio.to_thread(engine.close)
         log.warning("streams worker stopped: its readers and stores are closed")
+        exit_after(stop_timeout, app)
 
     app.on_rebalance_complete.connect(rebalanced)  # type: ignore[arg-type]  # mode types the handler too narrowly
     app.on_partitions_revoked.connect(revoked)  # type: ignore[arg-type]
     app.on_before_shutdown.connect(shutdown)  # type: ignore[arg-type]
+
+
+def exit_after(seconds: float, app: profile.App) -> threading.Timer:
+    """Ends the process ``seconds`` from now unless it ended before: with 1 after a crash, else 0. A daemon
+    timer, so it keeps nothing alive; called once nothing of Headwater's is pending (its engine closed)."""
+
+    def expire() -> None:
+        code = 1 if app.crash_reason else 0
+        log.warning("Faust's own stop did not end within %g s of the worker's readers and stores closing (its Kafka "
+                    "client may be waiting for a broker that is away): exiting with %d; nothing of Headwater's was "
+                    "pending, and the group gives this worker's partitions to others once its session times out "
+                    "([streams] stop_timeout)", seconds, code)  # fmt: skip
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -95,6 +95,7 @@ def test_sasl_settings_pass_through_and_stay_masked() -> None:
         ("discover_every = -1", "discover_every"),
         ("view_cache_rows = 0", "view_cache_rows"),
         ("redis_fill_rows = 0", "redis_fill_rows"),
+        ("stop_timeout = 0", "stop_timeout"),
     ],
 )
 def test_bad_settings_name_file_line_and_key(tmp_path: Path, text: str, key: str) -> None:

@@ -203,6 +203,7 @@ def test_worker_logs_json_lines_at_the_level_asked(
     assert reading["topic"] == capture.cfg.changes_topic and isinstance(reading["offset"], int)
     assert any(r["level"] == "WARNING" and r["message"].startswith("streams worker starting") for r in records)
     assert any(r["message"].startswith("streams worker stopped") for r in records)
+    assert not any("did not end within" in r["message"] for r in records), "a normal stop cut short"
     assert any(r["logger"].startswith(("faust", "mode")) for r in records), "Faust's own lines in the same format"
 
     quiet = worker_factory(capture.cfg.topic_prefix, environ={"HEADWATER_LOG_LEVEL": "warning"})
