@@ -306,6 +306,15 @@ class OwnKafka(Service):
     def address(self) -> str:
         return self.cfg.kafka_bootstrap
 
+    @property
+    def port(self) -> int:
+        """The first bootstrap server's port."""
+        return int(self.address.split(",")[0].rsplit(":", 1)[1])
+
+    @property
+    def setting_hint(self) -> str:
+        return "HEADWATER_STACK_KAFKA_BOOTSTRAP or kafka_bootstrap in [stack] of headwater.toml"
+
     def start(self) -> bool:
         if left_over(self.cfg) is not None:
             raise ConfigError("the stack's own broker (Tansu) still runs: its topics and registry are not on the "
