@@ -84,10 +84,15 @@ class Service:
         return int(getattr(self.cfg, self.port_field))
 
     @property
+    def setting(self) -> str:
+        """The [stack] setting that moves this service: its port's."""
+        return self.port_field
+
+    @property
     def setting_hint(self) -> str:
         return (
-            f"--{self.port_field.replace('_', '-')}, HEADWATER_STACK_{self.port_field.upper()} "
-            f"or {self.port_field} in [stack] of headwater.toml"
+            f"--{self.setting.replace('_', '-')}, HEADWATER_STACK_{self.setting.upper()} "
+            f"or {self.setting} in [stack] of headwater.toml"
         )
 
     @property
@@ -312,8 +317,8 @@ class OwnKafka(Service):
         return int(self.address.split(",")[0].rsplit(":", 1)[1])
 
     @property
-    def setting_hint(self) -> str:
-        return "HEADWATER_STACK_KAFKA_BOOTSTRAP or kafka_bootstrap in [stack] of headwater.toml"
+    def setting(self) -> str:
+        return "kafka_bootstrap"
 
     def start(self) -> bool:
         if left_over(self.cfg) is not None:
