@@ -405,6 +405,13 @@ class Joiner:
                     for root, partition in self._above(parent, found, space):
                         self.dirty[node.view].setdefault(partition, set()).add(root)
 
+    def give_up(self, partition: int) -> None:
+        """Stop holding a view partition. Its collects' encodings are forgotten: a looked-up row (replicated) that
+        changes while the partition is away does not reach them, and its state (kept) replays only its own rows."""
+        self.held.discard(partition)
+        for at in [at for at in self.collects if at[1] == partition]:
+            del self.collects[at]
+
     def waiting(self) -> bool:
         """Whether any view row is (or may be) dirty."""
         return bool(self.deferred) or any(keys for parts in self.dirty.values() for keys in parts.values())

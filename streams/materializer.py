@@ -284,7 +284,7 @@ class Materializer:
 
     def _give_up(self, partition: int) -> None:
         assert self.joiner is not None
-        self.joiner.held.discard(partition)
+        self.joiner.give_up(partition)
         for marks in self.joiner.dirty.values():
             marks.pop(partition, None)
         self.publisher.drop(partition)
