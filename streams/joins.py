@@ -13,12 +13,8 @@ changes on top of a state committed part way through them, leaves the same rows 
 (rows are set to the change's image, index entries follow the rows). ``document`` builds a view
 row from the current rows: the columns the spec keeps (``ViewSpec.kept``), lookups as a record
 or null (inner: no view row), collects as a list sorted by key (inner: no view row when empty).
-``content`` is a view row's Avro (``streams.docbytes``), put together from encodings kept while
-their rows stay the same: each row's own columns, and each collect's whole encoding under a parent
-(an order's items with their products), forgotten when a row in it changes (``_up``, and
-``expand`` for a looked-up row in it, which ``content`` runs first). ``view_schema`` is the Avro
-schema of a view's documents, composed from the tables' registered schemas (every kept column
-nullable, named types defined once).
+``view_schema`` is the Avro schema of a view's documents, composed from the tables' registered
+schemas (every kept column nullable, named types defined once).
 """
 
 from __future__ import annotations
@@ -128,7 +124,6 @@ class Joiner:
         self.cache: OrderedDict[tuple[str, bytes], Row | None] = OrderedDict()
         self.cached = cached
         self.encoded: OrderedDict[tuple[Node, Space, bytes], bytes] = OrderedDict()  # a row's own columns, encoded
-        self.collects: OrderedDict[tuple[Node, Space, bytes], bytes] = OrderedDict()  # a parent's items, encoded
         self.lists: OrderedDict[bytes, list[bytes]] = OrderedDict()  # an index prefix -> its keys in value order
         self.dirty: dict[str, dict[int, set[bytes]]] = {name: {} for name in self.views}  # view -> partition -> keys
         self.deferred: set[tuple[Node, bytes]] = set()  # looked-up rows that changed, not yet followed up
@@ -347,7 +342,6 @@ class Joiner:
             return
         values = joined(row, join.on)  # the parent whose key its columns hold
         if values is not None:
-            self.collects.pop((node, space, canon(values)), None)  # its list, or an item's row under it, changed
             yield from self._above(parent, [(canon(values), values)], space)
 
     def _above(self, parent: Node, parents: Sequence[tuple[bytes, Sequence[Any] | None]],
@@ -405,13 +399,6 @@ class Joiner:
                     for root, partition in self._above(parent, found, space):
                         self.dirty[node.view].setdefault(partition, set()).add(root)
 
-    def give_up(self, partition: int) -> None:
-        """Stop holding a view partition. Its collects' encodings are forgotten: a looked-up row (replicated) that
-        changes while the partition is away does not reach them, and its state (kept) replays only its own rows."""
-        self.held.discard(partition)
-        for at in [at for at in self.collects if at[1] == partition]:
-            del self.collects[at]
-
     def waiting(self) -> bool:
         """Whether any view row is (or may be) dirty."""
         return bool(self.deferred) or any(keys for parts in self.dirty.values() for keys in parts.values())
@@ -453,8 +440,6 @@ class Joiner:
     def content(self, view: str, key: bytes, partition: int = 0) -> bytes | None:
         """The view row's Avro content now (``streams.docbytes``), None when there is no view row:
         ``document`` encoded, each row's own columns encoded once while the row stays the same."""
-        if self.deferred:  # a looked-up row changed: the collects showing it are forgotten first
-            self.expand()
         root = self.roots[view]
         row = self.row(root.table, key, self.space_of(root.table, partition))
         return None if row is None else self._content(self.encoders[view], root, key, row, partition)
@@ -466,10 +451,11 @@ class Joiner:
             assert join is not None
             if join.many:
                 parent_key = canon([row[k] for k in self.shapes[node.table].key])
-                items = self._collect(encoders, child, parent_key, partition)
-                if join.inner and items == docbytes.NULL:
+                keys = self.collected(child.table, join.on, parent_key, self.space_of(child.table, partition))
+                items = [c for k in keys if (c := self._child_content(encoders, child, k, partition)) is not None]
+                if join.inner and not items:
                     return None
-                parts.append(items)
+                parts.append(docbytes.collect(items))
             else:
                 values = joined(row, join.on)
                 sub = None if values is None else self._child_content(encoders, child, canon(values), partition)
@@ -477,24 +463,6 @@ class Joiner:
                     return None
                 parts.append(docbytes.lookup(sub))
         return b"".join(parts)
-
-    def _collect(self, encoders: Encoders, node: Node, parent_key: bytes, partition: int) -> bytes:
-        """A collect's encoding under a parent (from the cache while none of its rows changed). Kept whole because
-        re-encoding an order's items from their rows' own encodings at every publication took a tenth of the views
-        thread at 1,000 transactions a second, where no item changed (py-spy, ``bench/RESULTS.md``)."""
-        space = self.space_of(node.table, partition)
-        at = (node, space, parent_key)
-        found = self.collects.get(at)
-        if found is not None:
-            self.collects.move_to_end(at)
-            return found
-        assert node.join is not None
-        keys = self.collected(node.table, node.join.on, parent_key, space)
-        items = [c for k in keys if (c := self._child_content(encoders, node, k, partition)) is not None]
-        found = self.collects[at] = docbytes.collect(items)
-        if len(self.collects) > self.cached:
-            self.collects.popitem(last=False)
-        return found
 
     def _child_content(self, encoders: Encoders, node: Node, key: bytes, partition: int) -> bytes | None:
         found = self.row(node.table, key, self.space_of(node.table, partition))

@@ -284,7 +284,7 @@ class Materializer:
 
     def _give_up(self, partition: int) -> None:
         assert self.joiner is not None
-        self.joiner.give_up(partition)
+        self.joiner.held.discard(partition)
         for marks in self.joiner.dirty.values():
             marks.pop(partition, None)
         self.publisher.drop(partition)
@@ -412,7 +412,6 @@ class Materializer:
         self.views[name] = replace(view, schema=schema, value_frame=frame(value_id))
         self.encoders[name] = self.joiner.encoders[name] = Encoders(schema)
         self.joiner.encoded.clear()  # own encodings made with the old schema
-        self.joiner.collects.clear()
         log.warning("view %s now holds the types of %s's columns as its value schema %d has them (an ALTER ... TYPE "
                     "widened one): its rows are written with schema id %d as they change; those written before keep "
                     "theirs", name, table, table_schema, value_id)  # fmt: skip

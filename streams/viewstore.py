@@ -5,7 +5,7 @@ memory until ``commit`` writes them all in one atomic RocksDB write — so after
 state is exactly as of the last commit (the materializer commits at the points it publishes at, when idle, and
 between points once 20,000 writes or a second have piled up: ``streams.materializer.commit_due``; its progress
 marks go in every commit). Reads and scans see the uncommitted
-writes (their keys sorted when a scan comes, so a scan is a range of them). ``open`` makes the database (rocksdict) in a
+writes (kept sorted, so a scan is a range of them). ``open`` makes the database (rocksdict) in a
 directory only its owner can read (``<state_dir>/<app_id>-views``); its memory is RocksDB's
 block cache and write buffers — fixed sizes — plus the writes not yet committed (about 20,000 and one batch's at
 most), whatever the number of rows. ``MemoryViewStore`` is the same over a dict (the join engine's tests). No I/O
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rocksdict import WriteBatch
-from sortedcontainers import SortedList
+from sortedcontainers import SortedDict
 
 from streams.rocks import Database
 
@@ -32,28 +32,17 @@ _ABSENT = b"\x00absent"  # sentinel: not among the uncommitted writes
 
 
 class MemoryViewStore:
-    """The view store over a dict: same contract, nothing on disk.
-
-    The uncommitted writes are a dict, and their keys go into a sorted list only when a scan comes
-    (``fresh`` until then): at 1,000 transactions a second the views thread spent 4% of its time
-    keeping a sorted map of them (``SortedDict``, py-spy), for scans that mostly never come (the
-    collects' lists are cached, ``streams.joins``)."""
+    """The view store over a dict: same contract, nothing on disk."""
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
-        self.pending: dict[bytes, bytes | None] = {}  # key -> value, None for a delete
-        self.order: SortedList = SortedList()  # the pending keys, sorted, as of the last scan
-        self.fresh: list[bytes] = []  # pending keys written since
+        self.pending: SortedDict = SortedDict()  # key -> value, None for a delete; sorted: scans are ranges
 
     def open(self) -> MemoryViewStore:
         return self
 
     def close(self) -> None:
-        self._restart()
-
-    def _restart(self) -> None:
-        """No uncommitted writes: new containers (a reader holding the old ones still finds every write)."""
-        self.pending, self.order, self.fresh = {}, SortedList(), []
+        self.pending.clear()
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         found = self.pending.get(key, _ABSENT)  # one lookup: the endpoint reads while a feed thread writes
@@ -72,16 +61,11 @@ class MemoryViewStore:
         return isinstance(key, bytes) and self.get(key) is not None
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
-        self._write(key, value)
-
-    def _write(self, key: bytes, value: bytes | None) -> None:
-        if key not in self.pending:
-            self.fresh.append(key)
         self.pending[key] = value
 
     def pop(self, key: bytes, default: bytes | None = None) -> bytes | None:
         found = self.get(key)
-        self._write(key, _GONE)
+        self.pending[key] = _GONE
         return default if found is None else found
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -95,12 +79,9 @@ class MemoryViewStore:
         yield from sorted(merged.items())
 
     def _pending_under(self, prefix: bytes) -> list[bytes]:
-        """The uncommitted keys starting with ``prefix`` (a range of the sorted keys, not a pass over them)."""
-        if self.fresh:
-            self.order.update(self.fresh)
-            self.fresh = []
+        """The uncommitted keys starting with ``prefix`` (a range of the sorted map, not a pass over it)."""
         out = []
-        for key in self.order.irange(minimum=prefix):
+        for key in self.pending.irange(minimum=prefix):
             if not key.startswith(prefix):
                 break
             out.append(key)
@@ -112,7 +93,7 @@ class MemoryViewStore:
                 self.data.pop(key, None)
             else:
                 self.data[key] = value
-        self._restart()
+        self.pending = SortedDict()
 
     def _stored(self, key: bytes) -> bytes | None:
         return self.data.get(key)
@@ -148,7 +129,7 @@ class ViewStore(Database, MemoryViewStore):
             else:
                 batch.put(key, value)
         self._db.write(batch)
-        self._restart()
+        self.pending = SortedDict()  # a new map: a reader holding the old one still finds every write
 
     def _stored(self, key: bytes) -> bytes | None:
         found: bytes | None = self._db.get(key)

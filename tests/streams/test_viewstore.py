@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import stat
 from pathlib import Path
 
@@ -29,21 +28,6 @@ def test_reads_and_scans_see_uncommitted_writes_in_key_order(store: MemoryViewSt
     store.commit()
     assert list(store.scan(b"r\x1f")) == [(b"r\x1fa", b"1"), (b"r\x1fc", b"3")]
     assert list(store.scan(b"s\x1f")) == [] and store.pop(b"nothing", b"x") == b"x"
-
-
-def test_scans_between_writes_and_commits_see_what_a_dict_would(store: MemoryViewStore) -> None:
-    rng, model = random.Random(5), {}
-    for n in range(2000):
-        key, step = b"%c\x1f%d" % (rng.choice(b"rs"), rng.randrange(40)), rng.random()
-        if step < 0.5:
-            store[key] = model[key] = b"%d" % n
-        elif step < 0.7:
-            assert store.pop(key) == model.pop(key, None)
-        elif step < 0.95:
-            prefix = key[:2]
-            assert list(store.scan(prefix)) == sorted((k, v) for k, v in model.items() if k.startswith(prefix))
-        else:
-            store.commit()
 
 
 def test_only_committed_writes_survive_a_close_and_reopen(tmp_path: Path) -> None:
