@@ -4,7 +4,8 @@ Promise: ``read_topic`` returns every record of a topic, stopping at partition E
 reported by fetches — right on real Kafka and on Tansu, whose ListOffsets is wrong on
 multi-record batches while its fetch high watermark is right; ``batches_to_end`` is that
 loop for any partitions from any offsets (``read_on_batches`` / ``read_on``: reading on after a stall).
-``fetched_ends`` finds partitions' true ends the same way.
+``fetched_ends`` finds partitions' true ends the same way (or, for a partition written to faster than the
+fetch wait, an end past the one reported when asked).
 ``partition_counts`` and ``create_topics`` are the two steps of making sure a topic exists; ``create_topics``
 returns once the broker's metadata shows what it made.
 ``topic_ids`` names each topic's incarnation (Kafka's topic id, KIP-516: a topic deleted and made
@@ -51,6 +52,7 @@ QUICK_S = 0.5  # an answer slower than this came from a broker just back (paused
 CREATED_WITHIN_S = 30.0  # how long the broker may take to answer a CreateTopics (``create_topics``)
 SHOWN_WITHIN_S = 30.0  # how long a topic just made may take to show in the broker's metadata (``create_topics``)
 SHOWN_POLL_S = 0.05  # between two looks at it
+END_LOOK_S = 0.5  # between two looks at the reported ends of partitions a read of their ends still waits on
 
 
 @dataclass(frozen=True)
@@ -149,18 +151,21 @@ def reader(settings: Mapping[str, Any]) -> Consumer:
 
 
 def batches_to_end(consumer: Consumer, assignments: list[TopicPartition], *, timeout: float,
-                   wait: FetchWait | None = None, idle: bool = False) -> Iterator[list[Message]]:  # fmt: skip
+                   wait: FetchWait | None = None, idle: bool = False,
+                   waiting: set[tuple[str, int]] | None = None) -> Iterator[list[Message]]:  # fmt: skip
     """Messages of the assigned partitions, each from its offset to the partition EOF fetches report, in batches:
     lists of messages (none an error), in order. Taken in batches of what librdkafka holds already
     (``consume(n, 0)``), waiting (up to 0.5 s) only for one when it holds none: measured on Tansu, 1M messages
     read in 1.0 s, against 6.4-7.2 s by ``poll`` (one call, and one GIL round, a message). ``Stalled`` when the
     reader stalls (with ``wait``, the consumer's fetch wait, grown first if its fetches came back empty below the
     end): ``read_on_batches`` reads on. ``idle``: ``timeout`` counts from the last batch taken, not the start (a
-    read as long as the caller's work on it)."""
+    read as long as the caller's work on it). ``waiting``: the partitions whose EOF the read still waits for (all
+    assigned ones when None), taken off as their EOFs come; the caller may take one off between two batches (an end
+    it found otherwise), and the read ends once none is left."""
     if not assignments:
         return
     consumer.assign(assignments)
-    waiting = {(a.topic, a.partition) for a in assignments}
+    waiting = {(a.topic, a.partition) for a in assignments} if waiting is None else waiting
     deadline = time.monotonic() + timeout
     watch = StallWatch(until_eof=True, wait=wait)
     while waiting:
@@ -329,11 +334,17 @@ def nudge(consumer: Consumer, parts: set[tuple[str, int]], *, force: bool = Fals
 
 def fetched_ends(settings: Mapping[str, Any], reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0,
                  consumer: Consumer | None = None) -> dict[tuple[str, int], int]:  # fmt: skip
-    """Each partition's end found by fetching from its reported end minus one to partition EOF (``read_on``
+    """Each partition's end found by fetching from its reported end minus one to partition EOF (``read_on_batches``
     with ``settings``, by ``consumer`` first if given; it is closed).
 
     Tansu's ListOffsets answers a multi-record batch's base offset + 1; on Kafka the fetch
     finds the reported end again. Costs at most one batch per partition.
+
+    A partition written to more often than the fetch wait never reports EOF: every fetch brings something (a feed's
+    read of the points topic's end once its wait had grown stalled for its whole timeout). So every ``END_LOOK_S``
+    of reading its reported end is looked at again (``EndLooks``); once it has moved on, the base offset of a later
+    batch is known, and the new reported end minus one (that base on Tansu, an offset below the end on Kafka) is
+    an end past the batch the first one was in: the partition's end, as of a moment after the call began.
     """
     ends = dict(reported)
     starts = {at: end - 1 for at, end in reported.items() if end > 0}
@@ -341,10 +352,47 @@ def fetched_ends(settings: Mapping[str, Any], reported: Mapping[tuple[str, int],
         if consumer is not None:
             consumer.close()
         return ends
-    for msg in read_on(settings, starts, timeout=timeout, consumer=consumer):
-        at = (str(msg.topic()), int(msg.partition() or 0))
-        ends[at] = max(ends[at], int(msg.offset() or 0) + 1)
+    waiting, looks = set(starts), EndLooks(settings, reported)
+    try:
+        for batch in read_on_batches(settings, starts, timeout=timeout, consumer=consumer, waiting=waiting):
+            for msg in batch:
+                at = (str(msg.topic()), int(msg.partition() or 0))
+                if at in waiting:
+                    ends[at] = max(ends[at], int(msg.offset() or 0) + 1)
+            for at, end in looks.moved(waiting).items():
+                ends[at] = end - 1
+                waiting.discard(at)
+    finally:
+        looks.close()
     return ends
+
+
+class EndLooks:
+    """The reported ends of the partitions a read of their ends still waits on, looked at no more than every
+    ``END_LOOK_S`` s (by a reader of its own, made at the first look): which moved on past the first reported."""
+
+    def __init__(self, settings: Mapping[str, Any], reported: Mapping[tuple[str, int], int]) -> None:
+        self.settings, self.reported = settings, reported
+        self.looked = time.monotonic()
+        self.consumer: Consumer | None = None
+
+    def moved(self, waiting: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The ends reported now of those of ``waiting`` that moved on (none between two looks, or when the broker
+        does not answer: the read goes on)."""
+        if not waiting or time.monotonic() - self.looked < END_LOOK_S:
+            return {}
+        self.consumer = self.consumer or reader(self.settings)
+        try:
+            now = {at: int(self.consumer.get_watermark_offsets(TopicPartition(*at), timeout=ANSWER_S)[1])
+                   for at in waiting}  # fmt: skip
+        except KafkaException:
+            now = {}
+        self.looked = time.monotonic()
+        return {at: end for at, end in now.items() if end > self.reported[at]}
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
 
 
 def bounds(settings: Mapping[str, Any], topic: str, partition: int) -> tuple[int, int]:
@@ -397,7 +445,7 @@ def read_on(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, 
 
 def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], int], *, timeout: float,
                     consumer: Consumer | None = None, bulk: bool = False, idle: bool = False,
-                    ) -> Iterator[list[Message]]:  # fmt: skip
+                    waiting: set[tuple[str, int]] | None = None) -> Iterator[list[Message]]:  # fmt: skip
     """``batches_to_end`` of partitions from offsets (``starts``, moved past each batch once the next is asked for),
     by ``consumer`` (a ``reader`` of ``settings``; one is made if None) and closed at
     the end; a reader that stalls is replaced by a new one from where it stood, with a longer fetch wait when its
@@ -407,7 +455,8 @@ def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], i
     the tail wants (see ``BULK_WAIT_MS``). For reads whose work per message is small: a raw topic's keys' read
     took 4.8-5.1 s for 1M changes by batch, 6.3-7.2 s message by message through generators (``read_on``'s and
     those below it; bench/RESULTS.md, 2026-11-29). ``idle``: ``timeout`` counts from the last batch (a whole
-    topic read while the caller works on each record), through the readers that replace a stalled one."""
+    topic read while the caller works on each record), through the readers that replace a stalled one. ``waiting``:
+    as ``batches_to_end``'s, kept across those readers."""
     deadline = time.monotonic() + timeout
     waits = {"fetch.wait.max.ms": READER_FETCH_WAIT_MS, **settings}
     wait = FetchWait(waits)
@@ -421,7 +470,7 @@ def read_on_batches(settings: Mapping[str, Any], starts: dict[tuple[str, int], i
             try:
                 left = timeout if idle else max(deadline - time.monotonic(), 1.0)
                 assignments = [TopicPartition(t, p, o) for (t, p), o in starts.items()]
-                for batch in batches_to_end(consumer, assignments, timeout=left, wait=wait, idle=idle):
+                for batch in batches_to_end(consumer, assignments, timeout=left, wait=wait, idle=idle, waiting=waiting):
                     yield batch
                     starts.update(_past(batch, len(assignments)))
                     deadline = time.monotonic() + timeout if idle else deadline

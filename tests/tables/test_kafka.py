@@ -294,3 +294,43 @@ def test_empty_reads_look_at_the_positions_every_tenth_of_a_second_and_still_gro
     assert wait.ms == 20
     assert 0.9 <= now[0] <= 1.3  # about DRY of empty reads, not more
     assert looks[0] <= now[0] / kafka.LOOK_EVERY_S + 1
+
+
+@pytest.mark.slow
+def test_the_ends_of_partitions_written_faster_than_the_fetch_wait_are_found_all_the_same(
+    local_stack: StackConfig, unique_name: str
+) -> None:
+    """A feed's read of the points topic's end after its wait grew, the table feed's ``bounds_of``: at a wait
+    longer than the gap between two records every fetch brings something, so the busy partition never reports
+    EOF and the read stalled until its timeout. The quiet partition's end is still its true end."""
+    create_topics(AdminClient({"bootstrap.servers": local_stack.bootstrap}), [NewTopic(unique_name, 2, 1)])
+    producer = Producer({"bootstrap.servers": local_stack.bootstrap, "linger.ms": 0})
+    for i in range(7):
+        producer.produce(unique_name, b"%d" % i, partition=1)
+    assert producer.flush(30) == 0
+    acked, stop = [0], threading.Event()
+
+    def count(err: KafkaError | None, _: Message) -> None:
+        acked[0] += err is None
+
+    def busy() -> None:  # a record every 2 ms on partition 0, well inside the reader's 200 ms wait
+        while not stop.is_set():
+            producer.produce(unique_name, b"x", partition=0, on_delivery=count)
+            producer.poll(0.002)
+
+    writer = threading.Thread(target=busy)
+    writer.start()
+    try:
+        time.sleep(1.0)
+        before = acked[0]  # offsets 0..before-1 are written: the true end is at least that
+        settings = {"bootstrap.servers": local_stack.bootstrap, "fetch.wait.max.ms": 200}
+        started = time.monotonic()
+        ends = kafka.fetched_ends(settings, {(unique_name, 0): before, (unique_name, 1): 1}, timeout=20)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        writer.join()
+        assert producer.flush(30) == 0
+    assert took < 10, f"finding the ends took {took:.1f} s"
+    assert ends[(unique_name, 1)] == 7
+    assert before <= ends[(unique_name, 0)] <= acked[0]
