@@ -67,7 +67,7 @@ from bench import capture
 from bench.fanout import spawn_worker
 from capture.producer import DEFAULTS, TANSU_LINGER_MS
 from headwater import shop, stack
-from streams.clients import VIEW_ROWS_LINGER_MS
+from streams.clients import TANSU_FOLLOW_WAIT_MS, VIEW_ROWS_LINGER_MS
 from tables import topics
 from tables.registry import Registry
 
@@ -644,7 +644,8 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
 def profile_text(profile: str) -> str:
     """The footer: what capture, the workers and the observers ran with (``profile``: tansu or kafka)."""
     linger = TANSU_LINGER_MS if profile == "tansu" else DEFAULTS["linger.ms"]
-    fetch = "Faust fetch wait 10 ms" if profile == "tansu" else "librdkafka's default fetch wait"
+    fetch = (f"Faust fetch wait 10 ms, its readers' {TANSU_FOLLOW_WAIT_MS} ms" if profile == "tansu"
+             else "librdkafka's default fetch wait")  # fmt: skip
     return "\n".join([
         f"  capture: librdkafka idempotent acks=all, {profile} profile (linger {linger} ms);",
         f"  worker: {profile} profile ({fetch}), batch wait 5 ms,",

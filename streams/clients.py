@@ -2,10 +2,11 @@
 
 Promise: ``producer_settings`` (``view_rows_settings``), ``reader_settings`` and ``kafka_client``
 are the whole of what the engine (fan-out, table feed, views, mirror) asks of its Kafka clients; the broker-profile
-part is two lines: on the local broker (``tansu``) readers wait 10 ms per fetch, because Tansu
-holds a fetch for its whole ``fetch.wait.max.ms`` even when records arrive meanwhile (the
-long-lived ones grow it when their fetches come back empty: ``tables.kafka.FetchWait``); and the
-table feed fetches up to 16 MB at once there, because Tansu lists every batch of a partition for
+part is two lines: on the local broker (``tansu``) a long-lived reader at the tail (``follows``:
+the feeds, the Redis mirror, the cut-maker's fragments) waits ``TANSU_FOLLOW_WAIT_MS`` (100 ms)
+per fetch and a read to an end 10 ms (``TANSU_FETCH_WAIT_MS``), both grown when fetches come
+back empty below the end (``tables.kafka.FetchWait``); and the table feed fetches up to 16 MB
+at once there, because Tansu lists every batch of a partition for
 each fetch (its object-store engine, 0.6.0): the table topics hold many small batches, and at
 1 MB a fetch a 5M-row load (1.25M rows a partition) fell to a few hundred rows a second and
 stalled. The raw topic's batches are capture's (up to 4 MiB of changes each, lz4), few and large:
@@ -37,7 +38,13 @@ TABLE_PRODUCER: dict[str, Any] = {
 }
 
 VIEW_ROWS_LINGER_MS = 5
-TANSU_FETCH_WAIT_MS = 10
+TANSU_FETCH_WAIT_MS = 10  # a read to an end: at the end the broker holds an empty fetch for its whole wait
+# A reader that follows a partition at its tail. Tansu 0.6.0 answers a held fetch as soon as a record comes (produce
+# -> consume, median: 0.6-1.6 ms at 100-500 ms waits against 3.2-3.6 ms at 10 ms for one partition; ~10 ms for four
+# read by one consumer), so a longer wait costs the tail little, and an idle worker's readers at 10 ms kept the broker
+# answering ~500 fetches a second: 0.355 of a core against 0.079 at 100 ms, and 26% less of the broker's CPU under
+# the views benchmark's load (bench/RESULTS.md, "What an idle pipeline costs on the local stack").
+TANSU_FOLLOW_WAIT_MS = 100
 TANSU_TABLE_FETCH = 16 << 20  # bytes a table feed's fetch may bring on the local broker (see the promise)
 
 # What each reader may hold fetched ahead of its handler. librdkafka checks its queue's limits only
@@ -56,12 +63,14 @@ READER_MEMORY: dict[str, Any] = {
 }
 
 
-def reader_settings(cfg: StreamsConfig, *, table_feed: bool = False) -> dict[str, Any]:
-    """librdkafka settings for the workers' own readers (feeds, tails, ends, the Redis mirror)."""
+def reader_settings(cfg: StreamsConfig, *, table_feed: bool = False, follows: bool = False) -> dict[str, Any]:
+    """librdkafka settings for the workers' own readers (feeds, tails, ends, the Redis mirror); ``follows``: one
+    that stays at a partition's tail (see the module promise)."""
     client = kafka_client(cfg)
     largest = int(client.get("message.max.bytes", 1_000_000))  # librdkafka: fetch.max.bytes >= message.max.bytes
     fetch = max(TANSU_TABLE_FETCH if cfg.tansu and table_feed else 1 << 20, largest)
-    tansu = {"fetch.wait.max.ms": TANSU_FETCH_WAIT_MS} if cfg.tansu else {}
+    wait = TANSU_FOLLOW_WAIT_MS if follows else TANSU_FETCH_WAIT_MS
+    tansu = {"fetch.wait.max.ms": wait} if cfg.tansu else {}
     return {**READER_MEMORY, "fetch.max.bytes": fetch, **tansu, **client}
 
 

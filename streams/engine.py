@@ -302,7 +302,7 @@ class Engine:
 
     def reader(self, name: str) -> dict[str, Any]:
         """A reader's librdkafka settings, its statistics reported to ``metrics.kafka`` as ``name``."""
-        return self.metrics.kafka.settings(name, reader_settings(self.cfg, table_feed=name == "tables"))
+        return self.metrics.kafka.settings(name, reader_settings(self.cfg, table_feed=name == "tables", follows=True))
 
     def viewing_feed(self) -> bool:
         """Whether this worker keeps view partitions now."""

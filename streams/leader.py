@@ -135,7 +135,7 @@ class Assembler(Follower):
         self.assembly = Assembly(views, cfg.partitions)
         self.lock = threading.Lock()  # the feed thread of this worker's views adds fragments too
         self.on_cut: Callable[[dict[str, Any]], None] | None = None  # each cut made, as decode_cut reads it
-        self.fetch_wait = FetchWait(reader_settings(cfg))  # grown, like the feeds', on the local broker
+        self.fetch_wait = FetchWait(reader_settings(cfg, follows=True))  # grown, like the feeds', on the local broker
         self.position: int | None = None  # the next fragment to read, once reading
 
     def add(self, writer: str, lsn: int, offset: int, seconds: float, ends: list[tuple[str, int, int]]) -> None:
@@ -157,7 +157,7 @@ class Assembler(Follower):
     def _follow(self) -> None:
         """Read the fragments on from where the last reader stood (at first: the cuts so far, then the last
         ``WINDOW`` fragments), replaced like the feeds' readers when it stalls below the known end."""
-        consumer = reader(self.fetch_wait.applied(reader_settings(self.cfg)))
+        consumer = reader(self.fetch_wait.applied(reader_settings(self.cfg, follows=True)))
         try:
             if self.position is None:
                 self._read_cuts()

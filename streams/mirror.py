@@ -142,7 +142,7 @@ class RedisMirror(threading.Thread):
         self.assigned = False
         self.mirror = uuid.uuid4().hex[:12]  # names this mirror's staging lists
         self.stopping = threading.Event()
-        self.fetch_wait = FetchWait(clients.reader_settings(cfg))
+        self.fetch_wait = FetchWait(clients.reader_settings(cfg, follows=True))
         self.client = redis.Redis.from_url(cfg.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self.apply = self.client.register_script(APPLY)
         self.fill = self.client.register_script(FILL)
@@ -151,7 +151,7 @@ class RedisMirror(threading.Thread):
     def run(self) -> None:
         try:
             while not self.stopping.is_set():
-                consumer = reader(self.fetch_wait.applied(clients.reader_settings(self.cfg)))
+                consumer = reader(self.fetch_wait.applied(clients.reader_settings(self.cfg, follows=True)))
                 try:
                     self._mirror(consumer)
                 finally:

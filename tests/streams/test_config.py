@@ -59,8 +59,13 @@ def test_readers_fetch_little_at_once_except_the_table_feed_on_the_local_broker(
              for cfg in (tansu, kafka) for feed in (False, True)}  # fmt: skip
     assert fetch == {("tansu", False): 1 << 20, ("tansu", True): 16 << 20, ("kafka", False): 1 << 20,
                      ("kafka", True): 1 << 20}  # fmt: skip
-    assert clients.reader_settings(tansu)["fetch.wait.max.ms"] == 10
+    assert clients.reader_settings(tansu)["fetch.wait.max.ms"] == 10  # a read to an end
+    assert clients.reader_settings(tansu, follows=True)["fetch.wait.max.ms"] == 100  # a reader at the tail
     assert "fetch.wait.max.ms" not in clients.reader_settings(kafka)
+    assert "fetch.wait.max.ms" not in clients.reader_settings(kafka, follows=True)
+    waits = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "tansu",
+                                 "HEADWATER_STREAMS_KAFKA": "fetch.wait.max.ms=10"})  # fmt: skip
+    assert clients.reader_settings(waits, follows=True)["fetch.wait.max.ms"] == "10"  # the user's own setting wins
     big = load_streams_config({"HEADWATER_STREAMS_BOOTSTRAP": "x:1", "HEADWATER_STREAMS_BROKER_PROFILE": "kafka",
                                "HEADWATER_STREAMS_KAFKA": "message.max.bytes=8000000"})  # fmt: skip
     assert clients.reader_settings(big)["fetch.max.bytes"] == 8000000  # librdkafka refuses less
