@@ -335,16 +335,17 @@ def nudge(consumer: Consumer, parts: set[tuple[str, int]], *, force: bool = Fals
 def fetched_ends(settings: Mapping[str, Any], reported: Mapping[tuple[str, int], int], *, timeout: float = 60.0,
                  consumer: Consumer | None = None) -> dict[tuple[str, int], int]:  # fmt: skip
     """Each partition's end found by fetching from its reported end minus one to partition EOF (``read_on_batches``
-    with ``settings``, by ``consumer`` first if given; it is closed).
+    with ``settings``, by ``consumer`` first if given; it is closed): an end at or past the partition's end when
+    ``reported`` was read — its true end, unless it is written to faster than the fetch wait.
 
     Tansu's ListOffsets answers a multi-record batch's base offset + 1; on Kafka the fetch
-    finds the reported end again. Costs at most one batch per partition.
+    finds the reported end again. Costs one batch per partition, unless the partition is busy:
 
     A partition written to more often than the fetch wait never reports EOF: every fetch brings something (a feed's
     read of the points topic's end once its wait had grown stalled for its whole timeout). So every ``END_LOOK_S``
-    of reading its reported end is looked at again (``EndLooks``); once it has moved on, the base offset of a later
-    batch is known, and the new reported end minus one (that base on Tansu, an offset below the end on Kafka) is
-    an end past the batch the first one was in: the partition's end, as of a moment after the call began.
+    of reading its reported end is looked at again (``EndLooks``); once it has moved on, a later batch has begun,
+    and the new reported end minus one (that batch's base on Tansu, at or past the first reported end on Kafka)
+    is taken as the partition's end, even below offsets read already: on Tansu it stays a batch's bound.
     """
     ends = dict(reported)
     starts = {at: end - 1 for at, end in reported.items() if end > 0}
@@ -352,16 +353,17 @@ def fetched_ends(settings: Mapping[str, Any], reported: Mapping[tuple[str, int],
         if consumer is not None:
             consumer.close()
         return ends
-    waiting, looks = set(starts), EndLooks(settings, reported)
-    try:
+    waiting, settled, looks = set(starts), set(), EndLooks(settings, reported)
+    try:  # (``waiting`` loses a partition at its EOF before the batch of its last messages comes: not a filter)
         for batch in read_on_batches(settings, starts, timeout=timeout, consumer=consumer, waiting=waiting):
             for msg in batch:
                 at = (str(msg.topic()), int(msg.partition() or 0))
-                if at in waiting:
+                if at not in settled:
                     ends[at] = max(ends[at], int(msg.offset() or 0) + 1)
             for at, end in looks.moved(waiting).items():
                 ends[at] = end - 1
                 waiting.discard(at)
+                settled.add(at)
     finally:
         looks.close()
     return ends
@@ -377,18 +379,21 @@ class EndLooks:
         self.consumer: Consumer | None = None
 
     def moved(self, waiting: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        """The ends reported now of those of ``waiting`` that moved on (none between two looks, or when the broker
-        does not answer: the read goes on)."""
+        """The ends reported now of those of ``waiting`` that moved on (none between two looks; a partition the
+        broker gives no answer for is read on)."""
         if not waiting or time.monotonic() - self.looked < END_LOOK_S:
             return {}
         self.consumer = self.consumer or reader(self.settings)
-        try:
-            now = {at: int(self.consumer.get_watermark_offsets(TopicPartition(*at), timeout=ANSWER_S)[1])
-                   for at in waiting}  # fmt: skip
-        except KafkaException:
-            now = {}
+        now = {at: self._end(self.consumer, at) for at in waiting}
         self.looked = time.monotonic()
         return {at: end for at, end in now.items() if end > self.reported[at]}
+
+    @staticmethod
+    def _end(consumer: Consumer, at: tuple[str, int]) -> int:
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(*at), timeout=ANSWER_S)[1])
+        except KafkaException:
+            return -1
 
     def close(self) -> None:
         if self.consumer is not None:

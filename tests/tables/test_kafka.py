@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from typing import cast
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, PartitionMetadata, TopicMetadata
 
 from headwater.stack import Broker, StackConfig
@@ -210,6 +210,33 @@ def test_a_batch_is_taken_up_to_the_last_end_it_waits_for() -> None:
     assert waiting == set()
     with pytest.raises(RetryableError, match="reading t"):
         _taken([msg(0, 1), msg(0, 2, KafkaError._MSG_TIMED_OUT)], {("t", 0)})
+
+
+class Batches:
+    """A consumer that gives these batches, then nothing."""
+
+    def __init__(self, *batches: list[Message]) -> None:
+        self.batches, self.closed = list(batches), 0
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def consume(self, n: int, timeout: float) -> list[Message]:
+        return self.batches.pop(0) if self.batches else []
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.unit
+def test_a_partitions_last_messages_count_for_its_end_when_its_eof_comes_in_the_same_batch() -> None:
+    """On Tansu the reported end is the last batch's base + 1: the messages past it, read with the EOF that takes
+    the partition off the wait, make its end."""
+    eof = KafkaError._PARTITION_EOF
+    consumer = Batches([msg(0, 5), msg(0, 6), msg(0, 7, eof), msg(1, 2)], [msg(1, 3), msg(1, 4, eof)])
+    ends = kafka.fetched_ends({}, {("t", 0): 6, ("t", 1): 3, ("t", 2): 0}, consumer=cast(Consumer, consumer))
+    assert ends == {("t", 0): 7, ("t", 1): 4, ("t", 2): 0}
+    assert consumer.closed == 1
 
 
 @pytest.mark.unit
