@@ -341,6 +341,9 @@ class RedisMirror(threading.Thread):
             return True
         keys, rows = [view_key(self.prefix, name), *self._lists(name)], self.cfg.redis_fill_rows
         left = int(self.client.llen(keys[1]))
+        if left > rows:
+            log.info("Redis mirror: filling view %s, which Redis shows no cut of yet: %d records staged, %d per "
+                     "script", name, left, rows)  # fmt: skip
         while left > rows:  # each piece answers how many entries are left (-1: Redis holds other offsets)
             left = int(self.fill(keys=keys, args=[args[0], rows, *args[4:]]))
         return left >= 0

@@ -399,7 +399,8 @@ def test_a_first_fill_under_load_goes_in_pieces_before_any_cut_and_a_redis_that_
         assert wait_for(lambda: ping(client), 30)
         for fill in range(2):  # the first fill, then one after Redis lost its data
             samples = samples_until_cut(client, meta)
-            assert any(rows > 10 for rows in samples), samples[-20:]  # rows of more than one piece, no cut yet
+            fills = [line for line in worker.log.read_text().splitlines() if "Redis mirror: filling" in line]
+            assert any(rows > 10 for rows in samples), (samples[-20:], fills)  # rows of more than one piece, no cut
             unruly(pg_database, 20, seed=fill)
             client.flushall()
         writer.stop()
