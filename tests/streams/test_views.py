@@ -384,10 +384,11 @@ def test_a_first_fill_under_load_goes_in_pieces_before_any_cut_and_a_redis_that_
 ) -> None:  # fmt: skip
     """A view Redis holds no cut of is written ``redis_fill_rows`` rows per script (Redis answers others between
     them): rows appear before the view's hash names a cut; under load (entries past the cut carried in order)
-    and after a FLUSHALL, Redis ends equal to the SQL join."""
+    and after a FLUSHALL, Redis ends equal to the SQL join. A row per script: at 10, the 580-710 records of a fill
+    took under 0.1 s, and a sampler on a machine as busy as CI's could miss them all (3 CI legs)."""
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory, redis_url=url, redis_fill_rows=10)
+    capture, worker = start(shop_db, pg_database, capture_factory, worker_factory, redis_url=url, redis_fill_rows=1)
     loosen(pg_database)
     writer = shop_writer(rate=100)
     time.sleep(3)  # the view topic grows while Redis is away: its first fill is of some thousand records
@@ -400,7 +401,7 @@ def test_a_first_fill_under_load_goes_in_pieces_before_any_cut_and_a_redis_that_
         for fill in range(2):  # the first fill, then one after Redis lost its data
             samples = samples_until_cut(client, meta)
             fills = [line for line in worker.log.read_text().splitlines() if "Redis mirror: filling" in line]
-            assert any(rows > 10 for rows in samples), (samples[-20:], fills)  # rows of more than one piece, no cut
+            assert any(rows > 10 for rows in samples), (samples[-20:], fills)  # rows of many pieces, no cut yet
             unruly(pg_database, 20, seed=fill)
             client.flushall()
         writer.stop()
