@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from streams.cursor import Raw
 from streams.errors import GONE, gone
 from tables.errors import FatalError, RetryableError
-from tables.kafka import FetchWait, Stalled, StallWatch, bounds, reader
+from tables.kafka import FetchWait, Stalled, StallWatch, reader
 from tables.logs import facts
 
 log = logging.getLogger("headwater.streams")
@@ -140,8 +140,10 @@ class ViewFeed(Feed):
     """The views' feed: the raw topic and the points topic (``streams.frontier``) with one consumer.
 
     ``handle(raw, points)`` gets the raw changes and the points records' values read; the points
-    topic is read from its last ``POINTS_BACK`` records (the barrier as it stands), the raw topic
-    from ``start()``. While ``crowded()`` (the changes read ahead of the barrier are many: the raw
+    topic is read from its last ``POINTS_BACK`` records (the barrier as it stands) before the end the broker
+    reports (the local broker's can be a batch short: a few more records are read then; a read to the true end,
+    as before, waited out the reader's fetch wait, 100 ms on the local broker, at every quiet start), the raw
+    topic from ``start()``. While ``crowded()`` (the changes read ahead of the barrier are many: the raw
     partition's owner is away), the raw topic is paused.
     """
 
@@ -160,7 +162,7 @@ class ViewFeed(Feed):
         try:
             self._check(consumer)
             position = self.start_at()
-            low, end = bounds(self.fetch_wait.applied(self.settings), self.points_topic, 0)
+            low, end = consumer.get_watermark_offsets(TopicPartition(self.points_topic, 0), timeout=10)
             raw = TopicPartition(self.topic, 0, position)
             consumer.assign([raw, TopicPartition(self.points_topic, 0, max(low, end - self.POINTS_BACK))])
             log.info("%s: reading %s from offset %d", self.name, self.topic, position,
