@@ -1,5 +1,5 @@
 """``python -m bench [capture|backfill|fanout|debezium|tables|schema|views|shopview|analytics|lookups|brokerfetch]
-[--changes N] [--rows N] [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N]
+[--changes N] [--rows N] [--scale N] [--seconds S] [--rate R] [--workers N] [--connections C] [--burst N] [--drain N]
 [--messages N] [--customers N] [--orders N] [--fault pause|kill] [--bootstrap HOST:PORT]`` (or ``./dev bench``);
 ``capture`` runs the backfill benchmark after its own."""
 
@@ -35,6 +35,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="stream workers of the views and shopview benchmarks (one group)")  # fmt: skip
     parser.add_argument("--connections", type=int, default=4, help="connections the views benchmark commits from")
     parser.add_argument("--burst", type=int, default=6000, help="transactions of the views benchmark's burst")
+    parser.add_argument("--drain", type=int, default=20_000,
+                        help="transactions the views benchmark commits while capture is stopped, then drains: each "
+                             "stage's capacity")  # fmt: skip
     parser.add_argument("--bootstrap", default="",
                         help="views: a Kafka of your own (host:port) instead of the bench stack's broker; the run's "
                              "topics get a prefix of their own and are deleted after it")  # fmt: skip
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         views.main(
             seconds=args.seconds,
             burst=args.burst,
+            drain=args.drain,
             rate_steady=args.rate,
             workers=args.workers,
             connections=args.connections,

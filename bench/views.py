@@ -23,9 +23,13 @@ commit times too), so none waits for another's GIL; their CPU is printed with th
    the view topic showed the last transaction of every connection. The driver's own commit rate
    is printed next to it: when the two are close, the driver (or PostgreSQL) was the bound, not
    the pipeline.
-2. a steady load at half that rate (or ``--rate``) for ``--seconds``; p50 / p99 / max latency.
+2. a drain of ``--drain`` transactions committed while capture is stopped (``SIGSTOP``; PostgreSQL keeps
+   the WAL for its slot): let go, capture writes them to the raw topic faster than the stages read it, so
+   each stage works through a backlog without waiting for work — its capacity, where the other phases'
+   small batches and frequent points cost each change more;
+3. a steady load at half that rate (or ``--rate``) for ``--seconds``; p50 / p99 / max latency.
 
-For both phases the workers' ``/metrics`` are read before and after: each stage's *capacity* is
+For every phase the workers' ``/metrics`` are read before and after: each stage's *capacity* is
 what it handled divided by the seconds it was busy handling it (``headwater_streams_busy_seconds``:
 changes/s at 100% busy, for the fan-out, the views and the Redis mirror), and by the CPU seconds its
 thread spent (``headwater_streams_cpu_seconds``: busy time without the waits for a core or the GIL,
@@ -45,6 +49,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -525,6 +530,49 @@ def burst_phase(cfg: stack.StackConfig, dsn: str, orders: list[int], procs: Proc
     return phase, burst / (done - first), burst / (max(times) - first)
 
 
+def drain_phase(dsn: str, orders: list[int], procs: Procs, workers: int, count: int, connections: int,
+                topic_seen: Seen, watching: Mapping[str, int]) -> Phase:  # fmt: skip
+    """``count`` transactions committed while capture is stopped, then drained (step 2 of the promise): the phase
+    from capture's release until the view topic showed every connection's last transaction."""
+    print(f"drain: {count} transactions committed while capture is stopped, then drained ...", flush=True)
+    stopped = procs["capture"]
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        committed, lasts = run_load(dsn, orders, count, None, "drain", connections)
+        before = sample(procs, workers, watching)
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    for token in lasts:
+        wait_seen(topic_seen, token)
+    return Phase(committed, before, settled(procs, workers, watching))
+
+
+def settled(procs: Procs, workers: int, watching: Mapping[str, int], every: float = 1.0,
+            timeout: float = 300) -> Sample:  # fmt: skip
+    """A sample once no stage of any worker handled anything for ``every`` seconds (the fan-out may still be
+    working through the backlog when the view topic shows its end)."""
+    last, deadline = sample(procs, workers, watching), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(every)
+        now = sample(procs, workers, watching)
+        if all(new.get(s, 0) == old.get(s, 0) for old, new in zip(last.counters, now.counters, strict=True)
+               for s in STAGES):  # fmt: skip
+            return last
+        last = now
+    return last
+
+
+def ratio_lines(phase: Phase) -> list[str]:
+    """Each worker's views against the fan-out (on the raw partition's owner), changes per CPU-second."""
+    def per_cpu(i: int, stage: str) -> float:
+        old, new = phase.before.counters[i], phase.after.counters[i]
+        return (new.get(stage, 0) - old.get(stage, 0)) / max(new.get(f"{stage}_cpu", 0) - old.get(f"{stage}_cpu", 0),
+                                                              1e-6)  # fmt: skip
+    fanout = max(per_cpu(i, "fanout") for i in range(len(phase.before.counters)))
+    return [f"    worker {i} views / fan-out, changes per CPU-s: {per_cpu(i, 'views') / fanout:.2f}"
+            for i in range(len(phase.before.counters)) if fanout > 0 and per_cpu(i, "views") > 0]
+
+
 def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: float, seconds: float,
                  connections: int, seen: tuple[Seen, Seen], watching: Mapping[str, int]) -> Phase:  # fmt: skip
     before = sample(procs, workers, watching)
@@ -538,7 +586,7 @@ def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: 
 
 
 def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = None, workers: int = 1,
-         connections: int = 4, bootstrap: str = "") -> None:  # fmt: skip
+         connections: int = 4, bootstrap: str = "", drain: int = 20_000) -> None:  # fmt: skip
     print(f"views bench: {workers} worker(s), {connections} connections, {broker_text(bootstrap)}; {load_text()}",
           flush=True)  # fmt: skip
     prefix = run_prefix(bootstrap)
@@ -561,11 +609,14 @@ def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = N
                                                  watching)  # fmt: skip
                 steady = rate_steady or rate / 2
                 time.sleep(15)  # let every stage (fan-out, tables, views, mirror) drain the burst
-                print(f"  sustained {rate:.0f} transactions/s end to end (the driver committed at {driver:.0f}/s); "
-                      f"steady load at {steady:.0f}/s for {seconds:.0f} s ...", flush=True)  # fmt: skip
+                print(f"  sustained {rate:.0f} transactions/s end to end (the driver committed at {driver:.0f}/s)",
+                      flush=True)  # fmt: skip
+                drained = drain_phase(dsn, orders, procs, workers, drain, connections, topic_seen, watching)
+                time.sleep(10)  # the mirror and the tables too
+                print(f"steady load at {steady:.0f}/s for {seconds:.0f} s ...", flush=True)
                 slow = steady_phase(dsn, orders, procs, workers, steady, seconds, connections, (topic_seen, redis_seen),
                                     watching)  # fmt: skip
-    report(fast, slow, rate, driver, steady, rate_steady is not None, (raw_seen, topic_seen, redis_seen))
+    report(fast, drained, slow, (rate, driver, steady), rate_steady is not None, (raw_seen, topic_seen, redis_seen))
     print(profile_text("kafka" if bootstrap else "tansu"))
 
 
@@ -614,9 +665,11 @@ def drop_group(bootstrap: str, group: str) -> str:
     return f"deleted group {group}"
 
 
-def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, given: bool,
+def report(fast: Phase, drained: Phase, slow: Phase, rates: tuple[float, float, float], given: bool,
            seen: tuple[Seen, Seen, Seen]) -> None:  # fmt: skip
+    """The three phases' figures (``rates``: the sustained, the driver's and the steady load's)."""
     raw_seen, topic_seen, redis_seen = seen
+    rate, driver, steady = rates
     committed = slow.committed
     share = f"{steady / rate:.0%} of" if given else "half of"
     print(f"\nburst: {len(fast.committed)} transactions, sustained {rate:.0f}/s (driver {driver:.0f}/s)")
@@ -624,6 +677,7 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     print("\n".join(stage_lines(fast.before, fast.after)))
     print("  CPU:")
     print("\n".join(cpu_lines(fast.before, fast.after, len(fast.committed))))
+    drain_report(drained)
     print(f"\nview orders_enriched: commit -> view row, {len(committed)} transactions at {steady:.0f}/s "
           f"({share} the {rate:.0f}/s sustained)")  # fmt: skip
     print(describe("raw topic (capture only)", *latencies(committed, raw_seen)))
@@ -639,6 +693,17 @@ def report(fast: Phase, slow: Phase, rate: float, driver: float, steady: float, 
     if slow.broker:
         print(broker_line(slow.broker))
     print(f"  {load_text()} (after)")
+
+
+def drain_report(drained: Phase) -> None:
+    span = drained.after.at - drained.before.at
+    print(f"\ndrain: {len(drained.committed)} transactions committed while capture was stopped; every stage done "
+          f"within {span:.1f} s of its release (looked at every second)")  # fmt: skip
+    print("  stages (changes, or records for the mirror), each working through a backlog:")
+    print("\n".join(stage_lines(drained.before, drained.after)))
+    print("\n".join(ratio_lines(drained)))
+    print("  CPU:")
+    print("\n".join(cpu_lines(drained.before, drained.after, len(drained.committed))))
 
 
 def profile_text(profile: str) -> str:

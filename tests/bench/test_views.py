@@ -9,7 +9,18 @@ from collections.abc import Callable
 import pytest
 
 from bench import views
-from bench.views import STAGES, Sample, Seen, broker_line, broker_shares, latencies, stage_lines, until_shown
+from bench.views import (
+    STAGES,
+    Phase,
+    Sample,
+    Seen,
+    broker_line,
+    broker_shares,
+    latencies,
+    ratio_lines,
+    stage_lines,
+    until_shown,
+)
 from tables.config import check_prefix
 
 pytestmark = pytest.mark.unit
@@ -43,6 +54,21 @@ def test_a_hidden_workers_stages_are_left_out() -> None:
     shown = stage_lines(before, after, hidden={1: 3.5})
     assert [line.split(":")[0].strip() for line in shown] == [f"worker 0 {stage}", f"worker 2 {stage}"]
     assert "capacity      50/s" in shown[0] and "100/CPU-s" in shown[0]
+
+
+def test_each_workers_views_are_set_against_the_one_fan_out() -> None:
+    """Two workers: the fan-out runs on the raw partition's owner only; each worker's views per CPU-second are
+    divided by its changes per CPU-second."""
+    owner = {"fanout": 1000.0, "fanout_cpu": 0.02, "views": 1000.0, "views_cpu": 0.08}
+    other = {"views": 1000.0, "views_cpu": 0.05}
+    phase = Phase({}, Sample(0.0, {}, [{}, {}]), Sample(1.0, {}, [owner, other]))
+    assert ratio_lines(phase) == ["    worker 0 views / fan-out, changes per CPU-s: 0.25",
+                                  "    worker 1 views / fan-out, changes per CPU-s: 0.40"]
+
+
+def test_no_fan_out_gives_no_ratio() -> None:
+    phase = Phase({}, Sample(0.0, {}, [{}]), Sample(1.0, {}, [{"views": 10.0, "views_cpu": 0.1}]))
+    assert ratio_lines(phase) == []
 
 
 def scripted(values: list[float]) -> Callable[..., float]:
