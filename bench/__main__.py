@@ -37,7 +37,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--burst", type=int, default=6000, help="transactions of the views benchmark's burst")
     parser.add_argument("--drain", type=int, default=20_000,
                         help="transactions the views benchmark commits while capture is stopped, then drains: each "
-                             "stage's capacity")  # fmt: skip
+                             "stage's capacity (0: none)")  # fmt: skip
     parser.add_argument("--bootstrap", default="",
                         help="views: a Kafka of your own (host:port) instead of the bench stack's broker; the run's "
                              "topics get a prefix of their own and are deleted after it")  # fmt: skip
@@ -54,6 +54,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The arguments; a ``--bootstrap`` that is not host:port, or given to another benchmark, is refused."""
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.drain < 0:
+        parser.error(f"--drain {args.drain}: a number of transactions, 0 or more (0: no drain phase)")
     if args.bootstrap:
         if args.which != "views":
             parser.error("--bootstrap is taken by the views benchmark only: run 'views' with it")

@@ -611,8 +611,10 @@ def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = N
                 time.sleep(15)  # let every stage (fan-out, tables, views, mirror) drain the burst
                 print(f"  sustained {rate:.0f} transactions/s end to end (the driver committed at {driver:.0f}/s)",
                       flush=True)  # fmt: skip
-                drained = drain_phase(dsn, orders, procs, workers, drain, connections, topic_seen, watching)
-                time.sleep(10)  # the mirror and the tables too
+                drained = None
+                if drain:
+                    drained = drain_phase(dsn, orders, procs, workers, drain, connections, topic_seen, watching)
+                    time.sleep(10)  # the mirror and the tables too
                 print(f"steady load at {steady:.0f}/s for {seconds:.0f} s ...", flush=True)
                 slow = steady_phase(dsn, orders, procs, workers, steady, seconds, connections, (topic_seen, redis_seen),
                                     watching)  # fmt: skip
@@ -665,7 +667,7 @@ def drop_group(bootstrap: str, group: str) -> str:
     return f"deleted group {group}"
 
 
-def report(fast: Phase, drained: Phase, slow: Phase, rates: tuple[float, float, float], given: bool,
+def report(fast: Phase, drained: Phase | None, slow: Phase, rates: tuple[float, float, float], given: bool,
            seen: tuple[Seen, Seen, Seen]) -> None:  # fmt: skip
     """The three phases' figures (``rates``: the sustained, the driver's and the steady load's)."""
     raw_seen, topic_seen, redis_seen = seen
@@ -677,7 +679,8 @@ def report(fast: Phase, drained: Phase, slow: Phase, rates: tuple[float, float, 
     print("\n".join(stage_lines(fast.before, fast.after)))
     print("  CPU:")
     print("\n".join(cpu_lines(fast.before, fast.after, len(fast.committed))))
-    drain_report(drained)
+    if drained is not None:
+        drain_report(drained)
     print(f"\nview orders_enriched: commit -> view row, {len(committed)} transactions at {steady:.0f}/s "
           f"({share} the {rate:.0f}/s sustained)")  # fmt: skip
     print(describe("raw topic (capture only)", *latencies(committed, raw_seen)))
