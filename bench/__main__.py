@@ -37,7 +37,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--burst", type=int, default=6000, help="transactions of the views benchmark's burst")
     parser.add_argument("--drain", type=int, default=20_000,
                         help="transactions the views benchmark commits while capture is stopped, then drains: each "
-                             "stage's capacity (0: none)")  # fmt: skip
+                             "stage's capacity (0: none; keep its commits under a minute: PostgreSQL's "
+                             "wal_sender_timeout drops a stopped capture)")  # fmt: skip
     parser.add_argument("--bootstrap", default="",
                         help="views: a Kafka of your own (host:port) instead of the bench stack's broker; the run's "
                              "topics get a prefix of their own and are deleted after it")  # fmt: skip

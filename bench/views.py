@@ -23,11 +23,12 @@ commit times too), so none waits for another's GIL; their CPU is printed with th
    the view topic showed the last transaction of every connection. The driver's own commit rate
    is printed next to it: when the two are close, the driver (or PostgreSQL) was the bound, not
    the pipeline.
-2. a drain of ``--drain`` transactions committed while capture is stopped (``SIGSTOP``; PostgreSQL keeps
+2. a steady load at half that rate (or ``--rate``) for ``--seconds``; p50 / p99 / max latency;
+3. a drain of ``--drain`` transactions committed while capture is stopped (``SIGSTOP``; PostgreSQL keeps
    the WAL for its slot): let go, capture writes them to the raw topic faster than the stages read it, so
    each stage works through a backlog without waiting for work — its capacity, where the other phases'
-   small batches and frequent points cost each change more;
-3. a steady load at half that rate (or ``--rate``) for ``--seconds``; p50 / p99 / max latency.
+   small batches and frequent points cost each change more (after the steady load, so its figures compare with
+   runs from before this phase).
 
 For every phase the workers' ``/metrics`` are read before and after: each stage's *capacity* is
 what it handled divided by the seconds it was busy handling it (``headwater_streams_busy_seconds``:
@@ -532,8 +533,9 @@ def burst_phase(cfg: stack.StackConfig, dsn: str, orders: list[int], procs: Proc
 
 def drain_phase(dsn: str, orders: list[int], procs: Procs, workers: int, count: int, connections: int,
                 topic_seen: Seen, watching: Mapping[str, int]) -> Phase:  # fmt: skip
-    """``count`` transactions committed while capture is stopped, then drained (step 2 of the promise): the phase
-    from capture's release until the view topic showed every connection's last transaction."""
+    """``count`` transactions committed while capture is stopped, then drained (step 3 of the promise): the phase
+    from capture's release until every stage is done with them (``settled``). PostgreSQL drops a stopped capture's
+    replication connection after ``wal_sender_timeout`` (60 s by default): keep the commits shorter than that."""
     print(f"drain: {count} transactions committed while capture is stopped, then drained ...", flush=True)
     stopped = procs["capture"]
     stopped.send_signal(signal.SIGSTOP)
@@ -544,22 +546,29 @@ def drain_phase(dsn: str, orders: list[int], procs: Procs, workers: int, count: 
         stopped.send_signal(signal.SIGCONT)
     for token in lasts:
         wait_seen(topic_seen, token)
-    return Phase(committed, before, settled(procs, workers, watching))
+    return Phase(committed, before, settled(before, procs, workers, watching, 2 * count))
 
 
-def settled(procs: Procs, workers: int, watching: Mapping[str, int], every: float = 1.0,
-            timeout: float = 300) -> Sample:  # fmt: skip
-    """A sample once no stage of any worker handled anything for ``every`` seconds (the fan-out may still be
-    working through the backlog when the view topic shows its end)."""
+def settled(before: Sample, procs: Procs, workers: int, watching: Mapping[str, int], changes: int,
+            every: float = 1.0, timeout: float = 300) -> Sample:  # fmt: skip
+    """A sample once the fan-out routed ``changes`` more changes than at ``before`` and then no stage of any worker
+    handled, or spent time or CPU on, anything for ``every`` seconds (the fan-out may still be working through the
+    backlog when the view topic shows its end, and counts a batch only once it is done)."""
     last, deadline = sample(procs, workers, watching), time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(every)
         now = sample(procs, workers, watching)
-        if all(new.get(s, 0) == old.get(s, 0) for old, new in zip(last.counters, now.counters, strict=True)
-               for s in STAGES):  # fmt: skip
+        if routed(before, last) >= changes and now.counters == last.counters:
             return last
         last = now
-    return last
+    raise RuntimeError(f"the drain's stages were not done within {timeout:.0f} s (the fan-out routed "
+                       f"{routed(before, last):.0f} of {changes} changes): see the workers' logs")
+
+
+def routed(before: Sample, after: Sample) -> float:
+    """Changes the fan-out (on whichever worker holds the raw partition) routed between two samples."""
+    return sum(new.get("fanout", 0) - old.get("fanout", 0) for old, new in zip(before.counters, after.counters,
+                                                                                strict=True))  # fmt: skip
 
 
 def ratio_lines(phase: Phase) -> list[str]:
@@ -568,7 +577,7 @@ def ratio_lines(phase: Phase) -> list[str]:
         old, new = phase.before.counters[i], phase.after.counters[i]
         return (new.get(stage, 0) - old.get(stage, 0)) / max(new.get(f"{stage}_cpu", 0) - old.get(f"{stage}_cpu", 0),
                                                               1e-6)  # fmt: skip
-    fanout = max(per_cpu(i, "fanout") for i in range(len(phase.before.counters)))
+    fanout = max((per_cpu(i, "fanout") for i in range(len(phase.before.counters))), default=0.0)
     return [f"    worker {i} views / fan-out, changes per CPU-s: {per_cpu(i, 'views') / fanout:.2f}"
             for i in range(len(phase.before.counters)) if fanout > 0 and per_cpu(i, "views") > 0]
 
@@ -611,13 +620,12 @@ def main(seconds: float = 20.0, burst: int = 6000, rate_steady: float | None = N
                 time.sleep(15)  # let every stage (fan-out, tables, views, mirror) drain the burst
                 print(f"  sustained {rate:.0f} transactions/s end to end (the driver committed at {driver:.0f}/s)",
                       flush=True)  # fmt: skip
-                drained = None
-                if drain:
-                    drained = drain_phase(dsn, orders, procs, workers, drain, connections, topic_seen, watching)
-                    time.sleep(10)  # the mirror and the tables too
                 print(f"steady load at {steady:.0f}/s for {seconds:.0f} s ...", flush=True)
                 slow = steady_phase(dsn, orders, procs, workers, steady, seconds, connections, (topic_seen, redis_seen),
                                     watching)  # fmt: skip
+                drained = None  # after the steady load, whose figures stay comparable with runs before the drain
+                if drain:
+                    drained = drain_phase(dsn, orders, procs, workers, drain, connections, topic_seen, watching)
     report(fast, drained, slow, (rate, driver, steady), rate_steady is not None, (raw_seen, topic_seen, redis_seen))
     print(profile_text("kafka" if bootstrap else "tansu"))
 
@@ -679,8 +687,6 @@ def report(fast: Phase, drained: Phase | None, slow: Phase, rates: tuple[float, 
     print("\n".join(stage_lines(fast.before, fast.after)))
     print("  CPU:")
     print("\n".join(cpu_lines(fast.before, fast.after, len(fast.committed))))
-    if drained is not None:
-        drain_report(drained)
     print(f"\nview orders_enriched: commit -> view row, {len(committed)} transactions at {steady:.0f}/s "
           f"({share} the {rate:.0f}/s sustained)")  # fmt: skip
     print(describe("raw topic (capture only)", *latencies(committed, raw_seen)))
@@ -695,6 +701,8 @@ def report(fast: Phase, drained: Phase | None, slow: Phase, rates: tuple[float, 
     print("\n".join(cpu_lines(slow.before, slow.after, len(committed))))
     if slow.broker:
         print(broker_line(slow.broker))
+    if drained is not None:
+        drain_report(drained)
     print(f"  {load_text()} (after)")
 
 

@@ -66,6 +66,32 @@ def test_each_workers_views_are_set_against_the_one_fan_out() -> None:
                                   "    worker 1 views / fan-out, changes per CPU-s: 0.40"]
 
 
+def scripted_samples(monkeypatch: pytest.MonkeyPatch, fanouts: list[float]) -> None:
+    """``views.sample`` gives a worker whose fan-out counter goes through ``fanouts`` (then stays), at once."""
+    left = iter(fanouts)
+    last = [0.0]
+
+    def sample(*_: object) -> Sample:
+        last[0] = next(left, last[0])
+        return Sample(time.monotonic(), {}, [{"fanout": last[0]}])
+
+    monkeypatch.setattr(views, "sample", sample)
+    monkeypatch.setattr(views.time, "sleep", lambda _: None)
+
+
+def test_a_drain_is_done_once_the_fan_out_routed_it_all_and_nothing_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fan-out stands still a while before its last batch is counted: that pause is not the end."""
+    scripted_samples(monkeypatch, [10, 50, 50, 50, 90, 110, 110])
+    done = views.settled(Sample(0.0, {}, [{"fanout": 10.0}]), {}, 1, {}, changes=100)
+    assert done.counters == [{"fanout": 110.0}]
+
+
+def test_a_drain_never_done_says_how_far_the_fan_out_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    scripted_samples(monkeypatch, [10, 50])
+    with pytest.raises(RuntimeError, match="routed 40 of 100 changes"):
+        views.settled(Sample(0.0, {}, [{"fanout": 10.0}]), {}, 1, {}, changes=100, timeout=0.05)
+
+
 def test_no_fan_out_gives_no_ratio() -> None:
     phase = Phase({}, Sample(0.0, {}, [{}]), Sample(1.0, {}, [{"views": 10.0, "views_cpu": 0.1}]))
     assert ratio_lines(phase) == []
