@@ -256,6 +256,9 @@ def observers(where: Where) -> Iterator[tuple[dict[str, int], Seen, Seen, Seen]]
             taker.join()
 
 
+CHANGES_PER_TX = 2  # raw changes a bench transaction makes (``commit``: its order and that order's customer)
+
+
 def commit(cur: Any, order: int, token: str) -> float:
     cur.execute("UPDATE orders SET note = %s WHERE id = %s RETURNING customer_id", (token, order))
     customer = cur.fetchone()[0]
@@ -396,6 +399,16 @@ def sample(procs: Procs, workers: int, others: Mapping[str, int] | None = None) 
                   [scrape(PORT + i) for i in range(workers)])  # fmt: skip
 
 
+def gained(old: Mapping[str, float], new: Mapping[str, float], counter: str) -> float:
+    """How much one worker's ``counter`` grew between two of its samples (0 where it does not export it)."""
+    return new.get(counter, 0) - old.get(counter, 0)
+
+
+def per_cpu(old: Mapping[str, float], new: Mapping[str, float], stage: str) -> float:
+    """Items a stage handled per CPU-second of its thread between two of a worker's samples."""
+    return gained(old, new, stage) / max(gained(old, new, f"{stage}_cpu"), 1e-6)
+
+
 def stage_lines(before: Sample, after: Sample, hidden: Collection[int] = ()) -> list[str]:
     """Per worker (but the ``hidden`` ones) and stage: items handled, seconds busy (share of the span), capacity
     at 100% busy, and the stage thread's CPU seconds with the capacity they give (items per CPU-second)."""
@@ -403,14 +416,12 @@ def stage_lines(before: Sample, after: Sample, hidden: Collection[int] = ()) -> 
     lines = []
     for i, (old, new) in enumerate(zip(before.counters, after.counters, strict=True)):
         for stage in () if i in hidden else STAGES:
-            items = new.get(stage, 0) - old.get(stage, 0)
-            busy = new.get(f"{stage}_busy", 0) - old.get(f"{stage}_busy", 0)
-            cpu = new.get(f"{stage}_cpu", 0) - old.get(f"{stage}_cpu", 0)
+            items, busy = gained(old, new, stage), gained(old, new, f"{stage}_busy")
             if items <= 0 or busy <= 0:
                 continue
-            per_cpu = items / max(cpu, 1e-6)
             lines.append(f"    worker {i} {stage:6}: {items:8.0f} in {busy:6.2f} s busy ({busy / span:4.0%}): "
-                         f"capacity {items / busy:7.0f}/s; {cpu:6.2f} CPU-s: {per_cpu:7.0f}/CPU-s")  # fmt: skip
+                         f"capacity {items / busy:7.0f}/s; {gained(old, new, f'{stage}_cpu'):6.2f} CPU-s: "
+                         f"{per_cpu(old, new, stage):7.0f}/CPU-s")  # fmt: skip
     return lines
 
 
@@ -546,7 +557,7 @@ def drain_phase(dsn: str, orders: list[int], procs: Procs, workers: int, count: 
         stopped.send_signal(signal.SIGCONT)
     for token in lasts:
         wait_seen(topic_seen, token)
-    return Phase(committed, before, settled(before, procs, workers, watching, 2 * count))
+    return Phase(committed, before, settled(before, procs, workers, watching, CHANGES_PER_TX * count))
 
 
 def settled(before: Sample, procs: Procs, workers: int, watching: Mapping[str, int], changes: int,
@@ -573,19 +584,16 @@ def items(at: Sample) -> list[list[float]]:
 
 def routed(before: Sample, after: Sample) -> float:
     """Changes the fan-out (on whichever worker holds the raw partition) routed between two samples."""
-    return sum(new.get("fanout", 0) - old.get("fanout", 0) for old, new in zip(before.counters, after.counters,
-                                                                                strict=True))  # fmt: skip
+    return sum(gained(old, new, "fanout") for old, new in zip(before.counters, after.counters, strict=True))
 
 
 def ratio_lines(phase: Phase) -> list[str]:
     """Each worker's views against the fan-out (on the raw partition's owner), changes per CPU-second."""
-    def per_cpu(i: int, stage: str) -> float:
-        old, new = phase.before.counters[i], phase.after.counters[i]
-        return (new.get(stage, 0) - old.get(stage, 0)) / max(new.get(f"{stage}_cpu", 0) - old.get(f"{stage}_cpu", 0),
-                                                              1e-6)  # fmt: skip
-    fanout = max((per_cpu(i, "fanout") for i in range(len(phase.before.counters))), default=0.0)
-    return [f"    worker {i} views / fan-out, changes per CPU-s: {per_cpu(i, 'views') / fanout:.2f}"
-            for i in range(len(phase.before.counters)) if fanout > 0 and per_cpu(i, "views") > 0]
+    pairs = list(zip(phase.before.counters, phase.after.counters, strict=True))
+    fanout = max((per_cpu(old, new, "fanout") for old, new in pairs), default=0.0)
+    views = [per_cpu(old, new, "views") for old, new in pairs]
+    return [f"    worker {i} views / fan-out, changes per CPU-s: {rate / fanout:.2f}"
+            for i, rate in enumerate(views) if fanout > 0 and rate > 0]
 
 
 def steady_phase(dsn: str, orders: list[int], procs: Procs, workers: int, rate: float, seconds: float,
