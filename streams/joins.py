@@ -125,6 +125,10 @@ class Joiner:
         self.cached = cached
         self.encoded: OrderedDict[tuple[Node, Space, bytes], bytes] = OrderedDict()  # a row's own columns, encoded
         self.lists: OrderedDict[bytes, list[bytes]] = OrderedDict()  # an index prefix -> its keys in value order
+        # a joined row with everything under it, encoded (``_child_content``): (node, key) -> (its partition if a
+        # split table is under it, else None; the content)
+        self.contents: OrderedDict[tuple[Node, bytes], tuple[Space, bytes | None]] = OrderedDict()
+        self.split_below = {n: self._split_below(n) for nodes in self.nodes.values() for n in nodes}
         self.dirty: dict[str, dict[int, set[bytes]]] = {name: {} for name in self.views}  # view -> partition -> keys
         self.deferred: set[tuple[Node, bytes]] = set()  # looked-up rows that changed, not yet followed up
 
@@ -143,6 +147,10 @@ class Joiner:
             holder = join.table if join.many else parent.table
             self.indexed.setdefault(holder, set()).add(join.on)
         return root
+
+    def _split_below(self, node: Node) -> bool:
+        """Whether a split table is at ``node`` or under it (its content then depends on the partition)."""
+        return node.table in self.placed or any(self._split_below(child) for child in node.children)
 
     @property
     def tables(self) -> set[str]:
@@ -331,6 +339,7 @@ class Joiner:
     def _up(self, node: Node, key: bytes, row: Row | None, space: Space) -> Iterator[tuple[bytes, int]]:
         """(base key, partition) of the view rows that show ``row`` at ``node`` (``row`` needs only the
         columns that link it to its parent: a full row, or ``_links``)."""
+        self.contents.pop((node, key), None)  # every joined row on the way up shows the change
         parent, join = node.parent, node.join
         if parent is None or join is None:
             partition = self._root_partition(node, key, row, space)
@@ -440,6 +449,8 @@ class Joiner:
     def content(self, view: str, key: bytes, partition: int = 0) -> bytes | None:
         """The view row's Avro content now (``streams.docbytes``), None when there is no view row:
         ``document`` encoded, each row's own columns encoded once while the row stays the same."""
+        if self.deferred:  # the joined rows over a changed looked-up row are forgotten on the way up
+            self.expand()
         root = self.roots[view]
         row = self.row(root.table, key, self.space_of(root.table, partition))
         return None if row is None else self._content(self.encoders[view], root, key, row, partition)
@@ -465,8 +476,20 @@ class Joiner:
         return b"".join(parts)
 
     def _child_content(self, encoders: Encoders, node: Node, key: bytes, partition: int) -> bytes | None:
-        found = self.row(node.table, key, self.space_of(node.table, partition))
-        return None if found is None else self._content(encoders, node, key, found, partition)
+        """A joined row's content with everything under it, from the cache while none of those rows changed (``_up``
+        forgets it): a view row whose base row changed is built from its own columns and its joined rows' contents
+        (``bench/RESULTS.md``, "A joined row's content kept")."""
+        part, at = partition if self.split_below[node] else None, (node, key)
+        found = self.contents.get(at)
+        if found is not None and found[0] == part:
+            self.contents.move_to_end(at)
+            return found[1]
+        row = self.row(node.table, key, self.space_of(node.table, partition))
+        content = None if row is None else self._content(encoders, node, key, row, partition)
+        self.contents[at] = (part, content)
+        if len(self.contents) > self.cached:
+            self.contents.popitem(last=False)
+        return content
 
     def _own(self, encoders: Encoders, node: Node, key: bytes, row: Row, partition: int) -> bytes:
         """A row's own columns at ``node``, encoded (from the cache while the row is unchanged)."""
@@ -479,6 +502,11 @@ class Joiner:
         if len(self.encoded) > self.cached:
             self.encoded.popitem(last=False)
         return found
+
+    def recode(self) -> None:
+        """Forget every encoding (a view's encoders were replaced: a wider schema)."""
+        self.encoded.clear()
+        self.contents.clear()
 
     def base_row(self, view: str, key: bytes, partition: int = 0) -> Row | None:
         """The base row of a view row (its kept columns), None when there is none."""

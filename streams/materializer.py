@@ -411,7 +411,7 @@ class Materializer:
         value_id = self.schemas.register(f"{view.topic}-value", schema, table=f"view {name}")
         self.views[name] = replace(view, schema=schema, value_frame=frame(value_id))
         self.encoders[name] = self.joiner.encoders[name] = Encoders(schema)
-        self.joiner.encoded.clear()  # own encodings made with the old schema
+        self.joiner.recode()  # encodings made with the old schema
         log.warning("view %s now holds the types of %s's columns as its value schema %d has them (an ALTER ... TYPE "
                     "widened one): its rows are written with schema id %d as they change; those written before keep "
                     "theirs", name, table, table_schema, value_id)  # fmt: skip

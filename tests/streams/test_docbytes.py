@@ -69,21 +69,28 @@ def random_change(rng: random.Random, n: int) -> Change:
     GOOD.replace("on customer_id", "on customer_id (region)").replace('"orders"', '"orders (status)"')
         .replace("inner products on product_id", "products on product_id (price)"),  # column lists
 ])  # fmt: skip
-def test_a_content_is_the_documents_avro_without_its_lsn_after_every_change(text: str) -> None:
+@pytest.mark.parametrize("cached", [5, 1000])  # most rows and contents read again, or all kept
+@pytest.mark.parametrize("split", [False, True])  # every table in one space, or the orders and items in two
+def test_a_content_is_the_documents_avro_without_its_lsn_after_every_change(text: str, cached: int,
+                                                                             split: bool) -> None:  # fmt: skip
     (spec,) = specs(text)
     schema = view_schema(spec, VALUES, {q: s.key for q, s in SHOP.items()})
     parsed = fastavro.parse_schema(schema)
     encoders, documents = Encoders(schema), reader(parsed)
     assert documents is not None
     assert all(compiled is not None for compiled in encoders.compiled.values()), "own rows encoded in C"
-    joiner = Joiner([spec], SHOP, MemoryViewStore(), pickle.loads, cached=5, encoders={spec.name: encoders})
+    placed: dict[str, Any] = {"partition_of": lambda view, values: values[0] % 2, "held": {0, 1},
+                              "partitions": 2} if split else {}  # fmt: skip
+    joiner = Joiner([spec], SHOP, MemoryViewStore(), pickle.loads, cached=cached, encoders={spec.name: encoders},
+                    **placed)  # fmt: skip
     rng = random.Random(3)
     for n in range(300):
         joiner.apply(random_change(rng, n))
-        for key in (canon([order]) for order in range(1, 7)):
-            doc = joiner.document(spec.name, key)
+        for order in range(1, 7):
+            key, partition = canon([order]), order % 2 if split else 0
+            doc = joiner.document(spec.name, key, partition)
             expected = None if doc is None else avro_body(parsed, {**doc, LSN_FIELD: 0})[:-1]
-            assert joiner.content(spec.name, key) == expected, (n, doc)
+            assert joiner.content(spec.name, key, partition) == expected, (n, doc)
             if expected is not None:  # and the document reads back in C (the Redis mirror) as fastavro reads it
                 assert documents.read(expected + b"\x00") == fastavro.schemaless_reader(
                     io.BytesIO(expected + b"\x00"), parsed, None)  # fmt: skip
