@@ -83,8 +83,9 @@ class StreamsConfig(OnBroker):
         "seconds at least between two points the views publish at (the raw "
         "partition's owner waits longer while publications take longer)",
     )
-    view_cache_rows: int = setting(20_000, "rows the views keep decoded in memory, with as many encoded rows and "
-                                   "collected key lists (the rest are read from their store when needed)")  # fmt: skip
+    view_cache_rows: int = setting(20_000, "rows the views keep decoded in memory, with as many encoded rows, "
+                                   "joined rows' encodings with everything under them, and collected key lists "
+                                   "(the rest are read from their store when needed)")  # fmt: skip
     redis_fill_rows: int = setting(10_000, "view rows the mirror writes per Redis script while it fills a view "
                                    "Redis shows no cut of yet (a cut's own rows go in one script)")  # fmt: skip
     cut_warn_after: float = setting(300.0, "seconds the views' cut may stand still with changes waiting before a "
