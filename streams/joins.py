@@ -23,7 +23,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from streams import docbytes
 from streams.docbytes import Encoders
@@ -94,6 +94,20 @@ class Node:
     columns: tuple[str, ...] = ()  # the columns the document holds here
     children: list[Node] = field(default_factory=list)
     path: str = ""  # the join's path ('' for the base row)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def newest(cache: OrderedDict[K, V], at: K, value: V, bound: int) -> V:
+    """``value`` kept under ``at`` as ``cache``'s most recently used entry, its least recently used dropped past
+    ``bound`` entries (the joiner's LRU caches)."""
+    cache[at] = value
+    cache.move_to_end(at)
+    if len(cache) > bound:
+        cache.popitem(last=False)
+    return value
 
 
 class Joiner:
@@ -190,10 +204,7 @@ class Joiner:
         return {c: v for c, v in row.items() if c in kept}
 
     def _cache(self, at: tuple[str, bytes], row: Row | None) -> None:
-        self.cache[at] = row
-        self.cache.move_to_end(at)
-        if len(self.cache) > self.cached:
-            self.cache.popitem(last=False)
+        newest(self.cache, at, row, self.cached)
 
     def keys(self, table: str, space: Space = None) -> Iterator[bytes]:
         """The keys of every row of ``table`` the store holds in ``space``, in byte order."""
@@ -213,10 +224,8 @@ class Joiner:
         if found is not None:
             self.lists.move_to_end(prefix)
             return found
-        found = self.lists[prefix] = sorted(self.matching(table, columns, value, space), key=json.loads)
-        if len(self.lists) > self.cached:
-            self.lists.popitem(last=False)
-        return found
+        return newest(self.lists, prefix, sorted(self.matching(table, columns, value, space), key=json.loads),
+                      self.cached)  # fmt: skip
 
     # ---- changes ------------------------------------------------------------------------
     def key_of(self, table: str, record: Row) -> bytes:
@@ -486,10 +495,7 @@ class Joiner:
             return found[1]
         row = self.row(node.table, key, self.space_of(node.table, partition))
         content = None if row is None else self._content(encoders, node, key, row, partition)
-        self.contents[at] = (part, content)
-        if len(self.contents) > self.cached:
-            self.contents.popitem(last=False)
-        return content
+        return newest(self.contents, at, (part, content), self.cached)[1]
 
     def _own(self, encoders: Encoders, node: Node, key: bytes, row: Row, partition: int) -> bytes:
         """A row's own columns at ``node``, encoded (from the cache while the row is unchanged)."""
@@ -498,10 +504,7 @@ class Joiner:
         if found is not None:
             self.encoded.move_to_end(at)
             return found
-        found = self.encoded[at] = encoders.own(node.path, row)
-        if len(self.encoded) > self.cached:
-            self.encoded.popitem(last=False)
-        return found
+        return newest(self.encoded, at, encoders.own(node.path, row), self.cached)
 
     def recode(self) -> None:
         """Forget every encoding (a view's encoders were replaced: a wider schema)."""
