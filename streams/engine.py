@@ -43,7 +43,7 @@ from streams.config import StreamsConfig
 from streams.cursor import Raw
 from streams.fanrun import FanOutRun
 from streams.feed import Feed, Follower, ViewFeed
-from streams.frontier import Pace
+from streams.frontier import HandOff, Pace
 from streams.leader import Announcer, Assembler, coordination_producer
 from streams.materializer import Materializer
 from streams.metrics import StreamsMetrics, Watcher
@@ -144,9 +144,10 @@ class Owner:
     announcer, the cuts' assembler (``streams.leader``) and the Redis mirror."""
 
     def __init__(self, cfg: StreamsConfig, run: FanOutRun, views: Materializer | None,
-                 mirror: Callable[[], RedisMirror] | None, on_fatal: Fatal, settings: Settings) -> None:  # fmt: skip
+                 mirror: Callable[[], RedisMirror] | None, on_fatal: Fatal, settings: Settings,
+                 tell: Callable[[bytes], None] | None = None) -> None:  # fmt: skip
         self.cfg, self.run, self.views, self.make_mirror, self.on_fatal = cfg, run, views, mirror, on_fatal
-        self.settings = settings
+        self.settings, self.tell = settings, tell
         self.feeds: list[Follower] = []
         parts = [(name, p) for name in views.views for p in range(cfg.partitions)] if views is not None else []
         self.pace = Pace(cfg.view_point_interval, parts)
@@ -162,7 +163,7 @@ class Owner:
             self.feeds.append(self._feed("fan-out", self.run.resume, self.run.handle, self.run.tick))
         else:
             subjects, topics = views.subjects, {n: v.topic for n, v in views.views.items()}
-            announcer = Announcer(self.cfg, producer, subjects, self.pace, views.writer_id)
+            announcer = Announcer(self.cfg, producer, subjects, self.pace, views.writer_id, self.tell)
             fanned: list[Feed] = []  # the points ride on the fan-out's reader: its fetches tell the raw end
 
             def handle(batch: list[Raw]) -> None:
@@ -227,8 +228,14 @@ class Views:
         self.feed = ViewFeed("views", self.cfg.changes_topic, self.cfg.points_topic, self.settings("views"),
                              start=views.resume, handle=views.handle, idle=views.idle, crowded=views.crowded,
                              on_fatal=lambda exc: self.on_fatal("views", exc), batch_size=self.cfg.batch_size,
-                             wait=self.cfg.batch_wait)  # fmt: skip
+                             wait=self.cfg.batch_wait, handoff=HandOff())  # fmt: skip
         self.feed.start()
+
+    def tell(self, point: bytes) -> None:
+        """A points record the announcer beside these views wrote (``streams.frontier.HandOff``)."""
+        feed = self.feed
+        if feed is not None:
+            feed.handoff.tell(point)
 
     def stop(self) -> None:
         """Stop the feed, then wait until Kafka has every view row written (a revocation returns only then:
@@ -289,8 +296,9 @@ class Engine:
         views = catalog.views
         self.views = Materializer(cfg, views, catalog.shapes, view_store, writer, schemas, metrics) if views else None
         mirror = (lambda: RedisMirror(cfg, views, schemas, metrics)) if views and cfg.redis_url != "none" else None
-        self.owner = Owner(cfg, self.fanout, self.views, mirror, on_fatal, self.reader)
         self.viewing = Views(cfg, self.views, on_fatal, self.reader) if self.views is not None else None
+        self.owner = Owner(cfg, self.fanout, self.views, mirror, on_fatal, self.reader,
+                           tell=self.viewing.tell if self.viewing is not None else None)  # fmt: skip
         self.view_topics = frozenset(v.topic for v in views.values())
         self.tables = Tables(cfg, store, catalog.topics, on_fatal, self.reader)
         self.backlog = Backlog(self.raw_end, self.fanned)

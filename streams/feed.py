@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streams.cursor import Raw
 from streams.errors import GONE, gone
+from streams.frontier import HandOff
 from tables.errors import FatalError, RetryableError
 from tables.kafka import FetchWait, Stalled, StallWatch, reader
 from tables.logs import facts
@@ -144,7 +145,9 @@ class ViewFeed(Feed):
     reports (the local broker's can be a batch short: a few more records are read then; a read to the true end,
     as before, waited out the reader's fetch wait, 100 ms on the local broker, at every quiet start), the raw
     topic from ``start()``. While ``crowded()`` (the changes read ahead of the barrier are many: the raw
-    partition's owner is away), the raw topic is paused.
+    partition's owner is away), the raw topic is paused. The points records the announcer beside it
+    hands over (``handoff``, when this worker owns the raw partition too) go to ``handle`` after the
+    next read returns; their copies read back are dropped.
     """
 
     POINTS_BACK = 100
@@ -152,10 +155,11 @@ class ViewFeed(Feed):
     def __init__(self, name: str, topic: str, points_topic: str, settings: Mapping[str, Any], *,
                  start: Callable[[], int], handle: Callable[[list[Raw], list[bytes]], None],
                  idle: Callable[[], None], crowded: Callable[[], bool], on_fatal: Callable[[FatalError], None],
-                 batch_size: int, wait: float) -> None:  # fmt: skip
+                 batch_size: int, wait: float, handoff: HandOff | None = None) -> None:  # fmt: skip
         super().__init__(name, topic, settings, start=start, handle=lambda batch: None, idle=idle, on_fatal=on_fatal,
                          batch_size=batch_size, wait=wait)  # fmt: skip
         self.points_topic, self.handle_both, self.crowded = points_topic, handle, crowded
+        self.handoff = handoff or HandOff()
 
     def _follow(self) -> None:
         consumer = reader(self.fetch_wait.applied(self.settings))
@@ -174,9 +178,10 @@ class ViewFeed(Feed):
     def _read(self, consumer: Any, raw: TopicPartition) -> None:
         watch, paused = StallWatch(wait=self.fetch_wait), False
         while not self.stopping.is_set():
-            changes, points = self._split(consumer.consume(self.batch_size, self.wait))
+            changes, read = self._split(consumer.consume(self.batch_size, self.wait))
             if self.stopping.is_set():
                 return
+            points = self.handoff.take(read)
             self.end = max(self.end, consumer.get_watermark_offsets(raw, cached=True)[1])
             if changes or points:
                 self.handle_both(changes, points)

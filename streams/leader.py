@@ -7,7 +7,9 @@ fan-out. ``Announcer``, after each batch the fan-out reads, writes ``{raw_end, p
 (``streams.frontier.Pace``); when the raw topic goes quiet and the last record asked for no point,
 it asks for one as soon as one is due, so the last changes are published without waiting for more
 (and again, once the pace's patience ran out, while the last one is not published everywhere: a
-worker that left a partition out of its fragment publishes it there).
+worker that left a partition out of its fragment publishes it there). It hands each record to this
+worker's views at once too (``tell``; ``streams.frontier.HandOff``), sparing their point a trip
+through the broker.
 ``Assembler`` reads ``<prefix>.views.cuts.fragments`` (from its last ``WINDOW`` records at start: a
 new owner finishes the cuts its predecessor was making; on the local broker its fetch wait grows like the
 feeds' — ``tables.kafka.StallWatch`` — since the topic only grows there, and a reader whose short wait no longer
@@ -87,8 +89,10 @@ class Announcer:
     """Writes the raw topic's end after each batch the fan-out reads, with whether views publish there
     (module promise); it rides on the fan-out's reader, whose fetches tell the raw topic's end."""
 
-    def __init__(self, cfg: StreamsConfig, producer: Producer, subjects: Subjects, pace: Pace, writer: str) -> None:
+    def __init__(self, cfg: StreamsConfig, producer: Producer, subjects: Subjects, pace: Pace, writer: str,
+                 tell: Callable[[bytes], None] | None = None) -> None:  # fmt: skip
         self.cfg, self.producer, self.subjects, self.pace, self.writer = cfg, producer, subjects, pace, writer
+        self.tell = tell  # this worker's views, handed each record at once (``streams.frontier.HandOff``)
         self.end = 0  # the raw topic's end as last announced
         self.asked = False  # whether the last record asked for a point
 
@@ -107,8 +111,10 @@ class Announcer:
         """Write ``{raw_end: end, point}``; ``point`` None: whether one is due."""
         now = time.monotonic()
         point = self.pace.due(now) if point is None else point
-        produce(self.producer, self.cfg.points_topic, 0, None, point_value(self.subjects.point(), end, point,
-                                                                            self.writer), [])  # fmt: skip
+        value = point_value(self.subjects.point(), end, point, self.writer)
+        produce(self.producer, self.cfg.points_topic, 0, None, value, [])
+        if self.tell is not None:
+            self.tell(value)
         if point:
             self._late(now)
             self.pace.point(now, end)

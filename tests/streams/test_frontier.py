@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streams.frontier import PATIENCE, PATIENCE_FLOOR, Assembly, Cut, Pace, Points
+from streams.frontier import PATIENCE, PATIENCE_FLOOR, Assembly, Cut, HandOff, Pace, Points
 
 pytestmark = pytest.mark.unit
 
@@ -197,3 +197,40 @@ def test_without_parts_points_never_wait_for_a_publication() -> None:
     pace = Pace(floor=0.05)
     pace.point(0.0, 100)
     assert pace.due(0.05)
+
+
+def test_points_handed_over_come_first_and_their_copies_read_back_are_dropped() -> None:
+    """The announcer beside the views hands each record over as it writes it; the topic then brings the copies
+    (in the order told) among other writers' records, which are kept. A re-ask equal to an earlier record is a
+    record of its own: each copy answers one record told."""
+    handoff = HandOff()
+    assert handoff.take([]) == []
+    handoff.tell(b"a")
+    handoff.tell(b"ask")
+    assert handoff.take([b"other"]) == [b"a", b"ask", b"other"]
+    handoff.tell(b"ask")  # the same request again (the pace's patience ran out)
+    assert handoff.take([b"a", b"ask"]) == [b"ask"]  # the copies of the first two
+    assert handoff.take([b"ask", b"ask"]) == [b"ask"]  # the re-ask's copy, then another writer's equal record
+
+
+def test_a_handed_record_whose_write_failed_does_not_hold_back_the_next_copies() -> None:
+    handoff = HandOff()
+    for value in (b"lost", b"b", b"c"):
+        handoff.tell(value)
+    assert handoff.take([]) == [b"lost", b"b", b"c"]
+    assert handoff.take([b"b"]) == []  # "lost" never came: passed over
+    assert handoff.take([b"lost", b"c"]) == [b"lost"]  # not awaited any more: another writer's
+    assert len(handoff.awaited) == 0
+
+
+def test_a_handed_record_applied_before_the_topic_brings_it_publishes_once() -> None:
+    """The views read a handed request, publish where it lands, then read its copy: dropped, so no second request
+    (which would publish again at the next consistent point)."""
+    handoff, points = HandOff(), Points()
+    handoff.tell(b"10,1")
+    for value in handoff.take([]):
+        points.read(*map(int, value.split(b",")))
+    assert points.resolves(12) and not points.requests
+    for value in handoff.take([b"10,1"]):
+        points.read(*map(int, value.split(b",")))
+    assert not points.requests
