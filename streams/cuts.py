@@ -6,14 +6,15 @@ point (its commit LSN, raw offset, the ``(view, partition)`` it published and ho
 A poller thread serves the producer's deliveries and, in the order the points were closed, hands
 each point to ``done`` with the end offset of every partition it names, once all of its rows and
 every earlier point's are acknowledged (``done`` writes the worker's fragment of the cuts,
-``streams.materializer``). A refused row stops it for good: ``failed`` names it and the next
-``write`` raises. ``tails`` takes the view topics' ends as Kafka reports them, asked while
-``settled`` (nothing of this worker's in flight or outside a point handed on): records past this
-worker's last row are found the same way. ``drain`` waits until everything written is
-acknowledged and handed on — a
-revocation returns only then, so no row of a partition given up lands after its next owner has
-read the partition back. The view topics' ends are shared between the poller and the feed thread
-(which sets them when it reads a partition back) under one lock. ``close`` stops the poller and
+``streams.materializer``); just before, ``on_rows`` (when set: the Redis mirror beside these views)
+gets the point's rows as Kafka has them, when they are no more than ``HAND_ROWS``. A refused row
+stops it for good: ``failed`` names it and the next ``write`` raises. ``tails`` takes the view
+topics' ends as Kafka reports them, asked while ``settled`` (nothing of this worker's in flight or
+outside a point handed on): records past this worker's last row are found the same way. ``drain``
+waits until everything written is acknowledged and handed on — a revocation returns only then, so
+no row of a partition given up lands after its next owner has read the partition back. The view
+topics' ends are shared between the poller and the feed thread (which sets them when it reads a
+partition back) under one lock. ``close`` stops the poller and
 waits for it. No I/O until the first point.
 """
 
@@ -36,18 +37,23 @@ from tables.errors import FatalError
 log = logging.getLogger("headwater.streams")
 Ends = list[tuple[str, int, int]]  # (view, partition, end offset)
 Stray = tuple[str, int, int]  # (view, partition, offset): records of another writer lie from there on
+Delivery = tuple[str, int, int, bytes, bytes | None]  # a view row as Kafka has it: topic, partition, offset, key, value
+HAND_ROWS = 1000  # a point's rows handed to ``on_rows`` at most (the Redis mirror's read: ``streams.mirror``)
 
 
 class Delivered(Pending):
-    """A ``Pending`` that also remembers, per partition it wrote to, the first and end offsets and how many."""
+    """A ``Pending`` that also remembers, per partition it wrote to, the first and end offsets and how many,
+    and its rows as Kafka has them while they are no more than ``keep`` (``Cuts.on_rows``)."""
 
-    __slots__ = ("counts", "ends", "firsts")
+    __slots__ = ("counts", "ends", "firsts", "keep", "rows")
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 0) -> None:
         super().__init__()
         self.ends: dict[tuple[str, int], int] = {}
         self.firsts: dict[tuple[str, int], int] = {}
         self.counts: dict[tuple[str, int], int] = {}
+        self.keep = keep
+        self.rows: list[Delivery] | None = [] if keep else None
 
     def delivered(self, error: KafkaError | None, msg: Any) -> None:
         super().delivered(error, msg)
@@ -56,6 +62,9 @@ class Delivered(Pending):
             self.ends[at] = max(self.ends.get(at, 0), offset + 1)
             self.firsts[at] = min(self.firsts.get(at, offset), offset)
             self.counts[at] = self.counts.get(at, 0) + 1
+            if self.rows is not None:
+                self.rows.append((at[0], at[1], offset, msg.key(), msg.value()))
+                self.rows = self.rows if len(self.rows) <= self.keep else None
 
     def interleaved(self, at: tuple[str, int], known: int) -> bool:
         """Whether records not written here lie among or before this point's rows of ``at``, whose end was
@@ -88,9 +97,13 @@ class Cuts:
         self.found: list[Stray] = []  # records of another writer found among this worker's, not yet taken
         self.failed: FatalError | None = None
         self.pending: deque[Point] = deque()
-        self.current = Delivered()
+        self.on_rows: Callable[[int, list[Delivery]], None] | None = None  # a point's rows, before ``done``
+        self.current = self._delivered()
         self.stopping = threading.Event()
         self.poller: threading.Thread | None = None
+
+    def _delivered(self) -> Delivered:
+        return Delivered(HAND_ROWS if self.on_rows is not None else 0)
 
     def write(self, topic: str, partition: int, key: bytes, value: bytes | None, headers: list[Any]) -> None:
         if self.failed is not None:
@@ -102,7 +115,7 @@ class Cuts:
         """Close the current point: it is handed on once its rows are acknowledged (at once when it wrote no
         row and no earlier point waits: a partition without changes is not held back by the poller's wait)."""
         point = Point(lsn, offset, parts, seconds, self.current)
-        self.current = Delivered()
+        self.current = self._delivered()
         if not self.pending and point.delivered.outstanding == 0:
             self._hand_on(point)
             return
@@ -191,6 +204,9 @@ class Cuts:
                 self.ends[name][partition] = max(known or 0, end)
             ends = [(view, partition, self.ends[view].get(partition, 0)) for view, partition in point.parts
                     if (view, partition) not in stray]  # fmt: skip
+        hook, rows = self.on_rows, point.delivered.rows
+        if hook is not None and rows:
+            hook(point.lsn, rows)
         for view, partition in sorted(stray):
             log.warning("views: another worker wrote to %s[%d] among this worker's rows (one that lost the partition "
                         "and had not noticed yet); no cut is made over them: the rows they got wrong are written "

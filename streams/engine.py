@@ -181,6 +181,7 @@ class Owner:
             if self.make_mirror is not None:
                 self.mirror = self.make_mirror()
                 self.assembler.on_cut = self.mirror.take
+                views.on_rows = self.mirror.hand
                 self.mirror.start()
         for feed in self.feeds:
             feed.start()
@@ -189,6 +190,7 @@ class Owner:
         """Stop reading; state is reloaded by whoever owns the partition next (maybe this worker)."""
         if self.views is not None:
             self.views.on_fragment = None  # before the feeds stop: no fragment, nor cut, reaches a stopped mirror
+            self.views.on_rows = None
         if self.assembler is not None:
             self.assembler.on_cut = None
         for feed in self.feeds:

@@ -69,7 +69,7 @@ from confluent_kafka import Producer
 from streams import clients
 from streams.config import StreamsConfig
 from streams.cursor import Cursor, Raw
-from streams.cuts import Cuts, Ends, Point
+from streams.cuts import Cuts, Delivery, Ends, Point
 from streams.docbytes import Encoders
 from streams.fanout import STREAMED, Change
 from streams.follow import follow
@@ -493,6 +493,15 @@ class Materializer:
             if n % COMMIT_EVERY == 0:  # a snapshot's end publishes every row: its copies go in parts
                 self._commit()
         return True
+
+    @property
+    def on_rows(self) -> Callable[[int, list[Delivery]], None] | None:
+        """Who gets a point's rows as Kafka acknowledged them (the Redis mirror beside, on the raw owner)."""
+        return self.cuts.on_rows
+
+    @on_rows.setter
+    def on_rows(self, hook: Callable[[int, list[Delivery]], None] | None) -> None:
+        self.cuts.on_rows = hook
 
     def _handed(self, point: Point, ends: Ends) -> None:
         """A point's rows are all acknowledged (the cuts' poller thread): its fragment goes out."""

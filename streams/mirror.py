@@ -6,7 +6,10 @@ commit LSN it reflects, an integer). A view's own hash ``<prefix>:<view>`` holds
 ``cut_lsn``/``cut`` (the published cut Redis shows) and ``offsets`` (how far the view topic is
 applied). The mirror follows the cuts topic and the view topics — and takes the cuts its worker's
 assembler makes as they are made (``take``: it runs on the raw partition's owner, beside the
-assembler), which spares each cut a trip through the broker; each read of view records is
+assembler), which spares each cut a trip through the broker, and the rows this worker's views
+publish as Kafka acknowledges them (``hand``: a point's rows, when it has no more than
+``streams.cuts.HAND_ROWS``), each taken only as the next record of its partition, its copy read
+back passed over; each read of view records is
 appended at once to a staging list of its own in Redis (``tables.topics.view_staging_key``), so
 the worker holds no more than one read (1,000 records) however many rows a cut changes. For each
 new cut one Lua script applies the staged records below the cut's ends and keeps the rest for
@@ -34,6 +37,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Any
 
 import redis
@@ -42,6 +46,7 @@ from confluent_kafka.admin import AdminClient
 
 from streams import clients
 from streams.config import StreamsConfig
+from streams.cuts import Delivery
 from streams.fanout import header_lsn
 from streams.metrics import StreamsMetrics, clock
 from streams.rows import dumps, to_json
@@ -114,6 +119,9 @@ SLOW_APPLY = 1.0  # seconds of one cut's application that a warning tells
 # 0-10% more (bench/RESULTS.md, "The views benchmark measured itself"). Reading one record as soon as it came
 # (``consume(1, t)``) made the mirror stage a record at a time: busier (34-45%), no faster.
 READ_WAIT = 0.005
+# The rows of a point this worker's views published come handed over (``hand``) as soon as Kafka acknowledged them:
+# read back through the broker they came 30-37 ms after their cut on average (bench/RESULTS.md, 2026-12-07).
+HANDED = 1000  # points handed over and not yet taken at most (the oldest dropped: read from the topic instead)
 Record = tuple[int, int, bytes, int, bytes | None]  # partition, offset, key, commit LSN, value
 
 
@@ -139,6 +147,7 @@ class RedisMirror(threading.Thread):
         self.held: dict[str, str] = {}  # view -> the offsets JSON Redis holds (compared in the script)
         self.read: dict[str, dict[int, int]] = {}  # view -> partition -> next offset the consumer gives
         self.staged = 0  # view records staged in Redis since start
+        self.handed: deque[tuple[int, list[Delivery]]] = deque(maxlen=HANDED)  # (commit LSN, rows) from ``hand``
         self.assigned = False
         self.mirror = uuid.uuid4().hex[:12]  # names this mirror's staging lists
         self.stopping = threading.Event()
@@ -259,11 +268,29 @@ class RedisMirror(threading.Thread):
                 batch.clear()
         self.client.unlink(*batch, meta)
 
+    def hand(self, lsn: int, rows: list[Delivery]) -> None:
+        """A point's rows as Kafka acknowledged them (``streams.cuts.Cuts.on_rows``; any thread): staged with the
+        next read, each one that follows the last record read of its partition (others are read from the topic)."""
+        self.handed.append((lsn, rows))
+
+    def _take_handed(self, read: dict[str, dict[int, list[Record]]]) -> None:
+        """Add the rows handed over since the last read to ``read`` (view -> partition -> records), each one that
+        is the next of its partition; the topic's copies are passed over (``_consume``)."""
+        while self.handed:
+            lsn, rows = self.handed.popleft()
+            for topic, partition, offset, key, value in rows:
+                name = self.topics.get(topic)
+                if self.assigned and name is not None and self.read[name].get(partition) == offset:
+                    read.setdefault(name, {}).setdefault(partition, []).append((partition, offset, key, lsn, value))
+                    self.read[name][partition] = offset + 1
+
     def _consume(self, consumer: Consumer) -> int:
-        """Stage what one read brought (view records, cuts); how many messages it brought."""
-        read: dict[str, list[Record]] = {}
+        """Stage what one read brought (view records, cuts) and the rows handed over; how many messages it
+        brought."""
+        read: dict[str, dict[int, list[Record]]] = {}
         messages = consumer.consume(1000, READ_WAIT)
         started = clock()
+        self._take_handed(read)
         for msg in messages:
             topic, partition, offset = msg.topic() or "", int(msg.partition() or 0), int(msg.offset() or 0)
             error = msg.error()
@@ -275,15 +302,18 @@ class RedisMirror(threading.Thread):
                     self.read[name][partition] = max(self.read[name][partition], offset)
                 continue
             if name is not None:
+                if offset < self.read[name][partition]:
+                    continue  # handed over already
                 key = msg.key()
                 if key is not None:
                     lsn = header_lsn(record(msg).headers)[0]
-                    read.setdefault(name, []).append((partition, offset, key, lsn, msg.value()))
+                    read.setdefault(name, {}).setdefault(partition, []).append((partition, offset, key, lsn,
+                                                                                msg.value()))  # fmt: skip
                 self.read[name][partition] = offset + 1
             elif msg.value() is not None:
                 self.take(decode_cut(msg.value()))  # type: ignore[arg-type]
-        for name, records in read.items():
-            self._stage(name, records)
+        for name, parts in read.items():
+            self._stage(name, [record for records in parts.values() for record in records])
         self.metrics.spent("mirror", started)
         return len(messages)
 

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import pytest
 
-from streams.cuts import Cuts, Ends, Point
+from streams.cuts import HAND_ROWS, Cuts, Delivered, Delivery, Ends, Point
 
 pytestmark = pytest.mark.unit
 TOPIC = "p.views.v"
@@ -28,6 +28,12 @@ class Acked:
 
     def offset(self) -> int:
         return self.at
+
+    def key(self) -> bytes:
+        return b"k%d" % self.at
+
+    def value(self) -> bytes:
+        return b"v%d" % self.at
 
 
 def handed(known: dict[int, int], rows: dict[int, list[int]]) -> tuple[Cuts, Ends]:
@@ -103,3 +109,23 @@ def test_the_ends_are_looked_at_only_while_every_row_written_is_in_a_point_hande
     assert cuts.settled() and cuts.end("v", 0) == 4
     cuts.pending.append(Point(lsn=8, offset=80, parts=[("v", 0)], seconds=0.1))  # a point whose rows are awaited
     assert not cuts.settled()
+
+
+def test_a_points_rows_go_to_the_mirror_beside_before_its_fragment_and_a_large_points_do_not() -> None:
+    """``on_rows`` (the Redis mirror on the raw owner) gets a point's rows as Kafka has them before ``done`` writes its
+    fragment (the cut comes of that); a point of more than ``HAND_ROWS`` rows is read from the topic instead."""
+    seen: list[tuple[str, object]] = []
+    cuts = Cuts(cast(Any, None), {"v": TOPIC}, lambda point, ends: seen.append(("done", point.lsn)))
+    cuts.on_rows = lambda lsn, rows: seen.append(("rows", (lsn, rows)))
+    for lsn, count in ((7, 2), (8, HAND_ROWS + 1), (9, HAND_ROWS)):
+        point = Point(lsn=lsn, offset=lsn * 10, parts=[("v", 0)], seconds=0.1, delivered=Delivered(HAND_ROWS))
+        for offset in range(count):
+            point.delivered.outstanding += 1
+            point.delivered.delivered(None, Acked(0, 100 * lsn + offset))
+        cuts._hand_on(point)
+    first: list[Delivery] = [(TOPIC, 0, 700, b"k700", b"v700"), (TOPIC, 0, 701, b"k701", b"v701")]
+    assert seen[:3] == [("rows", (7, first)), ("done", 7), ("done", 8)]
+    assert seen[3][0] == "rows" and len(seen[3][1][1]) == HAND_ROWS and seen[4] == ("done", 9)  # type: ignore[index]
+    assert cuts._delivered().keep == HAND_ROWS
+    cuts.on_rows = None
+    assert cuts._delivered().rows is None  # nobody beside: nothing kept

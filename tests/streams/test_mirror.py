@@ -1,8 +1,9 @@
-"""The Redis mirror's choice of the cut to apply next, as a pure rule, and a cut never moving back in Redis (the rest
-of its Redis side is tested with the views)."""
+"""The Redis mirror's choice of the cut to apply next, as a pure rule, the rows handed over by the views beside it
+taken only in order, and a cut never moving back in Redis (the rest of its Redis side is tested with the views)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -38,6 +39,56 @@ def test_a_cut_handed_over_then_read_from_the_cuts_topic_is_kept_once_and_cuts_n
     newer = cut(11, (0, 6), (1, 8))
     mirror.take(newer)
     assert mirror.cuts["v"] is newer
+
+
+@dataclass
+class Copy:
+    """A view record as the consumer gives it back."""
+
+    at: int
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self.at
+
+    def error(self) -> None:
+        return None
+
+
+class Consumer:
+    def __init__(self, *messages: Copy) -> None:
+        self.messages = list(messages)
+
+    def consume(self, count: int, wait: float) -> list[Copy]:
+        out, self.messages = self.messages, []
+        return out
+
+
+@pytest.mark.unit
+def test_rows_handed_over_are_taken_only_where_they_follow_what_was_read_and_their_copies_are_passed_over() -> None:
+    """The views beside the mirror hand it each point's rows as Kafka acknowledged them. A row is taken only as the
+    next record of its partition: another writer's records before it, or an earlier point's rows not handed over,
+    are read from the topic first (and the rows after them with them). The topic's copies are then passed over."""
+    mirror = RedisMirror(StreamsConfig(redis_url="redis://127.0.0.1:1"), {}, Registry("http://127.0.0.1:1"))
+    mirror.topics, mirror.read = {"t": "v"}, {"v": {0: 5, 1: 2}}
+    mirror.hand(10, [("t", 0, 5, b"a", b"A"), ("t", 1, 4, b"b", b"B"), ("t", 0, 6, b"c", None)])
+    mirror.hand(11, [("t", 0, 8, b"d", b"D")])  # offset 7 never came handed
+    read: dict[str, dict[int, list[Any]]] = {}
+    mirror._take_handed(read)
+    assert read == {}  # not reading yet (``_assign`` sets where from)
+    mirror.assigned = True
+    mirror.hand(10, [("t", 0, 5, b"a", b"A"), ("t", 1, 4, b"b", b"B"), ("t", 0, 6, b"c", None)])
+    mirror.hand(11, [("t", 0, 8, b"d", b"D")])
+    mirror._take_handed(read)
+    assert read == {"v": {0: [(0, 5, b"a", 10, b"A"), (0, 6, b"c", 10, None)]}}
+    assert mirror.read["v"] == {0: 7, 1: 2}
+    assert mirror._consume(Consumer(Copy(5), Copy(6))) == 2  # the copies: nothing staged (Redis is unreachable here)
+    assert mirror.read["v"] == {0: 7, 1: 2}
 
 
 def test_a_cut_older_than_the_one_redis_shows_changes_nothing_there(
