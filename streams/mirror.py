@@ -273,21 +273,21 @@ class RedisMirror(threading.Thread):
         next read, each one that follows the last record read of its partition (others are read from the topic)."""
         self.handed.append((lsn, rows))
 
-    def _take_handed(self, read: dict[str, dict[int, list[Record]]]) -> None:
-        """Add the rows handed over since the last read to ``read`` (view -> partition -> records), each one that
-        is the next of its partition; the topic's copies are passed over (``_consume``)."""
+    def _take_handed(self, read: dict[str, list[Record]]) -> None:
+        """Add the rows handed over since the last read to ``read`` (view -> records), each one that is the next
+        of its partition; the topic's copies are passed over (``_consume``)."""
         while self.handed:
             lsn, rows = self.handed.popleft()
             for topic, partition, offset, key, value in rows:
                 name = self.topics.get(topic)
                 if self.assigned and name is not None and self.read[name].get(partition) == offset:
-                    read.setdefault(name, {}).setdefault(partition, []).append((partition, offset, key, lsn, value))
+                    read.setdefault(name, []).append((partition, offset, key, lsn, value))
                     self.read[name][partition] = offset + 1
 
     def _consume(self, consumer: Consumer) -> int:
         """Stage what one read brought (view records, cuts) and the rows handed over; how many messages it
         brought."""
-        read: dict[str, dict[int, list[Record]]] = {}
+        read: dict[str, list[Record]] = {}
         messages = consumer.consume(1000, READ_WAIT)
         started = clock()
         self._take_handed(read)
@@ -307,13 +307,12 @@ class RedisMirror(threading.Thread):
                 key = msg.key()
                 if key is not None:
                     lsn = header_lsn(record(msg).headers)[0]
-                    read.setdefault(name, {}).setdefault(partition, []).append((partition, offset, key, lsn,
-                                                                                msg.value()))  # fmt: skip
+                    read.setdefault(name, []).append((partition, offset, key, lsn, msg.value()))
                 self.read[name][partition] = offset + 1
             elif msg.value() is not None:
                 self.take(decode_cut(msg.value()))  # type: ignore[arg-type]
-        for name, parts in read.items():
-            self._stage(name, [record for records in parts.values() for record in records])
+        for name, records in read.items():
+            self._stage(name, records)
         self.metrics.spent("mirror", started)
         return len(messages)
 

@@ -78,14 +78,14 @@ def test_rows_handed_over_are_taken_only_where_they_follow_what_was_read_and_the
     mirror.topics, mirror.read = {"t": "v"}, {"v": {0: 5, 1: 2}}
     mirror.hand(10, [("t", 0, 5, b"a", b"A"), ("t", 1, 4, b"b", b"B"), ("t", 0, 6, b"c", None)])
     mirror.hand(11, [("t", 0, 8, b"d", b"D")])  # offset 7 never came handed
-    read: dict[str, dict[int, list[Any]]] = {}
+    read: dict[str, list[Any]] = {}
     mirror._take_handed(read)
     assert read == {}  # not reading yet (``_assign`` sets where from)
     mirror.assigned = True
     mirror.hand(10, [("t", 0, 5, b"a", b"A"), ("t", 1, 4, b"b", b"B"), ("t", 0, 6, b"c", None)])
     mirror.hand(11, [("t", 0, 8, b"d", b"D")])
     mirror._take_handed(read)
-    assert read == {"v": {0: [(0, 5, b"a", 10, b"A"), (0, 6, b"c", 10, None)]}}
+    assert read == {"v": [(0, 5, b"a", 10, b"A"), (0, 6, b"c", 10, None)]}
     assert mirror.read["v"] == {0: 7, 1: 2}
     assert mirror._consume(Consumer(Copy(5), Copy(6))) == 2  # the copies: nothing staged (Redis is unreachable here)
     assert mirror.read["v"] == {0: 7, 1: 2}
